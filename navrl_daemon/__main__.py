@@ -1,0 +1,3 @@
+from navrl_daemon.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,295 @@
+"""Validated configuration: TOML file < `NAVRL_` environment < dotted `KEY=VALUE` overrides.
+
+The model defaults are NavRL's own numbers (reference/navrl/SPEC.md); `config/default.toml`
+shrinks the task so it learns on a CPU in minutes. Every error names the key path and what
+is allowed, and maps to exit 78 through `ConfigError`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import tomllib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from navrl_daemon.errors import ConfigError
+
+ENV_PREFIX = "NAVRL_"
+_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+PosInt = Annotated[int, Field(ge=1)]
+NonNegInt = Annotated[int, Field(ge=0)]
+PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Prob = Annotated[float, Field(gt=0, le=1)]
+Range = Annotated[list[PosFloat], Field(min_length=2, max_length=2)]  # [min, max]
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
+
+
+class RunConfig(Section):
+    seed: NonNegInt = 0
+    device: Annotated[str, Field(pattern=r"^(auto|cpu|cuda(:\d+)?)$")] = "auto"
+    total_frames: PosInt = 1_200_000_000
+    state_dir: str = "state"
+    shutdown_timeout_s: PosFloat = 60.0
+    # 0 keeps torch's default intra-op thread count.
+    torch_threads: NonNegInt = 0
+
+
+class EnvConfig(Section):
+    backend: Literal["navigation"] = "navigation"
+    num_envs: Annotated[int, Field(ge=1, le=1_048_576)] = 1024
+    # Envs are split round-robin over this many independently generated maps.
+    num_maps: Annotated[int, Field(ge=1, le=1024)] = 1
+    # Side of the square pillar field (NavRL: 40 m, x,y in [-20, 20]).
+    field_size: Annotated[float, Field(ge=2.0, le=1000.0)] = 40.0
+    # Flat ring around the field that is still ground for the LiDAR.
+    border_width: Annotated[float, Field(ge=0.0, le=100.0)] = 5.0
+    num_obstacles: Annotated[int, Field(ge=0, le=20_000)] = 350
+    num_dynamic_obstacles: Annotated[int, Field(ge=0, le=8_000)] = 80
+    dynamic_speed_range: Range = [0.5, 1.5]
+    max_episode_length: Annotated[int, Field(ge=1, le=10_000_000)] = 2200
+    # "border": NavRL's starts/goals on the four sides, spawn_margin outside the field.
+    # "local": start anywhere free, goal at a horizontal distance drawn from goal_distance.
+    spawn: Literal["border", "local"] = "border"
+    spawn_margin: Annotated[float, Field(ge=0.0, le=100.0)] = 4.0
+    goal_distance: Range = [2.0, 4.0]
+    spawn_height: Range = [0.5, 2.5]
+    action_limit: PosFloat = 2.0
+    smoothness_penalty: bool = True
+    dt: Annotated[float, Field(gt=0.0, le=1.0)] = 0.016
+    # First-order velocity tracking that stands in for Isaac's Lee controller (1/2.2 s).
+    velocity_time_constant: Annotated[float, Field(gt=0.0, le=10.0)] = 0.45
+    thrust_to_weight: Annotated[float, Field(gt=1.0, le=20.0)] = 3.4
+
+    @field_validator("num_dynamic_obstacles")
+    @classmethod
+    def _dyn_multiple_of_8(cls, v: int) -> int:
+        if v % 8:
+            raise ValueError(f"must be a multiple of 8 (8 obstacle categories), got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _ranges(self) -> EnvConfig:
+        for name in ("dynamic_speed_range", "goal_distance", "spawn_height"):
+            lo, hi = getattr(self, name)
+            if lo > hi:
+                raise ValueError(f"{name}: [min, max] with min <= max, got [{lo}, {hi}]")
+        return self
+
+
+class PPOConfig(Section):
+    # NavRL's training_frame_num: steps per env per iteration.
+    rollout_length: Annotated[int, Field(ge=1, le=100_000)] = 32
+    epochs: Annotated[int, Field(ge=1, le=1000)] = 4
+    minibatches: Annotated[int, Field(ge=1, le=100_000)] = 16
+    actor_lr: PosFloat = 5e-4
+    # NavRL's critic optimiser reads actor.learning_rate; ours does the same.
+    feature_extractor_lr: PosFloat = 5e-4
+    clip_ratio: Prob = 0.1
+    value_clip: PosFloat = 0.1
+    entropy_coef: Annotated[float, Field(ge=0.0, le=1.0)] = 1e-3
+    gamma: Prob = 0.99
+    lmbda: Annotated[float, Field(ge=0.0, le=1.0)] = 0.95
+    max_grad_norm: PosFloat = 5.0
+    huber_delta: PosFloat = 10.0
+    gae_cut_truncation: bool = True
+    # Consecutive updates with a non-finite loss that are skipped before training stops.
+    max_nonfinite_updates: Annotated[int, Field(ge=0, le=1_000_000)] = 3
+
+
+class EvalConfig(Section):
+    # Evaluate every N iterations (0 = never during `run`).
+    interval: NonNegInt = 1000
+    num_envs: Annotated[int, Field(ge=1, le=1_048_576)] = 64
+    # "navrl": NavRL's crossing layout; "train": the training spawn rule under eval.seed.
+    layout: Literal["navrl", "train"] = "navrl"
+    seed: NonNegInt = 0
+    # 0 = env.max_episode_length.
+    max_steps: NonNegInt = 0
+
+
+class LogConfig(Section):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["auto", "json", "console"] = "auto"
+    summary_interval: PosInt = 10
+
+
+class Config(Section):
+    run: RunConfig = RunConfig()
+    env: EnvConfig = EnvConfig()
+    ppo: PPOConfig = PPOConfig()
+    eval: EvalConfig = EvalConfig()
+    log: LogConfig = LogConfig()
+
+    @model_validator(mode="after")
+    def _batch_splits(self) -> Config:
+        frames = self.env.num_envs * self.ppo.rollout_length
+        if self.ppo.minibatches > frames:
+            raise ValueError(
+                f"ppo.minibatches: at most env.num_envs * ppo.rollout_length = {frames}, "
+                f"got {self.ppo.minibatches}"
+            )
+        return self
+
+    @property
+    def frames_per_iteration(self) -> int:
+        return self.env.num_envs * self.ppo.rollout_length
+
+
+# ---------------------------------------------------------------------------- loading
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: Iterable[str] = (),
+    environ: Mapping[str, str] | None = None,
+) -> Config:
+    """Resolve a config: file, then `NAVRL_SECTION__KEY` variables, then `KEY=VALUE` args."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        data = read_toml(Path(path))
+    env_items = environ if environ is not None else os.environ
+    for name, raw in sorted(env_items.items()):
+        if name.startswith(ENV_PREFIX) and "__" in name:
+            key = name[len(ENV_PREFIX) :].lower().replace("__", ".")
+            _set_dotted(data, key, parse_value(raw, origin=f"environment variable {name}"))
+    for item in overrides:
+        key, value = parse_override(item)
+        _set_dotted(data, key, value)
+    return validate(data)
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path}: not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {path}: not valid TOML: {e}") from None
+    except OSError as e:
+        raise ConfigError(f"config file {path}: cannot read: {e.strerror}") from None
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """`a.b=VALUE`: VALUE is parsed as TOML; a bare word is taken as a string."""
+    key, sep, raw = item.partition("=")
+    key = key.strip()
+    if not sep:
+        raise ConfigError(f"override {item!r}: expected KEY=VALUE, e.g. env.num_envs=64")
+    if not _KEY_RE.match(key):
+        raise ConfigError(
+            f"override {item!r}: key {key!r} is not a dotted path like section.key "
+            "(letters, digits and _ separated by dots)"
+        )
+    return key, parse_value(raw, origin=f"override {key}")
+
+
+def parse_value(raw: str, *, origin: str) -> Any:
+    text = raw.strip()
+    if not text:
+        raise ConfigError(f"{origin}: empty value")
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        if re.fullmatch(r"[A-Za-z0-9_.:/@+-]+", text):
+            return text  # bare word such as cuda:0 or a path
+        raise ConfigError(
+            f"{origin}: value {raw!r} is not a TOML value (numbers, true/false, "
+            '"strings", [lists]) nor a bare word'
+        ) from None
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    *parents, leaf = key.split(".")
+    node = data
+    walked: list[str] = []
+    for part in parents:
+        walked.append(part)
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{'.'.join(walked)}: is a value, not a section; cannot set {key}")
+        node = child
+    node[leaf] = value
+
+
+def validate(data: Mapping[str, Any]) -> Config:
+    try:
+        return Config.model_validate(dict(data))
+    except ValidationError as e:
+        raise ConfigError(_describe(e)) from None
+
+
+def _describe(err: ValidationError) -> str:
+    lines = []
+    for item in err.errors():
+        loc = ".".join(str(p) for p in item["loc"] if not isinstance(p, int)) or "config"
+        idx = [p for p in item["loc"] if isinstance(p, int)]
+        where = f"{loc}[{idx[0]}]" if idx else loc
+        kind = item["type"]
+        if kind == "extra_forbidden":
+            parent = _section_model(item["loc"][:-1])
+            allowed = ", ".join(parent.model_fields) if parent else "?"
+            lines.append(f"{where}: unknown key; allowed here: {allowed}")
+            continue
+        msg = item["msg"].removeprefix("Value error, ")
+        got = item.get("input")
+        shown = "" if kind == "value_error" or isinstance(got, dict) else f" (got {got!r})"
+        lines.append(f"{where}: {msg}{shown}")
+    return "invalid configuration:\n  " + "\n  ".join(lines)
+
+
+def _section_model(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    model: type[BaseModel] = Config
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        ann = field.annotation if field else None
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return None
+        model = ann
+    return model
+
+
+# ---------------------------------------------------------------------------- TOML out
+
+
+def to_toml(cfg: Config) -> str:
+    """The resolved config as TOML; `load_config` of this text gives back `cfg`."""
+    out: list[str] = []
+    for section, values in cfg.model_dump().items():
+        out.append(f"[{section}]")
+        out.extend(f"{k} = {_toml_value(v)}" for k, v in values.items())
+        out.append("")
+    return "\n".join(out)
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if math.isinf(v) or math.isnan(v):
+            raise ValueError(f"cannot write non-finite {v} to TOML")
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {type(v).__name__} to TOML")
+
+
+def resolve_device(cfg: Config) -> str:
+    if cfg.run.device != "auto":
+        return cfg.run.device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
