@@ -1,0 +1,503 @@
+"""NavRL's navigation task as a torch-vectorised TorchRL environment (SPEC §1, DESIGN §4).
+
+N drones fly in parallel, env i on static map i % num_maps together with that map's dynamic
+obstacles; drones do not see or touch each other. One step (SPEC §1.1): the flight model
+tracks the world-frame velocity command, the dynamic obstacles move, the LiDAR is cast, the
+episode step counter advances, then observation, reward, termination and stats are computed.
+
+Keys: observations under ("agents", "observation", state | lidar | direction |
+dynamic_obstacle), the action ("agents", "action") [N,1,3] as a world-frame velocity in m/s,
+the reward ("agents", "reward") [N,1], root done / terminated / truncated [N,1] and the
+per-episode ("stats", k) [N,1] (zeroed at reset, reported in every step's output). The
+action spec is Bounded to ±L·√2 in x, y and ±L in z (L = action_limit): a goal-frame command
+in (-L, L)³ rotated about z. The policy maps its Beta sample through the goal frame itself;
+the env does not clip the command, the thrust limit of the flight model bounds it.
+
+Where we differ from NavRL on purpose: the LiDAR scan after a reset is cast at the new spawn
+(NavRL returns the previous episode's scan), and `stats.return` counts each reward once
+(NavRL adds the reset step's reward again).
+
+Determinism: maps and dynamic-obstacle origins come from a CPU generator seeded with `seed`,
+so envs built with the same config and seed share them whatever their num_envs, layout or
+device. Step-time randomness (spawns, obstacle goals and speeds) comes from a generator on
+the env's device that `set_seed` reseeds; `state_dict_env` / `load_state_dict_env` capture
+all mutable state for exact resume. The step path makes no host syncs; a partial reset
+makes one (`nonzero` on the reset mask, after torchrl's own sync to find a done env) so the
+spawns and LiDAR are computed for the reset envs only.
+
+Test and scripting hooks: `set_pillars` replaces the static boxes, `place_drones` starts
+episodes at given positions, and `dynamic` (a `DynamicObstacles`) exposes the moving
+obstacles' tensors.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torch import Tensor
+from torchrl.data import Bounded, Categorical, Composite, Unbounded
+from torchrl.envs import EnvBase
+
+from navrl_daemon.config import EnvConfig
+from navrl_daemon.env.dynamics import point_mass_step
+from navrl_daemon.env.geometry import world_to_goal, yaw_of
+from navrl_daemon.env.lidar import (
+    HORIZONTAL_BEAMS,
+    LIDAR_RANGE,
+    NUM_BEAMS,
+    VERTICAL_ANGLES_DEG,
+    Lidar,
+    PillarGrid,
+)
+from navrl_daemon.env.obstacles import DYN_WIDTH_STEP, DynamicObstacles, generate_pillars
+
+Layout = Literal["train", "navrl"]
+
+# --- SPEC §1.6: dynamic-obstacle observation -------------------------------------------------
+DYN_OBSERVED = 5  # feature_extractor.dyn_obs_num
+DYN_FEATURES = 10
+# --- SPEC §1.8: reward ------------------------------------------------------------------------
+SURVIVAL_BONUS = 1.0
+SMOOTHNESS_WEIGHT = 0.1
+HEIGHT_WEIGHT = 8.0
+HEIGHT_MARGIN = 0.2  # m beyond [min, max] of the start and goal heights before the penalty
+LOG_CLAMP_MIN = 1e-6
+# --- SPEC §1.9: termination -------------------------------------------------------------------
+COLLISION_DISTANCE = 0.3  # m: static (a beam shorter than this) and dynamic margin
+Z_MIN, Z_MAX = 0.2, 4.0
+REACH_RADIUS = 0.5  # m (3D): reach_goal stat, not terminal
+# --- SPEC §1.4: eval layout ("navrl") ---------------------------------------------------------
+NAVRL_LAYOUT_SPAN = 0.8  # x spread of starts/goals as a fraction of the field (32 of 40 m)
+NAVRL_LAYOUT_Z = 2.0
+# Ours: "local" spawns are redrawn this many times (all at once) to clear the pillars.
+LOCAL_SPAWN_CLEARANCE = 0.5
+LOCAL_SPAWN_TRIES = 32
+
+STAT_KEYS = ("return", "episode_len", "reach_goal", "collision", "truncated")
+OBS = ("agents", "observation")
+ACTION_KEY = ("agents", "action")
+REWARD_KEY = ("agents", "reward")
+
+
+class NavigationEnv(EnvBase):
+    """The embedded NavRL navigation task; see the module docstring for the contract."""
+
+    def __init__(
+        self,
+        cfg: EnvConfig,
+        *,
+        device: str | torch.device = "cpu",
+        seed: int = 0,
+        num_envs: int | None = None,
+        layout: Layout = "train",
+    ) -> None:
+        if layout not in ("train", "navrl"):
+            raise ValueError(f"layout must be 'train' or 'navrl', got {layout!r}")
+        n = cfg.num_envs if num_envs is None else int(num_envs)
+        super().__init__(device=device, batch_size=torch.Size([n]))
+        self.cfg = cfg
+        self.layout = layout
+        self.num_envs = n
+        self.num_maps = cfg.num_maps
+        self.ground_half_extent = cfg.field_size / 2 + cfg.border_width
+        self.map_id = torch.arange(n, device=self.device) % self.num_maps
+
+        map_gen = torch.Generator().manual_seed(seed)
+        self.pillars = generate_pillars(cfg.num_obstacles, cfg.field_size, map_gen, self.num_maps)
+        self._build_lidar([self.pillars.boxes(m) for m in range(self.num_maps)])
+        self.dynamic = DynamicObstacles.generate(
+            self.num_maps,
+            cfg.num_dynamic_obstacles,
+            cfg.field_size,
+            cfg.dt,
+            tuple(cfg.dynamic_speed_range),
+            map_gen,
+            self.device,
+        )
+        self._gen = torch.Generator(device=self.device).manual_seed(seed)
+        self._allocate_state()
+        self._make_specs()
+
+    # ------------------------------------------------------------------------ public helpers
+
+    def set_pillars(self, boxes: Tensor | Sequence[Tensor]) -> None:
+        """Replace the static map: boxes [B,5] (x0,y0,x1,y1,h in m) for every map, or one per map.
+
+        Meant for tests and scripted scenes; the LiDAR grid is rebuilt and every drone's
+        scan recast where it stands.
+        """
+        per_map = [boxes] * self.num_maps if isinstance(boxes, Tensor) else list(boxes)
+        if len(per_map) != self.num_maps:
+            raise ValueError(f"expected boxes for {self.num_maps} maps, got {len(per_map)}")
+        self._build_lidar(per_map)
+        self._rescan(torch.arange(self.num_envs, device=self.device))
+
+    def place_drones(
+        self, start: Tensor, goal: Tensor, env_ids: Tensor | None = None
+    ) -> TensorDictBase:
+        """Start fresh episodes at given positions [k,3] facing given goals [k,3].
+
+        Meant for tests and scripted scenes. Returns the observation of all envs, like reset.
+        """
+        ids = torch.arange(self.num_envs, device=self.device) if env_ids is None else env_ids
+        self._begin_episodes(ids.to(self.device), start.to(self.device), goal.to(self.device))
+        return self._reset_output()
+
+    def state_dict_env(self) -> dict[str, Tensor]:
+        """Every piece of mutable state, for exact resume (`load_state_dict_env`)."""
+        state = {name: getattr(self, name).clone() for name in _STATE_TENSORS}
+        state.update({f"stats.{k}": v.clone() for k, v in self._stats.items()})
+        state.update({f"dynamic.{k}": v for k, v in self.dynamic.state_dict().items()})
+        state["generator"] = self._gen.get_state()
+        return state
+
+    def load_state_dict_env(self, state: dict[str, Tensor]) -> None:
+        """Restore `state_dict_env` output (same config and num_envs; any device)."""
+        for name in _STATE_TENSORS:
+            current = getattr(self, name)
+            value = state[name]
+            if value.shape != current.shape:
+                raise ValueError(
+                    f"env state {name}: shape {tuple(value.shape)}, "
+                    f"this env needs {tuple(current.shape)}"
+                )
+            setattr(self, name, value.to(current.device, current.dtype).clone())
+        self._stats = {k: state[f"stats.{k}"].to(self.device).clone() for k in STAT_KEYS}
+        prefix = "dynamic."
+        self.dynamic.load_state_dict(
+            {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+        )
+        self._gen.set_state(state["generator"].cpu())
+
+    # ------------------------------------------------------------------------ TorchRL hooks
+
+    def _set_seed(self, seed: int | None) -> None:
+        if seed is None:
+            self._gen.seed()
+        else:
+            self._gen.manual_seed(int(seed))
+
+    def _reset(self, tensordict: TensorDictBase | None = None, **kwargs) -> TensorDictBase:
+        mask = None if tensordict is None else tensordict.get("_reset", None)
+        if mask is None:
+            ids = torch.arange(self.num_envs, device=self.device)
+        else:
+            # One host sync per partial reset (torchrl already synced to find a done env):
+            # the spawn and the LiDAR are then computed for the reset envs only.
+            ids = mask.reshape(self.num_envs).nonzero().squeeze(-1)
+        start, goal = self._draw_spawns(ids)
+        self._begin_episodes(ids, start, goal)
+        return self._reset_output()
+
+    def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        cfg = self.cfg
+        v_cmd = tensordict.get(ACTION_KEY).reshape(self.num_envs, 3).to(torch.float32)
+        self.prev_vel = self.vel
+        self.pos, self.vel = point_mass_step(
+            self.pos,
+            self.vel,
+            v_cmd,
+            dt=cfg.dt,
+            tau=cfg.velocity_time_constant,
+            thrust_to_weight=cfg.thrust_to_weight,
+        )
+        self.dynamic.step(self._gen)
+        self.scan = self.lidar.distances(self.pos, self.yaw, self.map_id)
+        self.step_count = self.step_count + 1
+
+        dyn_obs, dyn_clearance, dyn_collision = self._dynamic_view()
+        to_goal = self.goal - self.pos
+        dist = to_goal.norm(dim=-1)
+        reward = self._reward(to_goal, dist, dyn_clearance)
+        lidar_value = LIDAR_RANGE - self.scan
+        static_collision = lidar_value.amax(-1) > LIDAR_RANGE - COLLISION_DISTANCE
+        collision = static_collision | dyn_collision
+        z = self.pos[:, 2]
+        terminated = collision | (z < Z_MIN) | (z > Z_MAX)
+        truncated = self.step_count >= cfg.max_episode_length
+        self._stats["return"] = self._stats["return"] + reward
+        self._stats["episode_len"] = self.step_count.to(torch.float32)
+        self._stats["reach_goal"] = (dist < REACH_RADIUS).to(torch.float32)
+        self._stats["collision"] = collision.to(torch.float32)
+        self._stats["truncated"] = truncated.to(torch.float32)
+
+        out = self._output(dyn_obs, terminated, truncated)
+        out.set(REWARD_KEY, reward[:, None])
+        return out
+
+    # ------------------------------------------------------------------------ episode logic
+
+    def _draw_spawns(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+        if self.layout == "navrl":
+            return self._navrl_layout(ids)
+        if self.cfg.spawn == "border":
+            return self._border_point(ids.shape[0]), self._border_point(ids.shape[0])
+        return self._local_spawns(ids)
+
+    def _navrl_layout(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+        """SPEC §1.4 eval: drone i crosses the field from y=+S to y=-S, S = F/2 + margin."""
+        n, span = self.num_envs, NAVRL_LAYOUT_SPAN * self.cfg.field_size
+        side = self.cfg.field_size / 2 + self.cfg.spawn_margin
+        i = ids.to(torch.float32)
+        goal_x = torch.linspace(-0.5, 0.5, n, device=self.device)[ids] * span
+        z = torch.full_like(i, NAVRL_LAYOUT_Z)
+        start = torch.stack(((i / n - 0.5) * span, torch.full_like(i, side), z), -1)
+        goal = torch.stack((goal_x, torch.full_like(i, -side), z), -1)
+        return start, goal
+
+    def _border_point(self, k: int) -> Tensor:
+        """SPEC §1.4 training: a uniform side of the square at ±S, uniform along it."""
+        s = self.cfg.field_size / 2 + self.cfg.spawn_margin
+        side = torch.randint(4, (k,), generator=self._gen, device=self.device)
+        along = (2 * self._rand(k) - 1) * s
+        x = torch.where(side < 2, along, torch.where(side == 2, s, -s))
+        y = torch.where(side == 0, s, torch.where(side == 1, -s, along))
+        return torch.stack((x, y, self._spawn_z(k)), -1)
+
+    def _local_spawns(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+        """Start anywhere in the field, goal at a horizontal distance U(goal_distance) from it.
+
+        LOCAL_SPAWN_TRIES candidate pairs are drawn at once; each env keeps its first pair
+        whose start and goal both clear the pillars by LOCAL_SPAWN_CLEARANCE (else the last).
+        """
+        k, tries = ids.shape[0], LOCAL_SPAWN_TRIES
+        half = self.cfg.field_size / 2
+        lo, hi = self.cfg.goal_distance
+        start_xy = (2 * self._rand(tries, k, 2) - 1) * half
+        heading = 2 * math.pi * self._rand(tries, k)
+        reach = lo + (hi - lo) * self._rand(tries, k)
+        offset = torch.stack((torch.cos(heading), torch.sin(heading)), -1) * reach[..., None]
+        goal_xy = (start_xy + offset).clamp(-half, half)
+        start = torch.cat((start_xy, self._spawn_z(tries, k)[..., None]), -1)
+        goal = torch.cat((goal_xy, self._spawn_z(tries, k)[..., None]), -1)
+        maps = self.map_id[ids].repeat(tries)
+        free = self._pillar_clearance(start.reshape(-1, 3), maps) > LOCAL_SPAWN_CLEARANCE
+        free &= self._pillar_clearance(goal.reshape(-1, 3), maps) > LOCAL_SPAWN_CLEARANCE
+        free = free.reshape(tries, k)
+        pick = torch.where(free.any(0), free.int().argmax(0), tries - 1)
+        cols = torch.arange(k, device=self.device)
+        return start[pick, cols], goal[pick, cols]
+
+    def _pillar_clearance(self, points: Tensor, map_id: Tensor) -> Tensor:
+        """3D distance [P] from points [P,3] to the nearest pillar (capped at the LiDAR range)."""
+        boxes = self.lidar.grid.candidates(points, map_id)  # [P,K,5]
+        p = points[:, None, :]
+        dx = torch.maximum(boxes[..., 0] - p[..., 0], p[..., 0] - boxes[..., 2]).clamp_min(0)
+        dy = torch.maximum(boxes[..., 1] - p[..., 1], p[..., 1] - boxes[..., 3]).clamp_min(0)
+        dz = torch.maximum(-p[..., 2], p[..., 2] - boxes[..., 4]).clamp_min(0)
+        dist = torch.sqrt(dx * dx + dy * dy + dz * dz).amin(-1)
+        return dist.clamp_max(LIDAR_RANGE)
+
+    def _spawn_z(self, *shape: int) -> Tensor:
+        lo, hi = self.cfg.spawn_height
+        return lo + (hi - lo) * self._rand(*shape)
+
+    def _rand(self, *shape: int) -> Tensor:
+        return torch.rand(shape, generator=self._gen, device=self.device)
+
+    def _begin_episodes(self, ids: Tensor, start: Tensor, goal: Tensor) -> None:
+        """Initial state of new episodes (SPEC §1.4): at rest, facing the goal, stats zeroed."""
+        zeros3 = torch.zeros_like(start)
+        self.pos = self.pos.index_copy(0, ids, start)
+        self.vel = self.vel.index_copy(0, ids, zeros3)
+        self.prev_vel = self.prev_vel.index_copy(0, ids, zeros3)
+        self.start = self.start.index_copy(0, ids, start)
+        self.goal = self.goal.index_copy(0, ids, goal)
+        self.yaw = self.yaw.index_copy(0, ids, yaw_of(goal - start))
+        heights = torch.stack((start[:, 2], goal[:, 2]), -1)
+        band = torch.stack((heights.amin(-1), heights.amax(-1)), -1)
+        self.height_range = self.height_range.index_copy(0, ids, band)
+        self.step_count = self.step_count.index_fill(0, ids, 0)
+        self._stats = {k: v.index_fill(0, ids, 0.0) for k, v in self._stats.items()}
+        self._rescan(ids)
+
+    def _rescan(self, ids: Tensor) -> None:
+        """Cast the LiDAR of these envs at their current pose (fresh scan after a reset)."""
+        scan = self.lidar.distances(self.pos[ids], self.yaw[ids], self.map_id[ids])
+        self.scan = self.scan.index_copy(0, ids, scan)
+
+    # ------------------------------------------------------------------------ obs and reward
+
+    def _reward(self, to_goal: Tensor, dist: Tensor, dyn_clearance: Tensor | None) -> Tensor:
+        """SPEC §1.8 per env [N]."""
+        toward = to_goal / dist.clamp_min(1e-6)[:, None]
+        reward = (self.vel * toward).sum(-1) + SURVIVAL_BONUS
+        reward = reward + torch.log(self.scan.clamp(LOG_CLAMP_MIN, LIDAR_RANGE)).mean(-1)
+        if dyn_clearance is not None:
+            reward = reward + torch.log(dyn_clearance.clamp(LOG_CLAMP_MIN, LIDAR_RANGE)).mean(-1)
+        if self.cfg.smoothness_penalty:
+            reward = reward - SMOOTHNESS_WEIGHT * (self.vel - self.prev_vel).norm(dim=-1)
+        z = self.pos[:, 2]
+        above = (z - (self.height_range[:, 1] + HEIGHT_MARGIN)).clamp_min(0)
+        below = ((self.height_range[:, 0] - HEIGHT_MARGIN) - z).clamp_min(0)
+        return reward - HEIGHT_WEIGHT * (above * above + below * below)
+
+    def _observe(self, dyn_obs: Tensor) -> dict[str, Tensor]:
+        """SPEC §1.6 observations of all envs from the current state and cached scan."""
+        to_goal = self.goal - self.pos
+        unit = to_goal / to_goal.norm(dim=-1, keepdim=True).clamp_min(1e-6)
+        state = torch.cat(
+            (
+                world_to_goal(unit, self.yaw),
+                to_goal[:, :2].norm(dim=-1, keepdim=True),
+                to_goal[:, 2:3],
+                world_to_goal(self.vel, self.yaw),
+            ),
+            -1,
+        )
+        direction = self.goal - self.start
+        direction = torch.cat((direction[:, :2], torch.zeros_like(direction[:, 2:])), -1)
+        lidar = (LIDAR_RANGE - self.scan).reshape(self.num_envs, 1, HORIZONTAL_BEAMS, -1)
+        return {
+            "state": state,
+            "lidar": lidar,
+            "direction": direction[:, None, :],
+            "dynamic_obstacle": dyn_obs[:, None],
+        }
+
+    def _dynamic_view(self) -> tuple[Tensor, Tensor | None, Tensor]:
+        """The 5 nearest dynamic obstacles (SPEC §1.6): features [N,5,10], clearance [N,k]
+        for the safety reward (None without obstacles), and dynamic collision [N]."""
+        n, dyn = self.num_envs, self.dynamic
+        features = torch.zeros(n, DYN_OBSERVED, DYN_FEATURES, device=self.device)
+        if dyn.count == 0:
+            return features, None, torch.zeros(n, dtype=torch.bool, device=self.device)
+        k = min(DYN_OBSERVED, dyn.count)
+        standing = dyn.is_cylinder[None, :, None]
+        rel = dyn.pos.index_select(0, self.map_id) - self.pos[:, None, :]  # [N,D,3]
+        rel = torch.where(
+            standing, torch.cat((rel[..., :2], torch.zeros_like(rel[..., 2:])), -1), rel
+        )
+        dist_xy, idx = rel[..., :2].norm(dim=-1).topk(k, dim=-1, largest=False)  # [N,k]
+        rel = rel.gather(1, idx[..., None].expand(-1, -1, 3))
+        vel = dyn.vel.index_select(0, self.map_id).gather(1, idx[..., None].expand(-1, -1, 3))
+        size = dyn.size[idx]  # [N,k,3]
+        masked = dist_xy > LIDAR_RANGE
+        yaw = self.yaw[:, None]
+        rel_g = world_to_goal(rel, yaw)
+        rel_norm = rel.norm(dim=-1)
+        feats = torch.cat(
+            (
+                rel_g / rel_norm.clamp_min(1e-6)[..., None],
+                rel_g[..., :2].norm(dim=-1, keepdim=True),
+                rel_g[..., 2:3],
+                world_to_goal(vel, yaw),
+                (size[..., :1] / DYN_WIDTH_STEP - 1),
+                (size[..., 2:3] <= 1.0).to(torch.float32),
+            ),
+            -1,
+        )
+        features[:, :k] = torch.where(masked[..., None], 0.0, feats)
+        clearance = torch.where(masked, LIDAR_RANGE, rel_norm - size[..., 0] / 2)
+        hit_xy = dist_xy <= size[..., 0] / 2 + COLLISION_DISTANCE
+        hit_z = rel[..., 2].abs() <= size[..., 2] / 2 + COLLISION_DISTANCE
+        collision = (~masked & hit_xy & hit_z).any(-1)
+        return features, clearance, collision
+
+    def _reset_output(self) -> TensorDictBase:
+        dyn_obs, _, _ = self._dynamic_view()
+        none = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
+        return self._output(dyn_obs, none, none)
+
+    def _output(self, dyn_obs: Tensor, terminated: Tensor, truncated: Tensor) -> TensorDictBase:
+        n = self.num_envs
+        out = TensorDict(
+            {
+                "agents": {"observation": self._observe(dyn_obs)},
+                "stats": {k: v[:, None] for k, v in self._stats.items()},
+                "terminated": terminated[:, None],
+                "truncated": truncated[:, None],
+                "done": (terminated | truncated)[:, None],
+            },
+            batch_size=[n],
+            device=self.device,
+        )
+        return out
+
+    # ------------------------------------------------------------------------ setup
+
+    def _build_lidar(self, boxes_per_map: list[Tensor]) -> None:
+        grid = PillarGrid.build(boxes_per_map, reach=LIDAR_RANGE, device=self.device)
+        self.lidar = Lidar(grid, self.ground_half_extent)
+
+    def _allocate_state(self) -> None:
+        n, dev = self.num_envs, self.device
+        self.pos = torch.zeros(n, 3, device=dev)
+        self.vel = torch.zeros(n, 3, device=dev)
+        self.prev_vel = torch.zeros(n, 3, device=dev)
+        self.start = torch.zeros(n, 3, device=dev)
+        self.goal = torch.zeros(n, 3, device=dev)
+        self.goal[:, 0] = 1.0  # any goal off the start until the first reset
+        self.yaw = torch.zeros(n, device=dev)
+        self.height_range = torch.zeros(n, 2, device=dev)
+        self.step_count = torch.zeros(n, dtype=torch.long, device=dev)
+        self.scan = torch.full((n, NUM_BEAMS), LIDAR_RANGE, device=dev)
+        self._stats = {k: torch.zeros(n, device=dev) for k in STAT_KEYS}
+        self._rescan(torch.arange(n, device=dev))
+
+    def _make_specs(self) -> None:
+        n, dev = self.num_envs, self.device
+        limit = self.cfg.action_limit
+        observation = Composite(
+            state=Unbounded((n, 8), device=dev),
+            lidar=Bounded(
+                0.0, LIDAR_RANGE, (n, 1, HORIZONTAL_BEAMS, len(VERTICAL_ANGLES_DEG)), device=dev
+            ),
+            direction=Unbounded((n, 1, 3), device=dev),
+            dynamic_obstacle=Unbounded((n, 1, DYN_OBSERVED, DYN_FEATURES), device=dev),
+            shape=(n,),
+            device=dev,
+        )
+        stats = Composite(
+            {k: Unbounded((n, 1), device=dev) for k in STAT_KEYS}, shape=(n,), device=dev
+        )
+        self.observation_spec = Composite(
+            agents=Composite(observation=observation, shape=(n,), device=dev),
+            stats=stats,
+            shape=(n,),
+            device=dev,
+        )
+        # A goal-frame command in (-L, L)³ rotated about z: |x|, |y| <= L·√2 in the world.
+        bound = torch.tensor([limit * math.sqrt(2), limit * math.sqrt(2), limit], device=dev)
+        self.action_spec = Composite(
+            agents=Composite(
+                action=Bounded(
+                    -bound.expand(n, 1, 3), bound.expand(n, 1, 3), (n, 1, 3), device=dev
+                ),
+                shape=(n,),
+                device=dev,
+            ),
+            shape=(n,),
+            device=dev,
+        )
+        self.reward_spec = Composite(
+            agents=Composite(reward=Unbounded((n, 1), device=dev), shape=(n,), device=dev),
+            shape=(n,),
+            device=dev,
+        )
+        flag = Categorical(2, (n, 1), dtype=torch.bool, device=dev)
+        self.done_spec = Composite(
+            done=flag.clone(),
+            terminated=flag.clone(),
+            truncated=flag.clone(),
+            shape=(n,),
+            device=dev,
+        )
+
+
+# Per-env state tensors saved by `state_dict_env` (besides stats, dynamic obstacles, RNG).
+_STATE_TENSORS = (
+    "pos",
+    "vel",
+    "prev_vel",
+    "start",
+    "goal",
+    "yaw",
+    "height_range",
+    "step_count",
+    "scan",
+)

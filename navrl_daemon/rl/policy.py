@@ -1,0 +1,193 @@
+"""NavRL's policy/value network in plain torch, with NavRL's state_dict layout (SPEC §2, §2.1).
+
+NavRL built the network from tensordict/torchrl wrappers (TensorDictModule, Rearrange,
+CatTensors) and lazy layers. Their nesting is visible in the checkpoint's key names
+(`feature_extractor.module.0.module.7.weight`), so this module mirrors it: `Keyed` stands in
+for a TensorDictModule (a `.module` attribute) and parameter-free layers keep their
+Sequential slots, so the published checkpoint loads with `strict=True` and ours export back
+to the same 37 keys.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from tensordict import TensorDictBase
+from torch import nn
+from torch.distributions import Beta, Independent
+
+from navrl_daemon.rl.gae import GAE
+from navrl_daemon.rl.value_norm import ValueNorm
+
+FEATURE_DIM = 256
+ACTION_DIM = 3
+OBS_KEY = ("agents", "observation")
+
+
+class Keyed(nn.Module):
+    """Stand-in for tensordict's TensorDictModule: only its `.module` nesting, for the keys."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+        return self.module(*args)
+
+
+class Concat(nn.Module):
+    """Stand-in for torchrl's CatTensors (slot 2 of the feature extractor, no parameters).
+
+    CatTensors sorted its keys, so NavRL's trunk input is [cnn 128 | dynamic 64 | state 8],
+    not the order written in NavRL's code (SPEC §2).
+    """
+
+    def forward(self, *features: torch.Tensor) -> torch.Tensor:
+        return torch.cat(features, dim=-1)
+
+
+class BetaHead(nn.Module):
+    """α, β = 1 + softplus(linear) + 1e-6 per axis, so the Beta is unimodal."""
+
+    def __init__(self, in_features: int = FEATURE_DIM, action_dim: int = ACTION_DIM) -> None:
+        super().__init__()
+        self.alpha_layer = nn.Linear(in_features, action_dim)
+        self.beta_layer = nn.Linear(in_features, action_dim)
+
+    def forward(self, feature: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        alpha = 1.0 + F.softplus(self.alpha_layer(feature)) + 1e-6
+        beta = 1.0 + F.softplus(self.beta_layer(feature)) + 1e-6
+        return alpha, beta
+
+
+def make_mlp(in_features: int, units: list[int]) -> nn.Sequential:
+    """NavRL's make_mlp: Linear → LeakyReLU → LayerNorm per width (activation before norm)."""
+    layers: list[nn.Module] = []
+    for width in units:
+        layers += [nn.Linear(in_features, width), nn.LeakyReLU(), nn.LayerNorm(width)]
+        in_features = width
+    return nn.Sequential(*layers)
+
+
+def make_lidar_cnn() -> nn.Sequential:
+    """[B,1,36,4] → [B,128]; feature maps 4×36×4 → 16×18×4 → 16×9×2, flattened C,H,W."""
+    return nn.Sequential(
+        nn.Conv2d(1, 4, kernel_size=(5, 3), padding=(2, 1)),
+        nn.ELU(),
+        nn.Conv2d(4, 16, kernel_size=(5, 3), stride=(2, 1), padding=(2, 1)),
+        nn.ELU(),
+        nn.Conv2d(16, 16, kernel_size=(5, 3), stride=(2, 2), padding=(2, 1)),
+        nn.ELU(),
+        nn.Flatten(start_dim=-3),  # NavRL's Rearrange "n c w h -> n (c w h)"
+        nn.Linear(16 * 9 * 2, 128),
+        nn.LayerNorm(128),
+    )
+
+
+class NavRLPolicy(nn.Module):
+    """Shared feature trunk, Beta actor and critic, plus ValueNorm and GAE buffers.
+
+    Tensor-level methods (`features`, `distribution`, `value`) take any leading batch dims;
+    `act` is the TensorDict boundary used by rollouts and evaluation.
+    """
+
+    in_keys = (
+        (*OBS_KEY, "state"),
+        (*OBS_KEY, "lidar"),
+        (*OBS_KEY, "direction"),
+        (*OBS_KEY, "dynamic_obstacle"),
+    )
+    out_keys = (
+        ("agents", "action_normalized"),
+        ("agents", "action"),
+        "sample_log_prob",
+        "state_value",
+    )
+
+    def __init__(self, action_limit: float = 2.0, gamma: float = 0.99, lmbda: float = 0.95) -> None:
+        super().__init__()
+        self.action_limit = action_limit
+        self.feature_extractor = Keyed(
+            nn.ModuleList(
+                [
+                    Keyed(make_lidar_cnn()),
+                    # slot 0 is NavRL's Rearrange: 5 obstacles × 10 features → 50
+                    Keyed(nn.Sequential(nn.Flatten(start_dim=-3), make_mlp(50, [128, 64]))),
+                    Concat(),
+                    Keyed(make_mlp(128 + 64 + 8, [FEATURE_DIM, FEATURE_DIM])),
+                ]
+            )
+        )
+        self.actor = Keyed(nn.ModuleList([Keyed(BetaHead())]))
+        self.critic = Keyed(nn.Linear(FEATURE_DIM, 1))
+        self.value_norm = ValueNorm()
+        self.gae = GAE(gamma, lmbda)
+        # NavRL: small orthogonal heads start at mean action 0.5 (zero velocity), value ≈ 0.
+        for layer in (self.beta_head.alpha_layer, self.beta_head.beta_layer, self.critic.module):
+            nn.init.orthogonal_(layer.weight, gain=0.01)
+            nn.init.zeros_(layer.bias)
+
+    @property
+    def beta_head(self) -> BetaHead:
+        return self.actor.module[0].module
+
+    def features(
+        self, state: torch.Tensor, lidar: torch.Tensor, dynamic_obstacle: torch.Tensor
+    ) -> torch.Tensor:
+        """state [B…,8], lidar [B…,1,36,4], dynamic_obstacle [B…,1,5,10] → [B…,256]."""
+        lead = state.shape[:-1]
+        cnn, dynamic, concat, trunk = self.feature_extractor.module
+        x = concat(
+            cnn(lidar.reshape(-1, *lidar.shape[-3:])),
+            dynamic(dynamic_obstacle.reshape(-1, *dynamic_obstacle.shape[-3:])),
+            state.reshape(-1, state.shape[-1]),
+        )
+        return trunk(x).reshape(*lead, FEATURE_DIM)
+
+    def distribution(self, feature: torch.Tensor) -> Independent:
+        """The 3-axis Beta over normalised actions in (0,1)³.
+
+        Argument validation is off: it would sync the device on every call, and non-finite
+        parameters are caught by the PPO update instead.
+        """
+        alpha, beta = self.beta_head(feature)
+        return Independent(Beta(alpha, beta, validate_args=False), 1, validate_args=False)
+
+    def value(self, feature: torch.Tensor) -> torch.Tensor:
+        """V(s) in ValueNorm-normalised units, [B…,1]."""
+        return self.critic(feature)
+
+    def observe(self, td: TensorDictBase) -> torch.Tensor:
+        """The trunk feature of `td`'s ("agents", "observation") entry."""
+        obs = td.get(OBS_KEY)
+        return self.features(obs.get("state"), obs.get("lidar"), obs.get("dynamic_obstacle"))
+
+    def to_world(self, action_normalized: torch.Tensor, direction: torch.Tensor) -> torch.Tensor:
+        """a ∈ (0,1)³ [B…,3] → world velocity [B…,1,3]: v_goal = (2a−1)·L, then R_z(θ)·v_goal.
+
+        θ is the heading of `direction` ([B…,1,3], goal − start with z = 0), SPEC §1.5/§1.7.
+        """
+        v = ((2.0 * action_normalized - 1.0) * self.action_limit).unsqueeze(-2)
+        theta = torch.atan2(direction[..., 1], direction[..., 0])
+        cos, sin = theta.cos(), theta.sin()
+        vx, vy, vz = v.unbind(-1)
+        return torch.stack([cos * vx - sin * vy, sin * vx + cos * vy, vz], dim=-1)
+
+    def act(self, td: TensorDictBase, deterministic: bool = False) -> TensorDictBase:
+        """Write action, log-prob and value into `td` (batch dims [N] or [N,T]) and return it.
+
+        Stochastic actions use `rsample` (NavRL's ExplorationType.RANDOM); deterministic ones
+        the Beta mean α/(α+β) (ExplorationType.MEAN), as in NavRL's eval and ROS runners.
+        """
+        feature = self.observe(td)
+        dist = self.distribution(feature)
+        action = dist.mean if deterministic else dist.rsample()
+        direction = td.get((*OBS_KEY, "direction"))
+        td.set(("agents", "action_normalized"), action)
+        td.set(("agents", "action"), self.to_world(action, direction))
+        td.set("sample_log_prob", dist.log_prob(action))
+        td.set("state_value", self.value(feature))
+        return td
+
+    def forward(self, td: TensorDictBase, deterministic: bool = False) -> TensorDictBase:
+        return self.act(td, deterministic)

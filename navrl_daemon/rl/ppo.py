@@ -1,0 +1,199 @@
+"""NavRL's PPO update (SPEC §3): one linear function over a collected [N, T] batch.
+
+The loss terms are small pure functions so tests can check them on hand-computed numbers.
+NavRL quirks kept on purpose: the actor loss is scaled by the action dimension (3), the
+critic loss is the max of two *mean* Huber losses, the critic's learning rate is the
+actor's, and the feature extractor's gradients are not clipped.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from tensordict import TensorDictBase
+from torch.nn.utils import clip_grad_norm_
+
+from navrl_daemon.config import PPOConfig
+from navrl_daemon.rl.gae import compute_gae
+from navrl_daemon.rl.policy import ACTION_DIM, OBS_KEY, NavRLPolicy
+
+STAT_NAMES = (
+    "actor_loss",
+    "critic_loss",
+    "entropy",
+    "actor_grad_norm",
+    "critic_grad_norm",
+    "explained_var",
+)
+
+
+def make_optimizers(policy: NavRLPolicy, cfg: PPOConfig) -> dict[str, torch.optim.Adam]:
+    """Three Adams with default betas/eps, as NavRL; the critic reads the actor's lr."""
+    return {
+        "feature_extractor": torch.optim.Adam(
+            policy.feature_extractor.parameters(), lr=cfg.feature_extractor_lr
+        ),
+        "actor": torch.optim.Adam(policy.actor.parameters(), lr=cfg.actor_lr),
+        "critic": torch.optim.Adam(policy.critic.parameters(), lr=cfg.actor_lr),
+    }
+
+
+# ---------------------------------------------------------------------------- loss terms
+
+
+def actor_loss(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantage: torch.Tensor,
+    clip_ratio: float,
+    action_dim: int = ACTION_DIM,
+) -> torch.Tensor:
+    """Clipped surrogate: −mean(min(r·A, clip(r, 1±c)·A)) × action_dim.
+
+    log-probs are [B], advantages [B,1]. The × action_dim is NavRL's scaling, kept so the
+    published hyper-parameters mean the same thing here.
+    """
+    ratio = torch.exp(log_prob - old_log_prob).unsqueeze(-1)
+    surrogate = ratio * advantage
+    clipped = ratio.clamp(1.0 - clip_ratio, 1.0 + clip_ratio) * advantage
+    return -torch.min(surrogate, clipped).mean() * action_dim
+
+
+def critic_loss(
+    value: torch.Tensor,
+    old_value: torch.Tensor,
+    target: torch.Tensor,
+    value_clip: float,
+    huber_delta: float,
+) -> torch.Tensor:
+    """max(Huber(target, v_clipped), Huber(target, v)): a max of two means, as NavRL.
+
+    v_clipped = v_old + clip(v − v_old, ±value_clip), all in normalised units.
+    """
+    clipped = old_value + (value - old_value).clamp(-value_clip, value_clip)
+    loss_clipped = F.huber_loss(clipped, target, delta=huber_delta)
+    loss_plain = F.huber_loss(value, target, delta=huber_delta)
+    return torch.max(loss_clipped, loss_plain)
+
+
+def entropy_loss(entropy: torch.Tensor, entropy_coef: float) -> torch.Tensor:
+    return -entropy_coef * entropy.mean()
+
+
+def explained_variance(value: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return 1.0 - F.mse_loss(value, target) / target.var()
+
+
+# ---------------------------------------------------------------------------- batch prep
+
+
+@torch.no_grad()
+def advantages_and_targets(
+    policy: NavRLPolicy, batch: TensorDictBase, cfg: PPOConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Normalised advantages and normalised value targets for a [N, T] batch.
+
+    Updates the policy's ValueNorm with this batch's returns, as NavRL does once per
+    iteration; a batch with a non-finite return leaves it alone, because one NaN there would
+    poison every later value target.
+    """
+    value_norm = policy.value_norm
+    next_value = policy.value(policy.observe(batch.get("next")))
+    advantages, returns = compute_gae(
+        reward=batch.get(("next", "agents", "reward")),
+        terminated=batch.get(("next", "terminated")),
+        truncated=batch.get(("next", "truncated")),
+        value=value_norm.denormalize(batch.get("state_value")),
+        next_value=value_norm.denormalize(next_value),
+        gamma=cfg.gamma,
+        lmbda=cfg.lmbda,
+        cut_truncation=cfg.gae_cut_truncation,
+    )
+    advantages = (advantages - advantages.mean()) / advantages.std().clamp(min=1e-7)
+    if bool(torch.isfinite(returns).all()):  # one host sync per update
+        value_norm.update(returns)
+    return advantages, value_norm.normalize(returns)
+
+
+def minibatch_indices(
+    num_rows: int, num_minibatches: int, generator: torch.Generator | None, device: torch.device
+) -> torch.Tensor:
+    """[num_minibatches, size] row indices: a random permutation, remainder dropped."""
+    size = num_rows // num_minibatches
+    if size == 0:
+        raise ValueError(
+            f"{num_minibatches} minibatches need at least as many rows, got {num_rows}"
+        )
+    source = generator.device if generator is not None else device
+    perm = torch.randperm(num_rows, generator=generator, device=source).to(device)
+    return perm[: size * num_minibatches].view(num_minibatches, size)
+
+
+# ---------------------------------------------------------------------------- the update
+
+
+def update(
+    policy: NavRLPolicy,
+    optimizers: dict[str, torch.optim.Adam],
+    batch: TensorDictBase,
+    cfg: PPOConfig,
+    generator: torch.Generator | None = None,
+) -> dict[str, float]:
+    """cfg.epochs × cfg.minibatches gradient steps on one [N, T] rollout.
+
+    Returns the means of STAT_NAMES over the applied steps (NaN if none was applied),
+    `minibatch_updates` (applied) and `nonfinite_updates` (skipped because the loss or a
+    clipped gradient norm was not finite; Adam's state is then left untouched).
+    """
+    advantages, targets = advantages_and_targets(policy, batch, cfg)
+    keys = [(*OBS_KEY, k) for k in ("state", "lidar", "dynamic_obstacle")]
+    data = batch.select(*keys, ("agents", "action_normalized"), "sample_log_prob", "state_value")
+    data.set("advantage", advantages)
+    data.set("target", targets)
+    data = data.reshape(-1)
+
+    device = advantages.device
+    sums = torch.zeros(len(STAT_NAMES), device=device)
+    applied = skipped = 0
+    for _ in range(cfg.epochs):
+        for idx in minibatch_indices(data.shape[0], cfg.minibatches, generator, device):
+            mb = data[idx]
+            feature = policy.observe(mb)
+            dist = policy.distribution(feature)
+            value = policy.value(feature)
+            log_prob = dist.log_prob(mb.get(("agents", "action_normalized")))
+            l_actor = actor_loss(
+                log_prob, mb.get("sample_log_prob"), mb.get("advantage"), cfg.clip_ratio
+            )
+            l_entropy = entropy_loss(dist.entropy(), cfg.entropy_coef)
+            l_critic = critic_loss(
+                value, mb.get("state_value"), mb.get("target"), cfg.value_clip, cfg.huber_delta
+            )
+            loss = l_actor + l_entropy + l_critic
+
+            for opt in optimizers.values():
+                opt.zero_grad()
+            loss.backward()
+            actor_norm = clip_grad_norm_(policy.actor.parameters(), cfg.max_grad_norm)
+            critic_norm = clip_grad_norm_(policy.critic.parameters(), cfg.max_grad_norm)
+            # One host sync per minibatch: a skipped step must not move Adam's moments.
+            if not bool(torch.isfinite(loss + actor_norm + critic_norm)):
+                skipped += 1
+                continue
+            for opt in optimizers.values():
+                opt.step()
+            applied += 1
+            with torch.no_grad():
+                explained_var = explained_variance(value, mb.get("target"))
+                sums += torch.stack(
+                    [l_actor, l_critic, l_entropy, actor_norm, critic_norm, explained_var]
+                )
+
+    for opt in optimizers.values():
+        opt.zero_grad()
+    means = (sums / applied).tolist() if applied else [float("nan")] * len(STAT_NAMES)
+    return {
+        **dict(zip(STAT_NAMES, means, strict=True)),
+        "minibatch_updates": applied,
+        "nonfinite_updates": skipped,
+    }

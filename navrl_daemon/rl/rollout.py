@@ -1,0 +1,75 @@
+"""Rollout collection: T steps of every env into a preallocated [N, T] TensorDict. No I/O.
+
+This is NavRL's SyncDataCollector loop written out: the policy samples from its Beta
+distribution, the env steps and auto-resets finished envs, and each step's TensorDict
+(observation, action, log-prob, value, and the `next` entry holding reward, done flags,
+stats and the true final observation before the reset) lands in slot t of the buffer.
+"""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torchrl.envs import EnvBase
+
+from navrl_daemon.rl.policy import NavRLPolicy
+
+STAT_KEYS = ("return", "episode_len", "reach_goal", "collision", "truncated")
+
+
+@torch.no_grad()
+def first_step(env: EnvBase, policy: NavRLPolicy, td: TensorDictBase) -> TensorDictBase:
+    """One policy+env step, used to learn the rollout layout; returns the step's record."""
+    record, _ = env.step_and_maybe_reset(policy.act(td.clone(), deterministic=False))
+    return record
+
+
+def make_rollout_buffer(example: TensorDictBase, length: int) -> TensorDict:
+    """A zeroed [N, length] buffer with the keys, shapes and dtypes of one step's record."""
+    n = example.batch_size[0]
+    return (
+        example.unsqueeze(1)
+        .expand(n, length)
+        .apply(torch.zeros_like, batch_size=[n, length])
+        .to_tensordict()
+    )
+
+
+@torch.no_grad()
+def collect(
+    env: EnvBase, policy: NavRLPolicy, td: TensorDictBase, buffer: TensorDictBase
+) -> TensorDictBase:
+    """Fill `buffer` ([N, T]) in place with T steps from `td`; returns the td to continue from."""
+    for t in range(buffer.batch_size[1]):
+        td = policy.act(td, deterministic=False)
+        record, td = env.step_and_maybe_reset(td)
+        buffer[:, t].update_(record)
+    return td
+
+
+class EpisodeStats:
+    """Sums of per-episode stats over finished episodes, kept on device until read.
+
+    NavRL logs the mean stats of the episodes that finished since the last log; reading
+    (`take`) is the only host sync.
+    """
+
+    def __init__(self, device: torch.device | str) -> None:
+        self._sums = torch.zeros(len(STAT_KEYS), device=device, dtype=torch.float64)
+        self._count = torch.zeros((), device=device, dtype=torch.float64)
+
+    def add(self, rollout: TensorDictBase) -> None:
+        done = rollout["next", "done"].squeeze(-1)
+        stats = torch.stack([rollout["next", "stats", k].squeeze(-1) for k in STAT_KEYS], -1)
+        self._sums += (stats * done.unsqueeze(-1)).sum(dim=tuple(range(done.dim()))).double()
+        self._count += done.sum()
+
+    def take(self) -> dict[str, float]:
+        """Means since the last take, plus `episodes`; empty dict when none finished."""
+        count = int(self._count.item())
+        if count == 0:
+            return {}
+        means = (self._sums / count).tolist()
+        self._sums.zero_()
+        self._count.zero_()
+        return {"episodes": count, **dict(zip(STAT_KEYS, means, strict=True))}

@@ -1,0 +1,46 @@
+"""NavRL-layout policy files: a plain state_dict, `torch.load(weights_only=True)`-safe."""
+
+from __future__ import annotations
+
+import io
+import pickle
+import zipfile
+from pathlib import Path
+
+import torch
+
+from navrl_daemon.errors import DataError
+from navrl_daemon.storage.atomic import write_atomic
+
+
+def save_policy_state(path: Path, state: dict[str, torch.Tensor]) -> None:
+    buf = io.BytesIO()
+    torch.save({k: v.detach().cpu() for k, v in state.items()}, buf)
+    write_atomic(path, buf.getvalue())
+
+
+def load_policy_state(path: Path) -> dict[str, torch.Tensor]:
+    """Read a NavRL state_dict (e.g. the published checkpoint) onto the CPU."""
+    try:
+        state = torch.load(path, weights_only=True, map_location="cpu")
+    except FileNotFoundError:
+        raise DataError(f"checkpoint {path}: not found") from None
+    except (pickle.UnpicklingError, RuntimeError, zipfile.BadZipFile, EOFError, OSError) as e:
+        raise DataError(f"checkpoint {path}: not a loadable torch state_dict: {e}") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise DataError(f"checkpoint {path}: expected a state_dict of tensors")
+    return state
+
+
+def check_policy_layout(
+    state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], path: Path
+) -> None:
+    """Refuse (exit 65) a state_dict whose keys or shapes differ from NavRL's layout."""
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    wrong = sorted(k for k in expected if k in state and state[k].shape != expected[k].shape)
+    if missing or unexpected or wrong:
+        raise DataError(
+            f"checkpoint {path}: not NavRL's policy layout "
+            f"(missing {missing[:3]}, unexpected {unexpected[:3]}, wrong shape {wrong[:3]})"
+        )

@@ -1,0 +1,53 @@
+"""Shared test fixtures: the real CLI in a subprocess, and the NavRL reference files."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+REFERENCE = REPO.parent / "shared" / "reference" / "navrl"
+NAVRL_CHECKPOINT = REFERENCE / "navrl_checkpoint.pt"
+
+# A tiny config every subprocess test can afford on 2 cores.
+TINY = [
+    "run.device=cpu",
+    "env.num_envs=8",
+    "env.field_size=10.0",
+    "env.num_obstacles=4",
+    "env.num_dynamic_obstacles=8",
+    "env.max_episode_length=50",
+    "env.spawn=local",
+    "ppo.rollout_length=8",
+    "ppo.minibatches=4",
+    "ppo.epochs=1",
+    "eval.num_envs=4",
+    "eval.layout=train",
+    "log.summary_interval=1",
+]
+
+
+def navrl_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 300, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run `python -m navrl_daemon ARGS` as a user would, capturing output."""
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "navrl_daemon", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+        cwd=cwd or REPO,
+    )
+
+
+@pytest.fixture
+def navrl_checkpoint() -> Path:
+    if not NAVRL_CHECKPOINT.exists():
+        pytest.skip(f"NavRL reference checkpoint not found at {NAVRL_CHECKPOINT}")
+    return NAVRL_CHECKPOINT

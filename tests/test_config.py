@@ -1,0 +1,148 @@
+"""Config: every error path exits 78 naming the key path; `config show` round-trips."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from navrl_daemon.config import Config, load_config, parse_override, to_toml
+from navrl_daemon.errors import ConfigError
+from tests.conftest import REPO, navrl_cli
+
+
+def test_defaults_are_navrl_numbers() -> None:
+    cfg = Config()
+    assert cfg.env.num_envs == 1024
+    assert cfg.env.num_obstacles == 350
+    assert cfg.env.num_dynamic_obstacles == 80
+    assert cfg.env.max_episode_length == 2200
+    assert (cfg.ppo.rollout_length, cfg.ppo.epochs, cfg.ppo.minibatches) == (32, 4, 16)
+    assert cfg.ppo.actor_lr == cfg.ppo.feature_extractor_lr == 5e-4
+    assert cfg.ppo.clip_ratio == 0.1 and cfg.ppo.entropy_coef == 1e-3
+
+
+@pytest.mark.parametrize("name", ["default.toml", "navrl.toml"])
+def test_shipped_configs_validate(name: str) -> None:
+    load_config(REPO / "config" / name, environ={})
+
+
+def test_precedence_file_then_environment_then_overrides(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text("[env]\nnum_envs = 8\nnum_obstacles = 3\n[run]\nseed = 1\n")
+    env = {"NAVRL_ENV__NUM_OBSTACLES": "5", "NAVRL_RUN__SEED": "2", "OTHER": "x"}
+    cfg = load_config(f, ["run.seed=3", "run.device=cuda:1"], environ=env)
+    assert cfg.env.num_envs == 8
+    assert cfg.env.num_obstacles == 5
+    assert cfg.run.seed == 3
+    assert cfg.run.device == "cuda:1"
+
+
+@pytest.mark.parametrize(
+    ("item", "expected"),
+    [
+        ("env.num_envs=64", ("env.num_envs", 64)),
+        ("ppo.actor_lr=1e-3", ("ppo.actor_lr", 1e-3)),
+        ("env.goal_distance=[1.5, 3]", ("env.goal_distance", [1.5, 3])),
+        ("run.device=cuda:0", ("run.device", "cuda:0")),
+        ('run.state_dir="/var/lib/navrl"', ("run.state_dir", "/var/lib/navrl")),
+        ("env.smoothness_penalty=false", ("env.smoothness_penalty", False)),
+    ],
+)
+def test_override_values_parse_as_toml(item: str, expected: tuple[str, object]) -> None:
+    assert parse_override(item) == expected
+
+
+def test_round_trip_through_toml(tmp_path: Path) -> None:
+    cfg = load_config(REPO / "config" / "default.toml", ["env.goal_distance=[1, 2.5]"], environ={})
+    f = tmp_path / "resolved.toml"
+    f.write_text(to_toml(cfg))
+    assert load_config(f, environ={}) == cfg
+
+
+# Each row: how the bad value is given, and what the message must name.
+BAD = [
+    (["env.bogus=1"], "env.bogus: unknown key"),
+    (["bogus.key=1"], "bogus: unknown key"),
+    (["env.num_envs=0"], "env.num_envs"),
+    (["env.num_envs=-3"], "env.num_envs"),
+    (['env.num_envs="many"'], "env.num_envs"),
+    (["env.num_envs=1.5"], "env.num_envs"),
+    (["env.smoothness_penalty=1"], "env.smoothness_penalty"),
+    (["ppo.clip_ratio=2.0"], "ppo.clip_ratio"),
+    (["ppo.gamma=0"], "ppo.gamma"),
+    (["env.goal_distance=[4, 2]"], "goal_distance"),
+    (["env.goal_distance=[1]"], "env.goal_distance"),
+    (["env.num_dynamic_obstacles=7"], "env.num_dynamic_obstacles"),
+    (["env.spawn=sideways"], "env.spawn"),
+    (["run.device=gpu"], "run.device"),
+    (["log.level=loud"], "log.level"),
+    (["ppo.minibatches=5000", "env.num_envs=2"], "ppo.minibatches"),
+    (["env=3"], "env"),
+    (["env.num_envs"], "expected KEY=VALUE"),
+    (["=3"], "is not a dotted path"),
+    (["env..num_envs=3"], "is not a dotted path"),
+    (["env.num_envs=[1,"], "override env.num_envs"),
+    (["env.num_envs="], "override env.num_envs: empty value"),
+    (["env.num_envs=2", "env.num_envs.x=1"], "env.num_envs: is a value"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "needle"), BAD)
+def test_bad_override_is_config_error(overrides: list[str], needle: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(None, overrides, environ={})
+    assert needle in str(err.value)
+
+
+@pytest.mark.parametrize(("overrides", "needle"), BAD[::4])
+def test_cli_exits_78_with_key_path(overrides: list[str], needle: str) -> None:
+    proc = navrl_cli("config", "show", *overrides)
+    assert proc.returncode == 78, proc.stderr
+    assert needle in proc.stderr
+    assert proc.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ('[env]\nnum_envs = "64"\n', "env.num_envs"),
+        ("[env]\nnum_obstacles = 3\nlidar = 2\n", "env.lidar: unknown key"),
+        ("[ppo]\nepochs = 0\n", "ppo.epochs"),
+        ("[env\nnum_envs = 3\n", "not valid TOML"),
+        ("run = 5\n", "run"),
+    ],
+)
+def test_bad_file_exits_78(tmp_path: Path, text: str, needle: str) -> None:
+    f = tmp_path / "bad.toml"
+    f.write_text(text)
+    proc = navrl_cli("config", "show", "--config", str(f))
+    assert proc.returncode == 78
+    assert needle in proc.stderr
+
+
+def test_missing_file_exits_78(tmp_path: Path) -> None:
+    proc = navrl_cli("config", "show", "--config", str(tmp_path / "nope.toml"))
+    assert proc.returncode == 78
+    assert "not found" in proc.stderr
+
+
+def test_bad_environment_variable_exits_78() -> None:
+    proc = navrl_cli("config", "show", env={"NAVRL_ENV__NUM_ENVS": "zero"})
+    assert proc.returncode == 78
+    assert "env.num_envs" in proc.stderr
+
+
+def test_config_show_round_trips_through_cli(tmp_path: Path) -> None:
+    first = navrl_cli("config", "show", "--config", "config/default.toml", "env.num_envs=16")
+    assert first.returncode == 0, first.stderr
+    f = tmp_path / "shown.toml"
+    f.write_text(first.stdout)
+    second = navrl_cli("config", "show", "--config", str(f))
+    assert second.returncode == 0
+    assert second.stdout == first.stdout
+
+
+def test_usage_error_exits_2() -> None:
+    assert navrl_cli("frobnicate").returncode == 2
+    assert navrl_cli("eval", "--episodes", "many").returncode == 2
