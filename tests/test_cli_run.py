@@ -1,0 +1,119 @@
+"""`run` and `eval` as a user runs them: a real subprocess, real signals, real files."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from navrl_daemon.rl.policy import NavRLPolicy
+from tests.conftest import REPO, TINY, navrl_cli
+
+
+def test_run_to_total_frames_exports_navrl_layout(tmp_path: Path, navrl_checkpoint: Path) -> None:
+    state = tmp_path / "state"
+    proc = navrl_cli("run", "--state-dir", str(state), *TINY, "run.total_frames=256")
+    assert proc.returncode == 0, proc.stderr
+    # 8 envs x 8 steps = 64 frames per iteration: 4 iterations.
+    lines = [json.loads(line) for line in proc.stderr.splitlines() if line.startswith("{")]
+    stopped = [r for r in lines if r["event"] == "stopped"]
+    assert stopped and stopped[0]["iteration"] == 4 and stopped[0]["frames"] == 256
+    assert any(r["event"] == "progress" and "frames_per_second" in r for r in lines)
+    exported = torch.load(state / "export" / "policy.pt", weights_only=True, map_location="cpu")
+    reference = torch.load(navrl_checkpoint, weights_only=True, map_location="cpu")
+    assert list(exported) == list(reference)
+    assert all(exported[k].shape == reference[k].shape for k in reference)
+    NavRLPolicy().load_state_dict(exported, strict=True)
+    assert (state / "config.toml").read_text().startswith("[run]")
+
+
+def test_run_writes_eval_results(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    proc = navrl_cli(
+        "run", "--state-dir", str(state), *TINY, "run.total_frames=128", "eval.interval=1"
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(x) for x in (state / "eval" / "results.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [1, 2]
+    assert all(0.0 <= r["reach_goal"] <= 1.0 and r["episodes"] == 4 for r in rows)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_stops_cleanly_and_saves(tmp_path: Path, sig: signal.Signals) -> None:
+    state = tmp_path / "state"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "navrl_daemon", "run", "--state-dir", str(state), *TINY],
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    # Wait for training to be under way (a progress line every iteration), then signal.
+    for line in proc.stderr:
+        if '"progress"' in line:
+            break
+    sent = time.monotonic()
+    proc.send_signal(sig)
+    rest = proc.stderr.read()
+    code = proc.wait(timeout=60)
+    assert code == 0, rest
+    assert time.monotonic() - sent < 30
+    assert sig.name in rest and '"stopped"' in rest
+    assert (state / "export" / "policy.pt").exists()
+
+
+def test_eval_runs_the_published_checkpoint(navrl_checkpoint: Path) -> None:
+    proc = navrl_cli(
+        "eval",
+        "--config",
+        "config/navrl.toml",
+        "--checkpoint",
+        str(navrl_checkpoint),
+        "--episodes",
+        "8",
+        "--json",
+        "run.device=cpu",
+        "eval.max_steps=400",
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["episodes"] == 8
+    for key in ("reach_goal", "collision", "return", "episode_len"):
+        assert isinstance(result[key], float)
+    assert 0 < result["episode_len"] <= 400
+
+
+def test_eval_human_readable(navrl_checkpoint: Path) -> None:
+    proc = navrl_cli("eval", "--checkpoint", str(navrl_checkpoint), "--episodes", "4", *TINY)
+    assert proc.returncode == 0, proc.stderr
+    assert "reach_goal" in proc.stdout and "collision" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (b"not a torch file", "not a loadable torch state_dict"),
+        (None, "not NavRL's policy layout"),
+    ],
+)
+def test_eval_bad_checkpoint_exits_65(tmp_path: Path, content: bytes | None, needle: str) -> None:
+    path = tmp_path / "bad.pt"
+    if content is None:
+        torch.save({"some.weight": torch.zeros(3)}, path)
+    else:
+        path.write_bytes(content)
+    proc = navrl_cli("eval", "--checkpoint", str(path), *TINY)
+    assert proc.returncode == 65
+    assert needle in proc.stderr
+
+
+def test_eval_missing_checkpoint_exits_65(tmp_path: Path) -> None:
+    proc = navrl_cli("eval", "--state-dir", str(tmp_path), *TINY)
+    assert proc.returncode == 65
+    assert "not found" in proc.stderr
