@@ -105,6 +105,14 @@ class PPOConfig(Section):
     max_nonfinite_updates: Annotated[int, Field(ge=0, le=1_000_000)] = 3
 
 
+class PipelineConfig(Section):
+    # 0: collect rollout i+1 only with the weights trained on rollout i (NavRL, on-policy);
+    # 1: collect rollout i+1 while the trainer trains on rollout i.
+    max_policy_lag: Annotated[int, Field(ge=0, le=1)] = 0
+    # Preallocated rollout buffers; lag 1 needs 2 to overlap collection and training.
+    lease_pool: Annotated[int, Field(ge=1, le=64)] = 2
+
+
 class EvalConfig(Section):
     # Evaluate every N iterations (0 = never during `run`).
     interval: NonNegInt = 1000
@@ -126,6 +134,7 @@ class Config(Section):
     run: RunConfig = RunConfig()
     env: EnvConfig = EnvConfig()
     ppo: PPOConfig = PPOConfig()
+    pipeline: PipelineConfig = PipelineConfig()
     eval: EvalConfig = EvalConfig()
     log: LogConfig = LogConfig()
 

@@ -1,136 +1,179 @@
-"""`navrl-daemon run`: for now a plain collect → update loop around `rl.training`.
+"""`navrl-daemon run`: wires the stages of DESIGN.md §2 and hands them to the supervisor.
 
-The staged anyio pipeline of DESIGN.md §2 replaces this loop (issue #3) and reuses
-`Training` as it is. What this loop already guarantees: it ends at `run.total_frames` or at
-the iteration boundary after SIGINT/SIGTERM, and saves the policy in NavRL's layout.
+```
+  RolloutProducer ──rollouts: leases (block)──► Trainer ──weights (coalesce)──► Evaluator
+        ▲                                          │
+        └──────────── weights (coalesce) ──────────┘
+```
+The checkpoint writer, archiver, prefetcher and metrics plug in here as they arrive.
 """
 
 from __future__ import annotations
 
-import json
-import signal
-import statistics
-import sys
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+import functools
 from pathlib import Path
-from types import FrameType
+from typing import Any
 
+import anyio
 import structlog
 import torch
-from tqdm import tqdm
 
 from navrl_daemon import __version__
 from navrl_daemon.config import Config, resolve_device, to_toml
-from navrl_daemon.rl.training import IterationResult, Training
-from navrl_daemon.storage.atomic import append_line, write_atomic
-from navrl_daemon.storage.policy_file import save_policy_state
+from navrl_daemon.errors import StageFailed
+from navrl_daemon.rl.evaluate import evaluate
+from navrl_daemon.rl.training import (
+    Collector,
+    Learner,
+    acting_copy,
+    eval_steps,
+    make_eval_env,
+    make_policy,
+)
+from navrl_daemon.runtime.channels import Channel, Overflow
+from navrl_daemon.runtime.leases import LeasePool
+from navrl_daemon.runtime.lock import StateDirLock
+from navrl_daemon.runtime.sd_notify import ProgressWatchdog, SystemdNotifier
+from navrl_daemon.runtime.supervisor import Shutdown, State, Supervisor
+from navrl_daemon.stages.evaluator import Evaluator
+from navrl_daemon.stages.messages import PolicyWeights
+from navrl_daemon.stages.producer import RolloutProducer
+from navrl_daemon.stages.progress import ProgressLog
+from navrl_daemon.stages.trainer import IterationRecord, Trainer
+from navrl_daemon.storage.atomic import write_atomic
 
 log = structlog.get_logger("daemon")
 
 
-class StopRequest:
-    """Set by the first SIGINT/SIGTERM; a second SIGINT falls back to KeyboardInterrupt."""
-
-    def __init__(self) -> None:
-        self.signal: str | None = None
-
-    def __bool__(self) -> bool:
-        return self.signal is not None
-
-
-@contextmanager
-def stop_on_signals() -> Iterator[StopRequest]:
-    stop = StopRequest()
-
-    def handler(signum: int, _frame: FrameType | None) -> None:
-        stop.signal = signal.Signals(signum).name
-        log.info("stop requested", signal=stop.signal, note="stopping after this iteration")
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield stop
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-
-
 def run(cfg: Config, state_dir: Path) -> int:
-    device = resolve_device(cfg)
+    """Train until `run.total_frames` or a signal. Raises NavrlError subclasses."""
+    with StateDirLock(state_dir):
+        write_atomic(state_dir / "config.toml", to_toml(cfg).encode())
+        anyio.run(serve, cfg, state_dir)
+    return 0
+
+
+async def serve(cfg: Config, state_dir: Path) -> None:
+    device = torch.device(resolve_device(cfg))
     if cfg.run.torch_threads:
         torch.set_num_threads(cfg.run.torch_threads)
-    state_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(state_dir / "config.toml", to_toml(cfg).encode())
+    notifier = SystemdNotifier()
+    watchdog = ProgressWatchdog(notifier)
     log.info(
         "starting",
         version=__version__,
         torch=torch.__version__,
-        device=device,
+        device=str(device),
         state_dir=str(state_dir),
         num_envs=cfg.env.num_envs,
         frames_per_iteration=cfg.frames_per_iteration,
         total_frames=cfg.run.total_frames,
+        max_policy_lag=cfg.pipeline.max_policy_lag,
     )
-    with stop_on_signals() as stop:
-        training = Training.build(cfg, device)
-        total = cfg.run.total_frames
-        bar = tqdm(total=total, unit="frame", unit_scale=True, disable=not sys.stderr.isatty())
-        window: list[IterationResult] = []
-        window_start = time.perf_counter()
-        while training.frames < total and not stop:
-            result = training.step()
-            bar.update(cfg.frames_per_iteration)
-            window.append(result)
-            if result.iteration % cfg.log.summary_interval == 0:
-                now = time.perf_counter()
-                _log_progress(training, window, now - window_start)
-                window, window_start = [], now
-            if cfg.eval.interval and result.iteration % cfg.eval.interval == 0:
-                _evaluate(training, state_dir)
-        bar.close()
-        export = state_dir / "export" / "policy.pt"
-        save_policy_state(export, training.policy.state_dict())
-        log.info(
-            "stopped",
-            reason=stop.signal or "total_frames reached",
-            iteration=training.iteration,
-            frames=training.frames,
-            policy=str(export),
+    shutdown = Shutdown()
+    stages, progress = await anyio.to_thread.run_sync(
+        build_stages, cfg, state_dir, device, shutdown, notifier, watchdog
+    )
+
+    def on_state(state: State) -> None:
+        if state is State.DRAINING:
+            notifier.stopping(f"draining: {shutdown.reason or 'finished'}")
+            notifier.extend_timeout(cfg.run.shutdown_timeout_s)
+
+    supervisor = Supervisor(
+        stages, shutdown_timeout_s=cfg.run.shutdown_timeout_s, shutdown=shutdown, on_state=on_state
+    )
+    failure: StageFailed | None = None
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watchdog.run)
+            try:
+                await supervisor.run()
+            except StageFailed as err:
+                failure = err  # raised below, not wrapped in the task group's ExceptionGroup
+            finally:
+                tg.cancel_scope.cancel()
+    finally:
+        progress.summarise()
+        progress.close()
+        notifier.close()
+    if failure is not None:
+        raise failure
+    log.info("stopped", reason=shutdown.reason or "total_frames reached")
+
+
+def build_stages(
+    cfg: Config,
+    state_dir: Path,
+    device: torch.device,
+    shutdown: Shutdown,
+    notifier: SystemdNotifier,
+    watchdog: ProgressWatchdog,
+) -> tuple[list[Any], ProgressLog]:
+    """Everything heavy (env, policy, buffers) is built here, off the event loop."""
+    torch.manual_seed(cfg.run.seed)
+    policy = make_policy(cfg, device)
+    learner = Learner.build(cfg, policy, device)
+    collector = Collector.build(cfg, acting_copy(policy), device)
+    first = collector.new_buffer()
+    pool = LeasePool([first, *(first.clone() for _ in range(cfg.pipeline.lease_pool - 1))])
+
+    rollouts: Channel[Any] = Channel("rollouts", cfg.pipeline.lease_pool, Overflow.BLOCK)
+    weights: Channel[PolicyWeights] = Channel("weights", 1, Overflow.COALESCE)
+    producer = RolloutProducer(
+        collector,
+        pool,
+        [rollouts.sender()],
+        weights.receiver(),
+        max_policy_lag=cfg.pipeline.max_policy_lag,
+        frames_per_rollout=cfg.frames_per_iteration,
+        total_frames=cfg.run.total_frames,
+        shutdown=shutdown,
+    )
+    stages: list[Any] = [producer]
+
+    eval_sender = None
+    if cfg.eval.interval:
+        to_eval: Channel[PolicyWeights] = Channel("evaluations", 1, Overflow.COALESCE)
+        eval_sender = to_eval.sender()
+        eval_env = make_eval_env(cfg, device)
+        stages.append(
+            Evaluator(
+                acting_copy(policy),
+                functools.partial(
+                    evaluate, eval_env, seed=cfg.eval.seed, max_steps=eval_steps(cfg)
+                ),
+                to_eval.receiver(),
+                results_path=state_dir / "eval" / "results.jsonl",
+                shutdown=shutdown,
+            )
         )
-    return 0
 
-
-def _log_progress(training: Training, window: list[IterationResult], seconds: float) -> None:
-    frames = training.cfg.frames_per_iteration * len(window)
-    losses = {k: statistics.fmean(r.losses[k] for r in window) for k in window[-1].losses}
-    log.info(
-        "progress",
-        iteration=training.iteration,
-        frames=training.frames,
-        frames_per_second=round(frames / seconds, 1),
-        collect_s=round(statistics.fmean(r.collect_s for r in window), 4),
-        update_s=round(statistics.fmean(r.update_s for r in window), 4),
-        **{f"train_{k}": _round(v) for k, v in training.episodes.take().items()},
-        **{k: _round(v) for k, v in losses.items()},
+    progress = ProgressLog(
+        summary_interval=cfg.log.summary_interval,
+        total_frames=cfg.run.total_frames,
+        device=device,
+        on_summary=lambda s: notifier.status(
+            f"iteration {s['iteration']}, {s['frames_per_second']:.0f} frames/s"
+        ),
     )
 
+    def on_iteration(record: IterationRecord) -> None:
+        if record.iteration == 1:
+            notifier.ready(f"training: iteration {record.iteration}")
+        watchdog.progress()
+        progress(record)
 
-def _evaluate(training: Training, state_dir: Path) -> dict[str, float]:
-    t0 = time.perf_counter()
-    results = training.evaluate()
-    record = {
-        "iteration": training.iteration,
-        "frames": training.frames,
-        "time": time.time(),
-        "seconds": round(time.perf_counter() - t0, 3),
-        **results,
-    }
-    append_line(state_dir / "eval" / "results.jsonl", json.dumps(record))
-    log.info("evaluation", **{k: _round(v) for k, v in record.items()})
-    return results
-
-
-def _round(v: float | int | str) -> float | int | str:
-    return round(v, 4) if isinstance(v, float) else v
+    trainer = Trainer(
+        learner,
+        rollouts.receiver(),
+        [weights.sender()],
+        frames_per_iteration=cfg.frames_per_iteration,
+        shutdown=shutdown,
+        export_path=state_dir / "export" / "policy.pt",
+        on_iteration=on_iteration,
+        evaluations=eval_sender,
+        eval_interval=cfg.eval.interval,
+    )
+    stages.insert(1, trainer)
+    return stages, progress

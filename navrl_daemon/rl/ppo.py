@@ -8,6 +8,8 @@ actor's, and the feature extractor's gradients are not clipped.
 
 from __future__ import annotations
 
+import threading
+
 import torch
 import torch.nn.functional as F
 from tensordict import TensorDictBase
@@ -138,8 +140,12 @@ def update(
     batch: TensorDictBase,
     cfg: PPOConfig,
     generator: torch.Generator | None = None,
+    abort: threading.Event | None = None,
 ) -> dict[str, float]:
     """cfg.epochs × cfg.minibatches gradient steps on one [N, T] rollout.
+
+    `abort`, once set (a forced shutdown), ends the update at the next minibatch boundary,
+    so the weights are never left half-stepped.
 
     Returns the means of STAT_NAMES over the applied steps (NaN if none was applied),
     `minibatch_updates` (applied) and `nonfinite_updates` (skipped because the loss or a
@@ -157,6 +163,8 @@ def update(
     applied = skipped = 0
     for _ in range(cfg.epochs):
         for idx in minibatch_indices(data.shape[0], cfg.minibatches, generator, device):
+            if abort is not None and abort.is_set():
+                break
             mb = data[idx]
             feature = policy.observe(mb)
             dist = policy.distribution(feature)

@@ -64,6 +64,19 @@ class EpisodeStats:
         self._sums += (stats * done.unsqueeze(-1)).sum(dim=tuple(range(done.dim()))).double()
         self._count += done.sum()
 
+    def take_sums(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(sums, count) since the last take, still on device; the counters restart."""
+        sums, count = self._sums.clone(), self._count.clone()
+        self._sums.zero_()
+        self._count.zero_()
+        return sums, count
+
+    def merge(self, sums_count: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """Add another EpisodeStats' `take_sums()` into this one."""
+        sums, count = sums_count
+        self._sums += sums.to(self._sums.device)
+        self._count += count.to(self._count.device)
+
     def take(self) -> dict[str, float]:
         """Means since the last take, plus `episodes`; empty dict when none finished."""
         count = int(self._count.item())

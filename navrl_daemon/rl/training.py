@@ -1,18 +1,23 @@
-"""One training run's compute state and its iteration: collect T steps, then PPO-update.
+"""The compute of one training run, split the way the pipeline splits it. No I/O.
 
-`Training` owns the env, the policy, the optimisers, the rollout buffer and the counters.
-It does no I/O: the plain loop (`daemon.py`) and later the pipeline stages drive it and
-decide what to log, evaluate and save.
+- `Collector`: the env, an acting copy of the policy, the env's running TensorDict and
+  the per-episode stats; `collect(buffer)` fills one [N, T] rollout.
+- `Learner`: the trained policy, its optimisers, the minibatch RNG, the policy version;
+  `update(buffer)` runs the PPO update on one rollout.
+- `Training`: both around one shared policy, stepped in turn. This is the core's bare
+  loop: the plain `run` and the pipeline benchmark's baseline.
 """
 
 from __future__ import annotations
 
+import copy
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from torchrl.envs import EnvBase
 
 from navrl_daemon.config import Config
@@ -27,6 +32,83 @@ class NonFiniteTraining(RuntimeError):
     """Too many consecutive PPO updates produced non-finite losses."""
 
 
+def make_policy(cfg: Config, device: torch.device | str) -> NavRLPolicy:
+    return NavRLPolicy(
+        action_limit=cfg.env.action_limit, gamma=cfg.ppo.gamma, lmbda=cfg.ppo.lmbda
+    ).to(device)
+
+
+@dataclass
+class Collector:
+    cfg: Config
+    env: EnvBase
+    policy: NavRLPolicy
+    td: TensorDictBase
+    episodes: EpisodeStats
+
+    @classmethod
+    def build(cls, cfg: Config, policy: NavRLPolicy, device: torch.device | str) -> Collector:
+        env = make_env(cfg.env, device=device, seed=cfg.run.seed)
+        return cls(cfg, env, policy, env.reset(), EpisodeStats(device))
+
+    def new_buffer(self) -> TensorDict:
+        """A zeroed rollout buffer. Takes one throwaway step to learn the layout, then resets."""
+        example = first_step(self.env, self.policy, self.td)
+        self.td = self.env.reset()
+        return make_rollout_buffer(example, self.cfg.ppo.rollout_length)
+
+    def collect(self, buffer: TensorDictBase) -> float:
+        """Fill `buffer` with the next rollout; returns the seconds it took."""
+        t0 = time.perf_counter()
+        self.td = collect(self.env, self.policy, self.td, buffer)
+        self.episodes.add(buffer)
+        return time.perf_counter() - t0
+
+
+@dataclass
+class Learner:
+    cfg: Config
+    policy: NavRLPolicy
+    optimizers: dict[str, torch.optim.Optimizer]
+    generator: torch.Generator
+    # Number of updates applied: the version of the weights in `policy`.
+    version: int = 0
+    nonfinite_streak: int = 0
+
+    @classmethod
+    def build(cls, cfg: Config, policy: NavRLPolicy, device: torch.device | str) -> Learner:
+        generator = torch.Generator(device=device)
+        generator.manual_seed(cfg.run.seed)
+        return cls(cfg, policy, ppo.make_optimizers(policy, cfg.ppo), generator)
+
+    def update(
+        self, buffer: TensorDictBase, abort: threading.Event | None = None
+    ) -> dict[str, float]:
+        """PPO on one rollout. `abort` set → stop at the next minibatch boundary."""
+        losses = ppo.update(
+            self.policy, self.optimizers, buffer, self.cfg.ppo, self.generator, abort=abort
+        )
+        self._check_finite(losses)
+        self.version += 1
+        return losses
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """A detached copy of the current weights, safe to hand to another thread."""
+        return {k: v.detach().clone() for k, v in self.policy.state_dict().items()}
+
+    def _check_finite(self, losses: dict[str, float]) -> None:
+        if losses.get("nonfinite_updates", 0):
+            self.nonfinite_streak += 1
+        else:
+            self.nonfinite_streak = 0
+        limit = self.cfg.ppo.max_nonfinite_updates
+        if self.nonfinite_streak > limit:
+            raise NonFiniteTraining(
+                f"{self.nonfinite_streak} consecutive iterations had non-finite PPO losses "
+                f"(ppo.max_nonfinite_updates = {limit})"
+            )
+
+
 @dataclass
 class IterationResult:
     iteration: int
@@ -38,71 +120,45 @@ class IterationResult:
 
 @dataclass
 class Training:
+    """The bare loop: collect, then update, with one shared policy."""
+
     cfg: Config
     device: torch.device
-    env: EnvBase
-    policy: NavRLPolicy
-    optimizers: dict[str, torch.optim.Optimizer]
-    generator: torch.Generator
-    td: TensorDictBase
+    collector: Collector
+    learner: Learner
     buffer: TensorDictBase
-    episodes: EpisodeStats
-    iteration: int = 0
     frames: int = 0
-    nonfinite_streak: int = 0
     eval_env: EnvBase | None = field(default=None, repr=False)
 
     @classmethod
-    def build(cfg_cls, cfg: Config, device: str | torch.device) -> Training:
+    def build(cls, cfg: Config, device: str | torch.device) -> Training:
         device = torch.device(device)
         torch.manual_seed(cfg.run.seed)
-        env = make_env(cfg.env, device=device, seed=cfg.run.seed)
-        policy = NavRLPolicy(
-            action_limit=cfg.env.action_limit, gamma=cfg.ppo.gamma, lmbda=cfg.ppo.lmbda
-        ).to(device)
-        generator = torch.Generator(device=device)
-        generator.manual_seed(cfg.run.seed)
-        td = env.reset()
-        # One throwaway step shows the record's layout, which sizes the buffer.
-        example = first_step(env, policy, td)
-        td = env.reset()
-        return cfg_cls(
-            cfg=cfg,
-            device=device,
-            env=env,
-            policy=policy,
-            optimizers=ppo.make_optimizers(policy, cfg.ppo),
-            generator=generator,
-            td=td,
-            buffer=make_rollout_buffer(example, cfg.ppo.rollout_length),
-            episodes=EpisodeStats(device),
-        )
+        policy = make_policy(cfg, device)
+        collector = Collector.build(cfg, policy, device)
+        buffer = collector.new_buffer()
+        return cls(cfg, device, collector, Learner.build(cfg, policy, device), buffer)
+
+    @property
+    def policy(self) -> NavRLPolicy:
+        return self.learner.policy
+
+    @property
+    def iteration(self) -> int:
+        return self.learner.version
+
+    @property
+    def episodes(self) -> EpisodeStats:
+        return self.collector.episodes
 
     def step(self) -> IterationResult:
         """One iteration: a rollout of `ppo.rollout_length` steps, then the PPO update."""
+        collect_s = self.collector.collect(self.buffer)
         t0 = time.perf_counter()
-        self.td = collect(self.env, self.policy, self.td, self.buffer)
-        self.episodes.add(self.buffer)
-        t1 = time.perf_counter()
-        losses = ppo.update(
-            self.policy, self.optimizers, self.buffer, self.cfg.ppo, generator=self.generator
-        )
-        t2 = time.perf_counter()
-        self._check_finite(losses)
-        self.iteration += 1
+        losses = self.learner.update(self.buffer)
+        update_s = time.perf_counter() - t0
         self.frames += self.cfg.frames_per_iteration
-        return IterationResult(self.iteration, self.frames, t1 - t0, t2 - t1, losses)
-
-    def _check_finite(self, losses: dict[str, float]) -> None:
-        if losses.get("nonfinite_updates", 0):
-            self.nonfinite_streak += 1
-        else:
-            self.nonfinite_streak = 0
-        if self.nonfinite_streak > self.cfg.ppo.max_nonfinite_updates:
-            raise NonFiniteTraining(
-                f"{self.nonfinite_streak} consecutive iterations had non-finite PPO losses "
-                f"(ppo.max_nonfinite_updates = {self.cfg.ppo.max_nonfinite_updates})"
-            )
+        return IterationResult(self.iteration, self.frames, collect_s, update_s, losses)
 
     def evaluate(self) -> dict[str, Any]:
         """NavRL's evaluation on a separate env that shares the training map."""
@@ -111,6 +167,13 @@ class Training:
         return evaluate(
             self.eval_env, self.policy, seed=self.cfg.eval.seed, max_steps=eval_steps(self.cfg)
         )
+
+
+def acting_copy(policy: NavRLPolicy) -> NavRLPolicy:
+    """A separate policy for collection or evaluation that weights are copied into."""
+    clone = copy.deepcopy(policy)
+    clone.requires_grad_(False)
+    return clone
 
 
 def make_eval_env(cfg: Config, device: str | torch.device) -> EnvBase:

@@ -1,0 +1,82 @@
+"""Evaluator: NavRL's evaluation of the newest published weights, off the training path.
+
+It has its own env (same map as training) and its own policy copy, and runs in its own
+worker thread; its input channel coalesces, so a slow evaluation skips versions instead
+of slowing the trainer. Results go to `eval/results.jsonl` (one fsynced line each), the
+log, and an optional output channel (the checkpoint writer's keep-best).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import structlog
+
+from navrl_daemon.rl.policy import NavRLPolicy
+from navrl_daemon.runtime.channels import Receiver, Sender
+from navrl_daemon.runtime.supervisor import Shutdown
+from navrl_daemon.stages.messages import PolicyWeights
+from navrl_daemon.storage.atomic import append_line
+
+log = structlog.get_logger("evaluator")
+
+
+class Evaluator:
+    name = "evaluator"
+
+    def __init__(
+        self,
+        policy: NavRLPolicy,
+        evaluate: Callable[[NavRLPolicy], dict[str, Any]],
+        weights: Receiver[PolicyWeights],
+        *,
+        results_path: Path,
+        shutdown: Shutdown,
+        results: Sender[dict[str, Any]] | None = None,
+    ) -> None:
+        self.policy = policy
+        self.evaluate = evaluate
+        self.weights = weights
+        self.results_path = results_path
+        self.results = results
+        self.shutdown = shutdown
+        self._limiter = anyio.CapacityLimiter(1)
+
+    async def run(self) -> None:
+        try:
+            async for weights in self.weights:
+                if self.shutdown.stopping:
+                    continue  # drain without evaluating: shutting down
+                record = await anyio.to_thread.run_sync(
+                    self._evaluate, weights, limiter=self._limiter
+                )
+                await anyio.to_thread.run_sync(
+                    append_line, self.results_path, json.dumps(record), limiter=self._limiter
+                )
+                log.info("evaluation", **record)
+                if self.results is not None:
+                    await self.results.send(record)
+        finally:
+            if self.results is not None:
+                self.results.close()
+
+    def _evaluate(self, weights: PolicyWeights) -> dict[str, Any]:
+        self.policy.load_state_dict(weights.state)
+        t0 = time.perf_counter()
+        results = self.evaluate(self.policy)
+        return {
+            "iteration": weights.iteration,
+            "frames": weights.frames,
+            "policy_version": weights.version,
+            "time": time.time(),
+            "seconds": round(time.perf_counter() - t0, 3),
+            **results,
+        }
+
+    async def flush(self, deadline: float) -> None:
+        """Every result is appended and fsynced as it is made: nothing left to write."""

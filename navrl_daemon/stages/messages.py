@@ -1,0 +1,17 @@
+"""What travels between stages besides rollout leases."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class PolicyWeights:
+    """A detached copy of the trained policy's weights after `version` updates."""
+
+    version: int
+    iteration: int
+    frames: int
+    state: dict[str, torch.Tensor]

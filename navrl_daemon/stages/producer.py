@@ -1,0 +1,120 @@
+"""RolloutProducer: fills leased rollout buffers with the env and an acting policy copy.
+
+Before collecting rollout i it makes sure its weights are at least version
+i − `pipeline.max_policy_lag` (0: strict on-policy, as NavRL; 1: collect i+1 while the
+trainer trains on i), and it always takes newer weights when they are there. Each rollout
+is shared with every consumer; an exhausted lease pool is its backpressure. On stop it
+finishes the rollout in flight, hands it on, and closes its outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import anyio
+import structlog
+
+from navrl_daemon.rl.training import Collector
+from navrl_daemon.runtime.channels import Receiver, Sender
+from navrl_daemon.runtime.leases import LeasePool
+from navrl_daemon.runtime.supervisor import Shutdown
+from navrl_daemon.stages.messages import PolicyWeights
+
+log = structlog.get_logger("producer")
+
+
+class RolloutProducer:
+    name = "producer"
+
+    def __init__(
+        self,
+        collector: Collector,
+        pool: LeasePool,
+        outputs: Sequence[Sender],
+        weights: Receiver[PolicyWeights],
+        *,
+        max_policy_lag: int,
+        frames_per_rollout: int,
+        total_frames: int,
+        shutdown: Shutdown,
+        start_iteration: int = 0,
+    ) -> None:
+        self.collector = collector
+        self.pool = pool
+        self.outputs = list(outputs)
+        self.weights = weights
+        self.max_policy_lag = max_policy_lag
+        self.frames_per_rollout = frames_per_rollout
+        self.total_frames = total_frames
+        self.shutdown = shutdown
+        self.iteration = start_iteration
+        self.version = start_iteration
+        self._limiter = anyio.CapacityLimiter(1)
+
+    async def run(self) -> None:
+        async with _closing(self.outputs):
+            while not self.shutdown.stopping and self._frames_left():
+                if not await self._catch_up():
+                    break  # the trainer has gone: nothing more to collect for
+                lease = await self.pool.acquire()
+                if self.shutdown.stopping:  # the wait for a free buffer may have been long
+                    lease.release()
+                    break
+                lease.meta.update(iteration=self.iteration, policy_version=self.version)
+                log.debug("collecting", iteration=self.iteration, policy_version=self.version)
+                try:
+                    seconds = await anyio.to_thread.run_sync(
+                        self.collector.collect, lease.buffer, limiter=self._limiter
+                    )
+                except BaseException:
+                    lease.release()
+                    raise
+                lease.meta["collect_s"] = seconds
+                lease.meta["episodes"] = self.collector.episodes.take_sums()
+                for out, handle in zip(self.outputs, lease.share(len(self.outputs)), strict=True):
+                    await out.send(handle)
+                self.iteration += 1
+
+    def _frames_left(self) -> bool:
+        return self.iteration * self.frames_per_rollout < self.total_frames
+
+    async def _catch_up(self) -> bool:
+        """Load the newest weights; wait while ours are older than the lag allows."""
+        newest: PolicyWeights | None = None
+        while True:
+            try:
+                newest = self.weights.receive_nowait()
+            except anyio.WouldBlock:
+                break
+            except anyio.EndOfStream:
+                if newest is None:
+                    return False
+                break
+        while (newest.version if newest else self.version) < self.iteration - self.max_policy_lag:
+            try:
+                newest = await self.weights.receive()
+            except anyio.EndOfStream:
+                return False
+        if newest is not None and newest.version != self.version:
+            await anyio.to_thread.run_sync(
+                self.collector.policy.load_state_dict, newest.state, limiter=self._limiter
+            )
+            self.version = newest.version
+        return True
+
+    async def flush(self, deadline: float) -> None:
+        """Nothing of its own to persist: rollouts in flight belong to their consumers."""
+
+
+class _closing:
+    """Close every sender when the producer ends, however it ends (receivers then drain)."""
+
+    def __init__(self, senders: Sequence[Sender]) -> None:
+        self.senders = senders
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *exc: object) -> None:
+        for s in self.senders:
+            s.close()

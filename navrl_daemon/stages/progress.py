@@ -1,0 +1,88 @@
+"""Progress reporting: one summary log line every `log.summary_interval` iterations.
+
+Fed by the trainer's per-iteration records; the summary carries frames/s over the window,
+mean collect/update times, policy lag, the finished episodes' mean stats and the mean
+losses. A progress bar is drawn when stderr is a terminal.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+import torch
+from tqdm import tqdm
+
+from navrl_daemon.rl.rollout import EpisodeStats
+from navrl_daemon.stages.trainer import IterationRecord
+
+log = structlog.get_logger("progress")
+
+
+class ProgressLog:
+    def __init__(
+        self,
+        *,
+        summary_interval: int,
+        total_frames: int,
+        device: torch.device | str,
+        on_summary: Callable[[dict[str, Any]], None] = lambda _: None,
+        start_frames: int = 0,
+    ) -> None:
+        self.summary_interval = summary_interval
+        self.on_summary = on_summary
+        self.episodes = EpisodeStats(device)
+        self.window: list[IterationRecord] = []
+        self.window_start = time.perf_counter()
+        self.window_frames = start_frames
+        self.bar = tqdm(
+            total=total_frames,
+            initial=start_frames,
+            unit="frame",
+            unit_scale=True,
+            disable=not sys.stderr.isatty(),
+        )
+
+    def __call__(self, record: IterationRecord) -> None:
+        self.window.append(record)
+        self.episodes.merge(record.episodes)
+        self.bar.update(record.frames - self.bar.n)
+        if record.iteration % self.summary_interval == 0:
+            self.summarise()
+
+    def summarise(self) -> dict[str, Any] | None:
+        if not self.window:
+            return None
+        now = time.perf_counter()
+        last = self.window[-1]
+        summary: dict[str, Any] = {
+            "iteration": last.iteration,
+            "frames": last.frames,
+            "frames_per_second": round(
+                (last.frames - self.window_frames) / max(now - self.window_start, 1e-9), 1
+            ),
+            "collect_s": _mean(r.collect_s for r in self.window),
+            "update_s": _mean(r.update_s for r in self.window),
+            "policy_lag": _mean(r.policy_lag for r in self.window),
+            **{f"train_{k}": _round(v) for k, v in self.episodes.take().items()},
+            **{k: _mean(r.losses[k] for r in self.window) for k in last.losses},
+        }
+        log.info("progress", **summary)
+        self.on_summary(summary)
+        self.window, self.window_start, self.window_frames = [], now, last.frames
+        return summary
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _mean(values: Any) -> float:
+    return round(statistics.fmean(values), 4)
+
+
+def _round(v: float | int) -> float | int:
+    return round(v, 4) if isinstance(v, float) else v

@@ -1,0 +1,166 @@
+"""Supervisor: lifecycle, flush under one deadline, a crashing stage, a responsive loop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import anyio
+import pytest
+import torch
+
+from navrl_daemon.errors import StageFailed
+from navrl_daemon.runtime.supervisor import Shutdown, State, Supervisor
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class Looping:
+    """Works in 20 ms steps until told to stop; records its flush."""
+
+    def __init__(self, name: str, shutdown: Shutdown, flush_s: float = 0.0) -> None:
+        self.name = name
+        self.shutdown = shutdown
+        self.flush_s = flush_s
+        self.steps = 0
+        self.flushed_at: float | None = None
+
+    async def run(self) -> None:
+        while not self.shutdown.stopping:
+            await anyio.to_thread.run_sync(time.sleep, 0.02)
+            self.steps += 1
+
+    async def flush(self, deadline: float) -> None:
+        await anyio.sleep(self.flush_s)
+        self.flushed_at = time.monotonic()
+
+
+class Crashing:
+    name = "crasher"
+
+    async def run(self) -> None:
+        await anyio.sleep(0.1)
+        raise ValueError("injected failure")
+
+    async def flush(self, deadline: float) -> None:
+        pass
+
+
+@pytest.mark.anyio
+async def test_signal_drains_then_flushes_every_stage() -> None:
+    shutdown = Shutdown()
+    stages = [Looping("a", shutdown), Looping("b", shutdown)]
+    states: list[State] = []
+    sup = Supervisor(stages, shutdown_timeout_s=5, shutdown=shutdown, on_state=states.append)
+
+    async def send_sigterm() -> None:
+        await anyio.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(send_sigterm)
+        await sup.run()
+    assert shutdown.reason == "SIGTERM"
+    assert states == [State.RUNNING, State.DRAINING, State.STOPPED]
+    assert all(s.steps > 0 and s.flushed_at is not None for s in stages)
+
+
+@pytest.mark.anyio
+async def test_second_request_sets_abort() -> None:
+    shutdown = Shutdown()
+    sup = Supervisor([], shutdown_timeout_s=5, shutdown=shutdown, signals=())
+    sup.request_stop("SIGINT")
+    assert shutdown.stopping and not shutdown.abort.is_set()
+    sup.request_stop("SIGINT")
+    assert shutdown.abort.is_set()
+
+
+@pytest.mark.anyio
+async def test_crashing_stage_stops_everything_and_names_the_stage() -> None:
+    shutdown = Shutdown()
+    other = Looping("steady", shutdown)
+    sup = Supervisor([other, Crashing()], shutdown_timeout_s=5, shutdown=shutdown, signals=())
+    t0 = time.monotonic()
+    with pytest.raises(StageFailed, match="stage crasher failed: ValueError: injected failure"):
+        await sup.run()
+    assert time.monotonic() - t0 < 5
+    assert other.flushed_at is not None  # the healthy stage still flushed
+
+
+@pytest.mark.anyio
+async def test_stage_ignoring_stop_is_cut_at_the_deadline() -> None:
+    class Stubborn:
+        name = "stubborn"
+
+        async def run(self) -> None:
+            await anyio.sleep(60)
+
+        async def flush(self, deadline: float) -> None:
+            pass
+
+    shutdown = Shutdown()
+    sup = Supervisor([Stubborn()], shutdown_timeout_s=0.3, shutdown=shutdown, signals=())
+    sup.request_stop("test")
+    t0 = time.monotonic()
+    with pytest.raises(StageFailed, match="did not stop within"):
+        await sup.run()
+    assert time.monotonic() - t0 < 3
+
+
+@pytest.mark.anyio
+async def test_slow_flush_is_bounded_by_the_deadline() -> None:
+    shutdown = Shutdown()
+    slow = Looping("slow", shutdown, flush_s=30)
+    sup = Supervisor([slow], shutdown_timeout_s=0.5, shutdown=shutdown, signals=())
+    sup.request_stop("test")
+    t0 = time.monotonic()
+    with pytest.raises(StageFailed, match="slow"):
+        await sup.run()
+    assert time.monotonic() - t0 < 3
+    assert slow.flushed_at is None
+
+
+@pytest.mark.anyio
+async def test_loop_answers_within_100ms_while_a_1s_update_runs() -> None:
+    """Heavy compute runs in a worker thread; the event loop stays free for probes."""
+    shutdown = Shutdown()
+    a = torch.randn(256, 256)
+
+    def one_second_update() -> int:
+        end, n = time.perf_counter() + 1.0, 0
+        while time.perf_counter() < end:
+            (a @ a).sum()
+            n += 1
+        return n
+
+    class Busy:
+        name = "busy"
+
+        async def run(self) -> None:
+            await anyio.to_thread.run_sync(one_second_update)
+            shutdown.stop.set()
+
+        async def flush(self, deadline: float) -> None:
+            pass
+
+    worst = 0.0
+
+    class Probe:
+        name = "probe"
+
+        async def run(self) -> None:
+            nonlocal worst
+            while not shutdown.stopping:
+                t0 = time.perf_counter()
+                await anyio.sleep(0.01)
+                worst = max(worst, time.perf_counter() - t0 - 0.01)
+
+        async def flush(self, deadline: float) -> None:
+            pass
+
+    await Supervisor([Busy(), Probe()], shutdown_timeout_s=5, shutdown=shutdown, signals=()).run()
+    assert worst < 0.1, f"event loop stalled for {worst * 1000:.0f} ms"

@@ -1,0 +1,132 @@
+"""Real SIGTERM/SIGINT to a real `navrl-daemon run` at several points of an iteration."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from navrl_daemon import cli
+from navrl_daemon.stages.trainer import Trainer
+from tests.conftest import REPO, TINY
+
+# Collection dominates: 200 env steps per rollout, one tiny update.
+LONG_COLLECT = ["ppo.rollout_length=200", "ppo.epochs=1", "ppo.minibatches=1"]
+# The update dominates: 8 steps per rollout, 400 minibatch steps per update.
+LONG_UPDATE = ["ppo.rollout_length=8", "ppo.epochs=100", "ppo.minibatches=4"]
+
+
+class Daemon:
+    def __init__(self, state: Path, *overrides: str) -> None:
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "navrl_daemon",
+                "run",
+                "--state-dir",
+                str(state),
+                *TINY,
+                "log.level=debug",
+                "eval.interval=0",
+                *overrides,
+            ],
+            cwd=REPO,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.events: list[dict] = []
+
+    def wait_for(self, event: str, count: int = 1) -> None:
+        assert self.proc.stderr is not None
+        seen = 0
+        for line in self.proc.stderr:
+            self.events.append(json.loads(line))
+            if self.events[-1]["event"] == event:
+                seen += 1
+                if seen == count:
+                    return
+        raise AssertionError(f"daemon ended before {event!r}: {self.events[-5:]}")
+
+    def finish(self, timeout: float = 60) -> tuple[int, float]:
+        t0 = time.monotonic()
+        assert self.proc.stderr is not None
+        rest = self.proc.stderr.read()
+        code = self.proc.wait(timeout=timeout)
+        self.events += [json.loads(x) for x in rest.splitlines() if x.startswith("{")]
+        return code, time.monotonic() - t0
+
+    def names(self) -> list[str]:
+        return [e["event"] for e in self.events]
+
+
+def assert_clean_stop(d: Daemon, state: Path) -> None:
+    names = d.names()
+    assert names.count("flushed") == 2  # producer and trainer (no evaluator: eval.interval=0)
+    exported = next(e for e in d.events if e["event"] == "policy exported")
+    # Every rollout that was collected was also trained on before the export.
+    assert exported["iteration"] == names.count("updating")
+    assert (state / "export" / "policy.pt").exists()
+    assert names[-1] == "stopped"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_during_collect(tmp_path: Path, sig: signal.Signals) -> None:
+    d = Daemon(tmp_path, *LONG_COLLECT)
+    d.wait_for("collecting", count=2)
+    d.proc.send_signal(sig)
+    code, seconds = d.finish()
+    assert code == 0
+    assert seconds < 30
+    assert_clean_stop(d, tmp_path)
+    stop_at = d.names().index("stop requested")
+    # The rollout in flight is finished and trained on; no new one is started.
+    assert d.names()[stop_at:].count("collecting") == 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_during_update(tmp_path: Path, sig: signal.Signals) -> None:
+    d = Daemon(tmp_path, *LONG_UPDATE)
+    d.wait_for("updating", count=1)
+    d.proc.send_signal(sig)
+    code, seconds = d.finish()
+    assert code == 0
+    assert seconds < 30
+    assert_clean_stop(d, tmp_path)
+
+
+def test_second_sigint_during_shutdown_aborts_the_update(tmp_path: Path) -> None:
+    d = Daemon(tmp_path, "ppo.rollout_length=8", "ppo.epochs=1000", "ppo.minibatches=4")
+    d.wait_for("updating", count=1)
+    d.proc.send_signal(signal.SIGINT)
+    d.wait_for("stop requested")
+    time.sleep(0.2)
+    d.proc.send_signal(signal.SIGINT)
+    code, seconds = d.finish()
+    assert code == 0
+    # 4000 minibatch steps would take far longer: the update stopped at a minibatch boundary.
+    assert seconds < 10
+    assert "second stop request: aborting in-flight work" in d.names()
+    assert (tmp_path / "export" / "policy.pt").exists()
+
+
+def test_failing_stage_exits_1_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def broken(self: Trainer, buffer: object) -> dict[str, float]:
+        raise RuntimeError("injected trainer failure")
+
+    monkeypatch.setattr(Trainer, "_update", broken)
+    t0 = time.monotonic()
+    code = cli.main(["run", "--state-dir", str(tmp_path), *TINY, "run.shutdown_timeout_s=20"])
+    assert code == 1
+    assert time.monotonic() - t0 < 20
+    err = capsys.readouterr().err
+    assert "stage trainer failed: RuntimeError: injected trainer failure" in err
+    assert '"failed_stage": "trainer"' in err
+    assert not (tmp_path / "export" / "policy.pt").exists()
