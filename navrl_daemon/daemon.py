@@ -11,6 +11,7 @@ The checkpoint writer, archiver, prefetcher and metrics plug in here as they arr
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from navrl_daemon.rl.training import (
     make_policy,
 )
 from navrl_daemon.runtime.channels import Channel, Overflow
+from navrl_daemon.runtime.compute import ComputeThread
 from navrl_daemon.runtime.leases import LeasePool
 from navrl_daemon.runtime.lock import StateDirLock
 from navrl_daemon.runtime.sd_notify import ProgressWatchdog, SystemdNotifier
@@ -53,7 +55,10 @@ def run(cfg: Config, state_dir: Path) -> int:
     return 0
 
 
-async def serve(cfg: Config, state_dir: Path) -> None:
+async def serve(
+    cfg: Config, state_dir: Path, observe: Callable[[IterationRecord], None] | None = None
+) -> None:
+    """The daemon's event loop. `observe` sees every iteration's record (benchmarks, tests)."""
     device = torch.device(resolve_device(cfg))
     if cfg.run.torch_threads:
         torch.set_num_threads(cfg.run.torch_threads)
@@ -71,8 +76,9 @@ async def serve(cfg: Config, state_dir: Path) -> None:
         max_policy_lag=cfg.pipeline.max_policy_lag,
     )
     shutdown = Shutdown()
-    stages, progress = await anyio.to_thread.run_sync(
-        build_stages, cfg, state_dir, device, shutdown, notifier, watchdog
+    threads = ComputeThreads(device)
+    stages, progress = await threads.producer.run(
+        build_stages, cfg, state_dir, device, shutdown, notifier, watchdog, threads, observe
     )
 
     def on_state(state: State) -> None:
@@ -97,9 +103,28 @@ async def serve(cfg: Config, state_dir: Path) -> None:
         progress.summarise()
         progress.close()
         notifier.close()
+        threads.close()
     if failure is not None:
         raise failure
     log.info("stopped", reason=shutdown.reason or "total_frames reached")
+
+
+class ComputeThreads:
+    """Where each stage's torch work runs (see runtime/compute.py for why): on CPU one
+    shared thread, so there is a single OpenMP team; on CUDA one thread per stage."""
+
+    def __init__(self, device: torch.device) -> None:
+        if device.type == "cpu":
+            shared = ComputeThread("compute")
+            self.producer = self.trainer = self.evaluator = shared
+        else:
+            self.producer = ComputeThread("producer")
+            self.trainer = ComputeThread("trainer")
+            self.evaluator = ComputeThread("evaluator")
+
+    def close(self) -> None:
+        for thread in {self.producer, self.trainer, self.evaluator}:
+            thread.close()
 
 
 def build_stages(
@@ -109,6 +134,8 @@ def build_stages(
     shutdown: Shutdown,
     notifier: SystemdNotifier,
     watchdog: ProgressWatchdog,
+    threads: ComputeThreads,
+    observe: Callable[[IterationRecord], None] | None = None,
 ) -> tuple[list[Any], ProgressLog]:
     """Everything heavy (env, policy, buffers) is built here, off the event loop."""
     torch.manual_seed(cfg.run.seed)
@@ -129,6 +156,7 @@ def build_stages(
         frames_per_rollout=cfg.frames_per_iteration,
         total_frames=cfg.run.total_frames,
         shutdown=shutdown,
+        compute=threads.producer,
     )
     stages: list[Any] = [producer]
 
@@ -146,6 +174,7 @@ def build_stages(
                 to_eval.receiver(),
                 results_path=state_dir / "eval" / "results.jsonl",
                 shutdown=shutdown,
+                compute=threads.evaluator,
             )
         )
 
@@ -163,6 +192,8 @@ def build_stages(
             notifier.ready(f"training: iteration {record.iteration}")
         watchdog.progress()
         progress(record)
+        if observe is not None:
+            observe(record)
 
     trainer = Trainer(
         learner,
@@ -170,6 +201,7 @@ def build_stages(
         [weights.sender()],
         frames_per_iteration=cfg.frames_per_iteration,
         shutdown=shutdown,
+        compute=threads.trainer,
         export_path=state_dir / "export" / "policy.pt",
         on_iteration=on_iteration,
         evaluations=eval_sender,

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -13,7 +15,7 @@ import pytest
 
 from navrl_daemon import cli
 from navrl_daemon.stages.trainer import Trainer
-from tests.conftest import REPO, TINY
+from tests.conftest import REPO, TINY, navrl_cli
 
 # Collection dominates: 200 env steps per rollout, one tiny update.
 LONG_COLLECT = ["ppo.rollout_length=200", "ppo.epochs=1", "ppo.minibatches=1"]
@@ -130,3 +132,69 @@ def test_failing_stage_exits_1_naming_it(
     assert "stage trainer failed: RuntimeError: injected trainer failure" in err
     assert '"failed_stage": "trainer"' in err
     assert not (tmp_path / "export" / "policy.pt").exists()
+
+
+def test_second_run_on_a_locked_state_dir_exits_75(tmp_path: Path) -> None:
+    d = Daemon(tmp_path, *LONG_UPDATE)
+    try:
+        d.wait_for("updating")
+        second = navrl_cli("run", "--state-dir", str(tmp_path), *TINY)
+        assert second.returncode == 75
+        assert f"pid {d.proc.pid}" in second.stderr
+    finally:
+        d.proc.send_signal(signal.SIGTERM)
+        assert d.finish()[0] == 0
+
+
+def test_systemd_notifications_from_a_real_run(tmp_path: Path) -> None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    path = tmp_path / "notify.sock"
+    sock.bind(str(path))
+    sock.settimeout(30)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "navrl_daemon",
+            "run",
+            "--state-dir",
+            str(tmp_path / "s"),
+            *TINY,
+            "eval.interval=0",
+            *LONG_UPDATE,
+        ],
+        cwd=REPO,
+        env={**os.environ, "NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "400000"},
+        stderr=subprocess.DEVNULL,
+    )
+    messages: list[str] = []
+    try:
+        while not any("READY=1" in m for m in messages):
+            messages.append(sock.recv(4096).decode())
+        while sum("WATCHDOG=1" in m for m in messages) < 2:
+            messages.append(sock.recv(4096).decode())
+        proc.send_signal(signal.SIGTERM)
+        while not any("EXTEND_TIMEOUT_USEC=" in m for m in messages):
+            messages.append(sock.recv(4096).decode())
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+        sock.close()
+    ready = next(m for m in messages if "READY=1" in m)
+    assert "STATUS=training: iteration 1" in ready
+    assert any(m.startswith("STATUS=iteration") and "frames/s" in m for m in messages)
+    stopping = next(m for m in messages if "STOPPING=1" in m)
+    assert "SIGTERM" in stopping
+    # The whole shutdown deadline (run.shutdown_timeout_s = 60 s) is asked for.
+    assert "EXTEND_TIMEOUT_USEC=60000000" in messages
+
+
+def test_lag_one_overlaps_and_records_the_lag(tmp_path: Path) -> None:
+    d = Daemon(tmp_path, "pipeline.max_policy_lag=1", "run.total_frames=384")
+    code, _ = d.finish()
+    assert code == 0
+    progress = [e for e in d.events if e["event"] == "progress"]
+    # 6 iterations; all but the first trained on a rollout collected one version back.
+    assert [e["policy_lag"] for e in progress] == [0.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    exported = next(e for e in d.events if e["event"] == "policy exported")
+    assert exported["iteration"] == 6

@@ -1,7 +1,8 @@
 """Evaluator: NavRL's evaluation of the newest published weights, off the training path.
 
-It has its own env (same map as training) and its own policy copy, and runs in its own
-worker thread; its input channel coalesces, so a slow evaluation skips versions instead
+It has its own env (same map as training) and its own policy copy; its work runs on the
+compute thread it is given (on CPU the one training uses, so evaluation costs training
+exactly its own compute); its input channel coalesces, so a slow evaluation skips versions instead
 of slowing the trainer. Results go to `eval/results.jsonl` (one fsynced line each), the
 log, and an optional output channel (the checkpoint writer's keep-best).
 """
@@ -19,6 +20,7 @@ import structlog
 
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.runtime.channels import Receiver, Sender
+from navrl_daemon.runtime.compute import ComputeThread
 from navrl_daemon.runtime.supervisor import Shutdown
 from navrl_daemon.stages.messages import PolicyWeights
 from navrl_daemon.storage.atomic import append_line
@@ -37,6 +39,7 @@ class Evaluator:
         *,
         results_path: Path,
         shutdown: Shutdown,
+        compute: ComputeThread,
         results: Sender[dict[str, Any]] | None = None,
     ) -> None:
         self.policy = policy
@@ -45,19 +48,15 @@ class Evaluator:
         self.results_path = results_path
         self.results = results
         self.shutdown = shutdown
-        self._limiter = anyio.CapacityLimiter(1)
+        self.compute = compute
 
     async def run(self) -> None:
         try:
             async for weights in self.weights:
                 if self.shutdown.stopping:
                     continue  # drain without evaluating: shutting down
-                record = await anyio.to_thread.run_sync(
-                    self._evaluate, weights, limiter=self._limiter
-                )
-                await anyio.to_thread.run_sync(
-                    append_line, self.results_path, json.dumps(record), limiter=self._limiter
-                )
+                record = await self.compute.run(self._evaluate, weights)
+                await anyio.to_thread.run_sync(append_line, self.results_path, json.dumps(record))
                 log.info("evaluation", **record)
                 if self.results is not None:
                     await self.results.send(record)

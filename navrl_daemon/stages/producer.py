@@ -16,6 +16,7 @@ import structlog
 
 from navrl_daemon.rl.training import Collector
 from navrl_daemon.runtime.channels import Receiver, Sender
+from navrl_daemon.runtime.compute import ComputeThread
 from navrl_daemon.runtime.leases import LeasePool
 from navrl_daemon.runtime.supervisor import Shutdown
 from navrl_daemon.stages.messages import PolicyWeights
@@ -37,6 +38,7 @@ class RolloutProducer:
         frames_per_rollout: int,
         total_frames: int,
         shutdown: Shutdown,
+        compute: ComputeThread,
         start_iteration: int = 0,
     ) -> None:
         self.collector = collector
@@ -49,7 +51,7 @@ class RolloutProducer:
         self.shutdown = shutdown
         self.iteration = start_iteration
         self.version = start_iteration
-        self._limiter = anyio.CapacityLimiter(1)
+        self.compute = compute
 
     async def run(self) -> None:
         async with _closing(self.outputs):
@@ -63,9 +65,7 @@ class RolloutProducer:
                 lease.meta.update(iteration=self.iteration, policy_version=self.version)
                 log.debug("collecting", iteration=self.iteration, policy_version=self.version)
                 try:
-                    seconds = await anyio.to_thread.run_sync(
-                        self.collector.collect, lease.buffer, limiter=self._limiter
-                    )
+                    seconds = await self.compute.run(self.collector.collect, lease.buffer)
                 except BaseException:
                     lease.release()
                     raise
@@ -96,9 +96,7 @@ class RolloutProducer:
             except anyio.EndOfStream:
                 return False
         if newest is not None and newest.version != self.version:
-            await anyio.to_thread.run_sync(
-                self.collector.policy.load_state_dict, newest.state, limiter=self._limiter
-            )
+            await self.compute.run(self.collector.policy.load_state_dict, newest.state)
             self.version = newest.version
         return True
 

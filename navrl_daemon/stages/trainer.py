@@ -1,6 +1,6 @@
 """Trainer: PPO-updates on each leased rollout, then publishes versioned weights.
 
-The update runs in a worker thread (the event loop only moves leases); the lease is
+The update runs on a compute thread (the event loop only moves leases); the lease is
 released the moment the update is done, so the producer can refill that buffer. When the
 rollout channel ends (the producer stopped) the trainer has trained on every rollout it
 was handed; its flush exports the final policy in NavRL's layout.
@@ -20,6 +20,7 @@ import torch
 
 from navrl_daemon.rl.training import Learner
 from navrl_daemon.runtime.channels import Receiver, Sender
+from navrl_daemon.runtime.compute import ComputeThread
 from navrl_daemon.runtime.leases import Lease
 from navrl_daemon.runtime.supervisor import Shutdown
 from navrl_daemon.stages.messages import PolicyWeights
@@ -51,6 +52,7 @@ class Trainer:
         *,
         frames_per_iteration: int,
         shutdown: Shutdown,
+        compute: ComputeThread,
         export_path: Path,
         on_iteration: Callable[[IterationRecord], None] = lambda _: None,
         evaluations: Sender[PolicyWeights] | None = None,
@@ -69,7 +71,7 @@ class Trainer:
         self.on_iteration = on_iteration
         # Held while the weights change, so a flush never reads a half-stepped policy.
         self._weights_lock = threading.Lock()
-        self._limiter = anyio.CapacityLimiter(1)
+        self.compute = compute
 
     async def run(self) -> None:
         try:
@@ -87,7 +89,7 @@ class Trainer:
         lag = self.learner.version - lease.meta["policy_version"]
         log.debug("updating", iteration=lease.meta["iteration"], policy_lag=lag)
         t0 = time.perf_counter()
-        losses = await anyio.to_thread.run_sync(self._update, lease.buffer, limiter=self._limiter)
+        losses = await self.compute.run(self._update, lease.buffer)
         self.frames += self.frames_per_iteration
         return IterationRecord(
             iteration=self.learner.version,
@@ -120,7 +122,7 @@ class Trainer:
             with self._weights_lock:
                 return fn()
 
-        return await anyio.to_thread.run_sync(locked, limiter=self._limiter)
+        return await self.compute.run(locked)
 
     async def flush(self, deadline: float) -> None:
         if self.learner.version == 0:
