@@ -124,6 +124,16 @@ class EvalConfig(Section):
     max_steps: NonNegInt = 0
 
 
+class MetricsConfig(Section):
+    enabled: bool = True
+    # Loopback by default: the endpoint has no authentication.
+    address: str = "127.0.0.1"
+    # 0 picks a free port (logged at start-up).
+    port: Annotated[int, Field(ge=0, le=65535)] = 9841
+    # /healthz answers 503 once no iteration has completed for this long.
+    stall_after_s: PosFloat = 600.0
+
+
 class LogConfig(Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["auto", "json", "console"] = "auto"
@@ -136,6 +146,7 @@ class Config(Section):
     ppo: PPOConfig = PPOConfig()
     pipeline: PipelineConfig = PipelineConfig()
     eval: EvalConfig = EvalConfig()
+    metrics: MetricsConfig = MetricsConfig()
     log: LogConfig = LogConfig()
 
     @model_validator(mode="after")

@@ -28,6 +28,7 @@ TINY = [
     "eval.num_envs=4",
     "eval.layout=train",
     "log.summary_interval=1",
+    "metrics.port=0",
 ]
 
 

@@ -94,3 +94,15 @@ def test_eval_missing_checkpoint_exits_65(tmp_path: Path) -> None:
     proc = navrl_cli("eval", "--state-dir", str(tmp_path), *TINY)
     assert proc.returncode == 65
     assert "not found" in proc.stderr
+
+
+def test_config_show_output_runs_as_config(tmp_path: Path) -> None:
+    shown = navrl_cli("config", "show", *TINY, "run.total_frames=64")
+    assert shown.returncode == 0, shown.stderr
+    config = tmp_path / "shown.toml"
+    config.write_text(shown.stdout)
+    state = tmp_path / "state"
+    proc = navrl_cli("run", "--config", str(config), "--state-dir", str(state))
+    assert proc.returncode == 0, proc.stderr
+    # The resolved config the run stored is the one it was given.
+    assert (state / "config.toml").read_text() == shown.stdout

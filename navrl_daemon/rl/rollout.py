@@ -12,9 +12,8 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.envs import EnvBase
 
+from navrl_daemon.env.navigation import STAT_KEYS
 from navrl_daemon.rl.policy import NavRLPolicy
-
-STAT_KEYS = ("return", "episode_len", "reach_goal", "collision", "truncated")
 
 
 @torch.no_grad()

@@ -41,12 +41,14 @@ class Evaluator:
         shutdown: Shutdown,
         compute: ComputeThread,
         results: Sender[dict[str, Any]] | None = None,
+        on_result: Callable[[dict[str, Any]], None] = lambda _: None,
     ) -> None:
         self.policy = policy
         self.evaluate = evaluate
         self.weights = weights
         self.results_path = results_path
         self.results = results
+        self.on_result = on_result
         self.shutdown = shutdown
         self.compute = compute
 
@@ -58,6 +60,7 @@ class Evaluator:
                 record = await self.compute.run(self._evaluate, weights)
                 await anyio.to_thread.run_sync(append_line, self.results_path, json.dumps(record))
                 log.info("evaluation", **record)
+                self.on_result(record)
                 if self.results is not None:
                     await self.results.send(record)
         finally:

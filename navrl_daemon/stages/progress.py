@@ -1,8 +1,9 @@
 """Progress reporting: one summary log line every `log.summary_interval` iterations.
 
 Fed by the trainer's per-iteration records; the summary carries frames/s over the window,
-mean collect/update times, policy lag, the finished episodes' mean stats and the mean
-losses. A progress bar is drawn when stderr is a terminal.
+per stage and phase the mean/std/min/max duration and the busy ratio (time in the phase /
+wall time), the policy lag, the finished episodes' mean stats and the mean losses. A
+progress bar is drawn when stderr is a terminal.
 """
 
 from __future__ import annotations
@@ -59,15 +60,19 @@ class ProgressLog:
             return None
         now = time.perf_counter()
         last = self.window[-1]
+        wall = max(now - self.window_start, 1e-9)
+        collect = [r.collect_s for r in self.window]
+        update = [r.update_s for r in self.window]
         summary: dict[str, Any] = {
             "iteration": last.iteration,
             "frames": last.frames,
-            "frames_per_second": round(
-                (last.frames - self.window_frames) / max(now - self.window_start, 1e-9), 1
-            ),
-            "collect_s": _mean(r.collect_s for r in self.window),
-            "update_s": _mean(r.update_s for r in self.window),
+            "frames_per_second": round((last.frames - self.window_frames) / wall, 1),
             "policy_lag": _mean(r.policy_lag for r in self.window),
+            "phases": {"producer.collect": _spread(collect), "trainer.update": _spread(update)},
+            "busy": {
+                "producer": round(sum(collect) / wall, 3),
+                "trainer": round(sum(update) / wall, 3),
+            },
             **{f"train_{k}": _round(v) for k, v in self.episodes.take().items()},
             **{k: _mean(r.losses[k] for r in self.window) for k in last.losses},
         }
@@ -82,6 +87,16 @@ class ProgressLog:
 
 def _mean(values: Any) -> float:
     return round(statistics.fmean(values), 4)
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    """mean/std/min/max of a phase's durations over the window, in seconds."""
+    return {
+        "mean": round(statistics.fmean(values), 4),
+        "std": round(statistics.pstdev(values), 4),
+        "min": round(min(values), 4),
+        "max": round(max(values), 4),
+    }
 
 
 def _round(v: float | int) -> float | int:
