@@ -76,7 +76,13 @@ VARIANTS = ("bare", "daemon_lag0", "daemon_lag1")
 def make_config(path: Path, device: str, overrides: list[str]) -> Config:
     return load_config(
         path,
-        [f"run.device={device}", "eval.interval=0", "log.level=warning", *overrides],
+        [
+            f"run.device={device}",
+            "eval.interval=0",
+            "log.level=warning",
+            "metrics.enabled=false",
+            *overrides,
+        ],
         environ={},
     )
 

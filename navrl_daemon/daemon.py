@@ -22,6 +22,8 @@ import torch
 from navrl_daemon import __version__
 from navrl_daemon.config import Config, resolve_device, to_toml
 from navrl_daemon.errors import StageFailed
+from navrl_daemon.ops.http import Health, MetricsServer
+from navrl_daemon.ops.metrics import Metrics
 from navrl_daemon.rl.evaluate import evaluate
 from navrl_daemon.rl.training import (
     Collector,
@@ -46,6 +48,9 @@ from navrl_daemon.storage.atomic import write_atomic
 
 log = structlog.get_logger("daemon")
 
+# The (stage, phase) timings exported from the start, before their first observation.
+STAGE_PHASES = (("producer", "collect"), ("trainer", "update"), ("evaluator", "evaluate"))
+
 
 def run(cfg: Config, state_dir: Path) -> int:
     """Train until `run.total_frames` or a signal. Raises NavrlError subclasses."""
@@ -62,8 +67,6 @@ async def serve(
     device = torch.device(resolve_device(cfg))
     if cfg.run.torch_threads:
         torch.set_num_threads(cfg.run.torch_threads)
-    notifier = SystemdNotifier()
-    watchdog = ProgressWatchdog(notifier)
     log.info(
         "starting",
         version=__version__,
@@ -75,24 +78,27 @@ async def serve(
         total_frames=cfg.run.total_frames,
         max_policy_lag=cfg.pipeline.max_policy_lag,
     )
+    telemetry = Telemetry(cfg, device, observe)
     shutdown = Shutdown()
     threads = ComputeThreads(device)
-    stages, progress = await threads.producer.run(
-        build_stages, cfg, state_dir, device, shutdown, notifier, watchdog, threads, observe
-    )
-
-    def on_state(state: State) -> None:
-        if state is State.DRAINING:
-            notifier.stopping(f"draining: {shutdown.reason or 'finished'}")
-            notifier.extend_timeout(cfg.run.shutdown_timeout_s)
-
-    supervisor = Supervisor(
-        stages, shutdown_timeout_s=cfg.run.shutdown_timeout_s, shutdown=shutdown, on_state=on_state
-    )
     failure: StageFailed | None = None
     try:
+        telemetry.start()
+        stages = await threads.producer.run(
+            build_stages, cfg, state_dir, device, shutdown, threads, telemetry
+        )
+
+        def on_state(state: State) -> None:
+            telemetry.state(state, shutdown.reason)
+
+        supervisor = Supervisor(
+            stages,
+            shutdown_timeout_s=cfg.run.shutdown_timeout_s,
+            shutdown=shutdown,
+            on_state=on_state,
+        )
         async with anyio.create_task_group() as tg:
-            tg.start_soon(watchdog.run)
+            tg.start_soon(telemetry.watchdog.run)
             try:
                 await supervisor.run()
             except StageFailed as err:
@@ -100,9 +106,7 @@ async def serve(
             finally:
                 tg.cancel_scope.cancel()
     finally:
-        progress.summarise()
-        progress.close()
-        notifier.close()
+        telemetry.close()
         threads.close()
     if failure is not None:
         raise failure
@@ -127,16 +131,100 @@ class ComputeThreads:
             thread.close()
 
 
+class Telemetry:
+    """Where what the stages report goes: logs, Prometheus, /healthz and systemd."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        device: torch.device,
+        observe: Callable[[IterationRecord], None] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.observe = observe
+        self.notifier = SystemdNotifier()
+        self.watchdog = ProgressWatchdog(self.notifier)
+        self.metrics = Metrics(
+            version=__version__,
+            torch_version=torch.__version__,
+            device=str(device),
+            stage_phases=STAGE_PHASES,
+        )
+        self.health = Health(stall_after_s=cfg.metrics.stall_after_s)
+        self.server: MetricsServer | None = None
+        self.progress = ProgressLog(
+            summary_interval=cfg.log.summary_interval,
+            total_frames=cfg.run.total_frames,
+            device=device,
+            on_summary=self.summary,
+        )
+
+    def start(self) -> None:
+        if not self.cfg.metrics.enabled:
+            return
+        m = self.cfg.metrics
+        self.server = MetricsServer(self.metrics, self.health, m.address, m.port)
+        try:
+            self.server.start()
+        except OSError as err:
+            raise StageFailed(f"metrics endpoint: {err}") from err
+        log.info("metrics endpoint", url=f"http://{self.server.url_host}:{self.server.port}")
+
+    def state(self, state: State, reason: str | None) -> None:
+        self.metrics.set_state(str(state))
+        self.health.set_state(str(state))
+        if state is State.DRAINING:
+            self.notifier.stopping(f"draining: {reason or 'finished'}")
+            self.notifier.extend_timeout(self.cfg.run.shutdown_timeout_s)
+
+    def iteration(self, record: IterationRecord) -> None:
+        if record.iteration == 1:
+            self.notifier.ready(f"training: iteration {record.iteration}")
+        self.watchdog.progress()
+        self.health.iteration_done()
+        self.metrics.iteration(
+            frames_delta=self.cfg.frames_per_iteration,
+            policy_version=record.policy_version,
+            policy_lag=record.policy_lag,
+            losses=record.losses,
+        )
+        self.metrics.stage_time("producer", "collect", record.collect_s)
+        self.metrics.stage_time("trainer", "update", record.update_s)
+        self.progress(record)
+        if self.observe is not None:
+            self.observe(record)
+
+    def summary(self, summary: dict[str, Any]) -> None:
+        self.notifier.status(
+            f"iteration {summary['iteration']}, {summary['frames_per_second']:.0f} frames/s"
+        )
+        self.metrics.throughput(summary["frames_per_second"])
+        self.metrics.episodes(
+            {k.removeprefix("train_"): v for k, v in summary.items() if k.startswith("train_")}
+        )
+        for stage, ratio in summary["busy"].items():
+            self.metrics.stage_busy(stage, ratio)
+
+    def evaluation(self, record: dict[str, Any]) -> None:
+        self.metrics.evaluation(record)
+        self.metrics.stage_time("evaluator", "evaluate", record["seconds"])
+
+    def close(self) -> None:
+        self.progress.summarise()
+        self.progress.close()
+        if self.server is not None:
+            self.server.stop()
+        self.notifier.close()
+
+
 def build_stages(
     cfg: Config,
     state_dir: Path,
     device: torch.device,
     shutdown: Shutdown,
-    notifier: SystemdNotifier,
-    watchdog: ProgressWatchdog,
     threads: ComputeThreads,
-    observe: Callable[[IterationRecord], None] | None = None,
-) -> tuple[list[Any], ProgressLog]:
+    telemetry: Telemetry,
+) -> list[Any]:
     """Everything heavy (env, policy, buffers) is built here, off the event loop."""
     torch.manual_seed(cfg.run.seed)
     policy = make_policy(cfg, device)
@@ -147,6 +235,7 @@ def build_stages(
 
     rollouts: Channel[Any] = Channel("rollouts", cfg.pipeline.lease_pool, Overflow.BLOCK)
     weights: Channel[PolicyWeights] = Channel("weights", 1, Overflow.COALESCE)
+    channels: list[Channel[Any]] = [rollouts, weights]
     producer = RolloutProducer(
         collector,
         pool,
@@ -164,6 +253,7 @@ def build_stages(
     if cfg.eval.interval:
         to_eval: Channel[PolicyWeights] = Channel("evaluations", 1, Overflow.COALESCE)
         eval_sender = to_eval.sender()
+        channels.append(to_eval)
         eval_env = make_eval_env(cfg, device)
         stages.append(
             Evaluator(
@@ -175,25 +265,9 @@ def build_stages(
                 results_path=state_dir / "eval" / "results.jsonl",
                 shutdown=shutdown,
                 compute=threads.evaluator,
+                on_result=telemetry.evaluation,
             )
         )
-
-    progress = ProgressLog(
-        summary_interval=cfg.log.summary_interval,
-        total_frames=cfg.run.total_frames,
-        device=device,
-        on_summary=lambda s: notifier.status(
-            f"iteration {s['iteration']}, {s['frames_per_second']:.0f} frames/s"
-        ),
-    )
-
-    def on_iteration(record: IterationRecord) -> None:
-        if record.iteration == 1:
-            notifier.ready(f"training: iteration {record.iteration}")
-        watchdog.progress()
-        progress(record)
-        if observe is not None:
-            observe(record)
 
     trainer = Trainer(
         learner,
@@ -203,9 +277,12 @@ def build_stages(
         shutdown=shutdown,
         compute=threads.trainer,
         export_path=state_dir / "export" / "policy.pt",
-        on_iteration=on_iteration,
+        on_iteration=telemetry.iteration,
         evaluations=eval_sender,
         eval_interval=cfg.eval.interval,
     )
     stages.insert(1, trainer)
-    return stages, progress
+    for channel in channels:
+        telemetry.metrics.watch_channel(channel)
+    telemetry.metrics.watch_pool(pool)
+    return stages

@@ -106,3 +106,22 @@ def test_config_show_output_runs_as_config(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     # The resolved config the run stored is the one it was given.
     assert (state / "config.toml").read_text() == shown.stdout
+
+
+def test_logs_are_json_lines_with_stage_and_iteration(tmp_path: Path) -> None:
+    proc = navrl_cli(
+        "run", "--state-dir", str(tmp_path), *TINY, "run.total_frames=192", "eval.interval=1"
+    )
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in proc.stderr.splitlines()]  # every line is JSON
+    assert all({"event", "level", "timestamp"} <= r.keys() for r in records)
+    progress = [r for r in records if r["event"] == "progress"]
+    assert [r["iteration"] for r in progress] == [1, 2, 3]
+    assert all(r["stage"] == "trainer" for r in progress)
+    evaluations = [r for r in records if r["event"] == "evaluation"]
+    assert evaluations and all(
+        r["stage"] == "evaluator" and r["iteration"] == r["policy_version"] for r in evaluations
+    )
+    summary = progress[-1]
+    for phase in ("producer.collect", "trainer.update"):
+        assert {"mean", "std", "min", "max"} <= summary["phases"][phase].keys()

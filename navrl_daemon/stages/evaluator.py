@@ -57,6 +57,9 @@ class Evaluator:
             async for weights in self.weights:
                 if self.shutdown.stopping:
                     continue  # drain without evaluating: shutting down
+                structlog.contextvars.bind_contextvars(
+                    iteration=weights.iteration, policy_version=weights.version
+                )
                 record = await self.compute.run(self._evaluate, weights)
                 await anyio.to_thread.run_sync(append_line, self.results_path, json.dumps(record))
                 log.info("evaluation", **record)

@@ -63,7 +63,10 @@ class RolloutProducer:
                     lease.release()
                     break
                 lease.meta.update(iteration=self.iteration, policy_version=self.version)
-                log.debug("collecting", iteration=self.iteration, policy_version=self.version)
+                structlog.contextvars.bind_contextvars(
+                    iteration=self.iteration, policy_version=self.version
+                )
+                log.debug("collecting")
                 try:
                     seconds = await self.compute.run(self.collector.collect, lease.buffer)
                 except BaseException:

@@ -87,7 +87,10 @@ class Trainer:
 
     async def _train_on(self, lease: Lease) -> IterationRecord:
         lag = self.learner.version - lease.meta["policy_version"]
-        log.debug("updating", iteration=lease.meta["iteration"], policy_lag=lag)
+        structlog.contextvars.bind_contextvars(
+            iteration=lease.meta["iteration"], policy_version=self.learner.version
+        )
+        log.debug("updating", policy_lag=lag)
         t0 = time.perf_counter()
         losses = await self.compute.run(self._update, lease.buffer)
         self.frames += self.frames_per_iteration

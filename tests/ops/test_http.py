@@ -1,0 +1,194 @@
+"""The HTTP endpoint: a real server on a free loopback port, fetched with urllib."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.parser import text_string_to_metric_families
+
+from navrl_daemon.ops.http import Health, MetricsServer
+from navrl_daemon.ops.metrics import Metrics
+
+# Straight to the loopback server, whatever http_proxy the environment sets.
+OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+@dataclass
+class Clock:
+    now: float = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Reply:
+    status: int
+    content_type: str
+    body: bytes
+
+    def json(self) -> dict:
+        return json.loads(self.body)
+
+
+def get(server: MetricsServer, path: str) -> Reply:
+    try:
+        with OPENER.open(f"http://127.0.0.1:{server.port}{path}", timeout=5) as response:
+            return Reply(response.status, response.headers["Content-Type"], response.read())
+    except urllib.error.HTTPError as err:
+        with err:
+            return Reply(err.code, err.headers["Content-Type"], err.read())
+
+
+def make_metrics() -> Metrics:
+    return Metrics(version="0.1.0", torch_version="2.13.0", device="cpu")
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def health(clock: Clock) -> Health:
+    return Health(stall_after_s=30.0, clock=clock)
+
+
+@pytest.fixture
+def server(health: Health) -> Iterator[MetricsServer]:
+    server = MetricsServer(make_metrics(), health, "127.0.0.1", 0)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_metrics_serves_the_registry_with_the_prometheus_content_type(
+    server: MetricsServer,
+) -> None:
+    server.metrics.iteration(frames_delta=64, policy_version=1, policy_lag=0, losses={})
+    reply = get(server, "/metrics?debug=1")  # a query string does not change the path
+    assert reply.status == 200
+    assert reply.content_type == CONTENT_TYPE_LATEST
+    assert b"# TYPE navrl_daemon_state gauge\n" in reply.body
+    samples = {
+        s.name: s.value
+        for f in text_string_to_metric_families(reply.body.decode())
+        for s in f.samples
+    }
+    assert samples["navrl_frames_total"] == 64
+    assert samples["navrl_iterations_total"] == 1
+
+
+def test_healthz_follows_the_lifecycle_and_reports_a_stall(
+    server: MetricsServer, health: Health, clock: Clock
+) -> None:
+    def healthz() -> tuple[int, dict]:
+        reply = get(server, "/healthz")
+        assert reply.content_type == "application/json"
+        return reply.status, reply.json()
+
+    status, body = healthz()
+    assert (status, body["status"], body["state"]) == (503, "unavailable", "starting")
+
+    health.set_state("running")
+    clock.now += 29.0  # no iteration yet, but within stall_after_s of entering running
+    assert healthz() == (200, {"status": "ok", "state": "running", "last_iteration_age_s": None})
+
+    clock.now += 2.0
+    status, body = healthz()
+    assert (status, body["status"]) == (503, "stalled")
+    assert "31.0 s" in body["reason"] and "stall_after_s = 30.0" in body["reason"]
+
+    health.iteration_done()
+    clock.now += 5.0
+    assert healthz() == (200, {"status": "ok", "state": "running", "last_iteration_age_s": 5.0})
+
+    clock.now += 30.5
+    status, body = healthz()
+    assert (status, body["status"], body["last_iteration_age_s"]) == (503, "stalled", 35.5)
+
+    health.iteration_done()
+    assert healthz()[0] == 200
+    for state in ("draining", "stopped"):
+        health.set_state(state)
+        status, body = healthz()
+        assert (status, body["state"], body["reason"]) == (503, state, f"daemon is {state}")
+
+
+def test_health_measures_without_a_server() -> None:
+    health = Health(stall_after_s=1.0)  # the real monotonic clock, times passed in
+    health.set_state("running", now=10.0)
+    assert health.check(now=10.9)[0] == 200
+    assert health.check(now=11.1)[0] == 503
+    health.iteration_done(now=11.5)
+    assert health.check(now=12.0) == (
+        200,
+        {"status": "ok", "state": "running", "last_iteration_age_s": 0.5},
+    )
+    with pytest.raises(ValueError, match="paused"):
+        health.set_state("paused")
+
+
+def test_health_is_safe_to_read_while_the_loop_feeds_it() -> None:
+    health = Health(stall_after_s=60.0)
+    health.set_state("running")
+    stop = threading.Event()
+
+    def feed() -> None:
+        while not stop.is_set():
+            health.iteration_done()
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    try:
+        assert all(health.check()[0] == 200 for _ in range(2000))
+    finally:
+        stop.set()
+        feeder.join()
+
+
+@pytest.mark.parametrize("path", ["/", "/metrics/", "/metricsx", "/healthz/x", "/favicon.ico"])
+def test_other_paths_are_not_found(server: MetricsServer, path: str) -> None:
+    assert get(server, path).status == 404
+
+
+def test_stop_releases_the_port_and_is_idempotent(health: Health) -> None:
+    first = MetricsServer(make_metrics(), health, "127.0.0.1", 0)
+    first.stop()  # never started: nothing to do
+    first.start()
+    port = first.port
+    assert port != 0
+    assert get(first, "/metrics").status == 200
+    first.stop()
+    first.stop()
+    with pytest.raises(urllib.error.URLError):
+        OPENER.open(f"http://127.0.0.1:{port}/metrics", timeout=5)
+
+    again = MetricsServer(make_metrics(), health, "127.0.0.1", port)
+    again.start()
+    try:
+        assert again.port == port
+        assert get(again, "/healthz").status == 503  # starting
+    finally:
+        again.stop()
+
+
+def test_a_taken_port_fails_with_the_address_in_the_message(health: Health) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = MetricsServer(make_metrics(), health, "127.0.0.1", port)
+        with pytest.raises(OSError, match=f"127.0.0.1:{port}"):
+            server.start()
+        server.stop()  # nothing was started: still fine
