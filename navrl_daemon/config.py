@@ -157,6 +157,11 @@ class Config(Section):
                 f"ppo.minibatches: at most env.num_envs * ppo.rollout_length = {frames}, "
                 f"got {self.ppo.minibatches}"
             )
+        if self.pipeline.max_policy_lag > 0 and self.pipeline.lease_pool < 2:
+            raise ValueError(
+                "pipeline.lease_pool: max_policy_lag = 1 overlaps collection and training "
+                f"and needs at least 2 buffers, got {self.pipeline.lease_pool}"
+            )
         return self
 
     @property

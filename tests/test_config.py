@@ -79,6 +79,8 @@ BAD = [
     (["log.level=loud"], "log.level"),
     (["ppo.minibatches=5000", "env.num_envs=2"], "ppo.minibatches"),
     (["env=3"], "env"),
+    (["pipeline.max_policy_lag=1", "pipeline.lease_pool=1"], "pipeline.lease_pool"),
+    (["pipeline.max_policy_lag=2"], "pipeline.max_policy_lag"),
     (["env.num_envs"], "expected KEY=VALUE"),
     (["=3"], "is not a dotted path"),
     (["env..num_envs=3"], "is not a dotted path"),
