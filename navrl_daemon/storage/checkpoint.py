@@ -1,0 +1,319 @@
+"""Checkpoint files (`.nrc`, DESIGN.md §6) and the `checkpoints/` directory that holds them.
+
+Layout: `NRC1` magic, a little-endian u32 header length, a UTF-8 JSON header, then the
+payload: LZ4-frame-compressed `torch.save` bytes of a state of tensors and plain values.
+Loading goes through `torch.load(weights_only=True)` only, after magic, length and checksum.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import struct
+import time
+import zlib
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lz4.frame
+import torch
+
+from navrl_daemon.errors import DataError
+from navrl_daemon.storage.atomic import fsync_dir, write_atomic
+
+MAGIC = b"NRC1"
+FORMAT_VERSION = 1
+CODEC = "lz4-frame"
+MAX_HEADER_BYTES = 1 << 20  # a header is a few KB; a bigger length field means a foreign file
+MANIFEST = "MANIFEST.json"
+_PREFIX = struct.Struct("<4sI")
+_FILE_NAME = re.compile(r"ckpt-(\d{9,})\.nrc")
+_PLAIN = (int, float, str, bool, type(None))
+_INT_FIELDS = (
+    "format_version",
+    "iteration",
+    "frames",
+    "policy_version",
+    "level",
+    "raw_bytes",
+    "stored_bytes",
+)
+
+
+@dataclass(frozen=True)
+class CheckpointHeader:
+    format_version: int
+    iteration: int
+    frames: int
+    policy_version: int
+    created: float
+    codec: str
+    level: int
+    raw_bytes: int
+    stored_bytes: int
+    checksum: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class _Invalid(Exception):
+    """Why a file is not a loadable checkpoint; surfaces as DataError or a (path, why) pair."""
+
+
+def _checksum(payload: bytes) -> str:
+    return f"crc32:{zlib.crc32(payload):08x}"
+
+
+def _check_state(value: Any, path: str) -> None:
+    """Refuse what `torch.load(weights_only=True)` could not read back, and non-finite floats."""
+    if isinstance(value, torch.Tensor):
+        if (value.is_floating_point() or value.is_complex()) and not bool(
+            torch.isfinite(value).all()
+        ):
+            raise ValueError(f"state {path}: non-finite values; a checkpoint is never written")
+    elif type(value) in (dict, OrderedDict):
+        for k, v in value.items():
+            if not isinstance(k, str | int):
+                raise TypeError(f"state {path}: key {k!r} is not a str or int")
+            _check_state(v, f"{path}.{k}")
+    elif type(value) in (list, tuple):
+        for i, v in enumerate(value):
+            _check_state(v, f"{path}.{i}")
+    elif not isinstance(value, _PLAIN):
+        raise TypeError(f"state {path}: {type(value).__name__} is not a tensor or plain value")
+
+
+def encode_checkpoint(
+    state: dict[str, Any],
+    *,
+    iteration: int,
+    frames: int,
+    policy_version: int,
+    level: int = 0,
+    meta: dict[str, Any] | None = None,
+) -> bytes:
+    """Serialize `state` into one `.nrc` blob (level 0: LZ4 fast, 3..16: LZ4 HC)."""
+    if type(state) not in (dict, OrderedDict):
+        raise TypeError("checkpoint state must be a dict")
+    if not 0 <= level <= lz4.frame.COMPRESSIONLEVEL_MAX:
+        raise ValueError(f"compression level {level} not in 0..{lz4.frame.COMPRESSIONLEVEL_MAX}")
+    counters = {"iteration": iteration, "frames": frames, "policy_version": policy_version}
+    for name, value in counters.items():
+        if type(value) is not int or value < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    _check_state(state, "state")
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    raw = buf.getvalue()
+    payload = lz4.frame.compress(raw, compression_level=level)
+    header = {
+        "format_version": FORMAT_VERSION,
+        **counters,
+        "created": time.time(),
+        "codec": CODEC,
+        "level": level,
+        "raw_bytes": len(raw),
+        "stored_bytes": len(payload),
+        "checksum": _checksum(payload),
+        "meta": dict(meta or {}),
+    }
+    head = json.dumps(header, sort_keys=True, allow_nan=False).encode()  # ValueError on NaN meta
+    if len(head) > MAX_HEADER_BYTES:
+        raise ValueError(f"checkpoint header is {len(head)} bytes (max {MAX_HEADER_BYTES})")
+    return _PREFIX.pack(MAGIC, len(head)) + head + payload
+
+
+def _read_header(f: io.BufferedIOBase) -> CheckpointHeader:
+    prefix = f.read(_PREFIX.size)
+    if not prefix:
+        raise _Invalid("not a navrl checkpoint (empty file)")
+    if prefix[:4] != MAGIC[: len(prefix[:4])]:
+        raise _Invalid("not a navrl checkpoint (bad magic)")
+    if len(prefix) < _PREFIX.size:
+        raise _Invalid(f"truncated: {len(prefix)} bytes, shorter than magic and header length")
+    _, n = _PREFIX.unpack(prefix)
+    if n > MAX_HEADER_BYTES:
+        raise _Invalid(f"bad header length {n} (max {MAX_HEADER_BYTES})")
+    head = f.read(n)
+    if len(head) < n:
+        raise _Invalid(f"truncated: header has {len(head)} of {n} bytes")
+    try:
+        fields = json.loads(head.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise _Invalid(f"bad header: not UTF-8 JSON ({e})") from None
+    if not isinstance(fields, dict):
+        raise _Invalid("bad header: not a JSON object")
+    if fields.get("format_version") != FORMAT_VERSION:
+        raise _Invalid(f"unsupported format_version {fields.get('format_version')!r}")
+    missing = sorted(k for k in CheckpointHeader.__dataclass_fields__ if k not in fields)
+    if missing:
+        raise _Invalid(f"bad header: missing {missing}")
+    wrong = [k for k in _INT_FIELDS if type(fields[k]) is not int or fields[k] < 0]
+    if wrong or not isinstance(fields["meta"], dict) or not isinstance(fields["checksum"], str):
+        raise _Invalid(f"bad header: wrong types ({wrong or ['meta/checksum']})")
+    if fields["codec"] != CODEC:
+        raise _Invalid(f"unsupported codec {fields['codec']!r}")
+    # Unknown keys are ignored so that a later writer may add some without a new version.
+    return CheckpointHeader(**{k: fields[k] for k in CheckpointHeader.__dataclass_fields__})
+
+
+def _load(path: Path, map_location: Any) -> tuple[CheckpointHeader, dict[str, Any]]:
+    try:
+        with open(path, "rb") as f:
+            header = _read_header(f)
+            payload = f.read(header.stored_bytes + 1)
+    except OSError as e:
+        raise _Invalid(f"unreadable: {e.strerror or e}") from None
+    if len(payload) < header.stored_bytes:
+        raise _Invalid(f"truncated: payload has {len(payload)} of {header.stored_bytes} bytes")
+    if len(payload) > header.stored_bytes:
+        raise _Invalid(f"trailing data after the {header.stored_bytes}-byte payload")
+    actual = _checksum(payload)
+    if actual != header.checksum:
+        raise _Invalid(f"checksum mismatch (header {header.checksum}, payload {actual})")
+    try:
+        raw = lz4.frame.decompress(payload)
+    except RuntimeError as e:
+        raise _Invalid(f"payload is not an LZ4 frame: {e}") from None
+    if len(raw) != header.raw_bytes:
+        raise _Invalid(f"raw size mismatch ({len(raw)} bytes, header says {header.raw_bytes})")
+    try:
+        state = torch.load(io.BytesIO(raw), weights_only=True, map_location=map_location)
+    except Exception as e:  # the trust boundary: whatever torch refuses, we refuse
+        raise _Invalid(f"payload refused by torch.load(weights_only=True): {e}") from None
+    if not isinstance(state, dict):
+        raise _Invalid(f"payload is a {type(state).__name__}, not a dict")
+    return header, state
+
+
+def read_header(path: Path) -> CheckpointHeader:
+    """The header alone (magic and length checks only; the payload is not read)."""
+    try:
+        with open(path, "rb") as f:
+            return _read_header(f)
+    except OSError as e:
+        raise DataError(f"checkpoint {path}: unreadable: {e.strerror or e}") from None
+    except _Invalid as e:
+        raise DataError(f"checkpoint {path}: {e}") from None
+
+
+def load_checkpoint(
+    path: Path, map_location: Any = "cpu"
+) -> tuple[CheckpointHeader, dict[str, Any]]:
+    """Header and state of a checkpoint file; DataError (exit 65) for anything not valid."""
+    try:
+        return _load(Path(path), map_location)
+    except _Invalid as e:
+        raise DataError(f"checkpoint {path}: {e}") from None
+
+
+def verify(paths: Iterable[Path]) -> list[tuple[Path, str | None]]:
+    """(path, None) for each loadable checkpoint, (path, why) for each that is not."""
+    results: list[tuple[Path, str | None]] = []
+    for path in paths:
+        try:
+            _load(Path(path), "cpu")
+        except _Invalid as e:
+            results.append((Path(path), str(e)))
+        else:
+            results.append((Path(path), None))
+    return results
+
+
+def _iteration(path: Path) -> int:
+    match = _FILE_NAME.fullmatch(path.name)
+    assert match is not None
+    return int(match.group(1))
+
+
+class CheckpointDir:
+    """`STATE_DIR/checkpoints/`: the files on disk are the truth, MANIFEST.json a hint."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.skipped: list[tuple[Path, str]] = []  # set by newest_valid(): (file, why)
+
+    def write(self, data: bytes, iteration: int) -> Path:
+        """Durably store one encoded checkpoint, then point the manifest at it."""
+        if data[:4] != MAGIC:
+            raise ValueError("data is not an encoded checkpoint (see encode_checkpoint)")
+        if iteration < 0:
+            raise ValueError(f"iteration {iteration} is negative")
+        target = self.path / f"ckpt-{iteration:09d}.nrc"
+        write_atomic(target, data)
+        self._write_manifest(target)
+        return target
+
+    def files(self) -> list[Path]:
+        """Checkpoint files, oldest iteration first; temp files and strangers are not listed."""
+        if not self.path.is_dir():
+            return []
+        found = [p for p in self.path.iterdir() if _FILE_NAME.fullmatch(p.name) and p.is_file()]
+        return sorted(found, key=_iteration)
+
+    def newest_valid(self) -> tuple[Path, CheckpointHeader, dict[str, Any]] | None:
+        """Load the newest file that passes every check; the ones skipped go to `skipped`."""
+        self.skipped = []
+        for path in reversed(self.files()):
+            try:
+                header, state = _load(path, "cpu")
+            except _Invalid as e:
+                self.skipped.append((path, str(e)))
+                continue
+            return path, header, state
+        return None
+
+    def remove_temp_files(self) -> list[Path]:
+        """Delete `.tmp-*` left by a crash mid-write; call only while no write is running."""
+        if not self.path.is_dir():
+            return []
+        removed = sorted(p for p in self.path.glob(".tmp-*") if p.is_file())
+        for p in removed:
+            p.unlink(missing_ok=True)
+        if removed:
+            fsync_dir(self.path)
+        return removed
+
+    def prune(
+        self, keep_last: int, keep_best: int = 0, scores: dict[Path, float] | None = None
+    ) -> list[Path]:
+        """Delete all but the `keep_last` newest, the `keep_best` best-scored and the newest
+        valid file; returns the deleted paths. With no valid file at all, deletes nothing."""
+        if keep_last < 1:
+            raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+        if keep_best < 0:
+            raise ValueError(f"keep_best must be >= 0, got {keep_best}")
+        files = self.files()
+        newest_valid = next((p for p, why in verify(reversed(files)) if why is None), None)
+        if newest_valid is None:
+            return []
+        by_name = {Path(p).name: s for p, s in (scores or {}).items()}
+        scored = sorted((p for p in files if p.name in by_name), key=lambda p: -by_name[p.name])
+        keep = {*files[-keep_last:], *scored[:keep_best], newest_valid}
+        doomed = [p for p in files if p not in keep]
+        # Manifest first: a crash mid-deletion leaves extra files, never a manifest naming gaps.
+        self._write_manifest(newest_valid, [p for p in files if p in keep])
+        for p in doomed:
+            p.unlink(missing_ok=True)
+        if doomed:
+            fsync_dir(self.path)
+        return doomed
+
+    def _write_manifest(self, latest: Path, files: list[Path] | None = None) -> None:
+        names = [p.name for p in (self.files() if files is None else files)]
+        doc = {"latest": latest.name, "files": names, "updated": time.time()}
+        write_atomic(self.path / MANIFEST, json.dumps(doc, indent=1).encode() + b"\n")
+
+
+__all__ = [
+    "MAGIC",
+    "CheckpointDir",
+    "CheckpointHeader",
+    "encode_checkpoint",
+    "load_checkpoint",
+    "read_header",
+    "verify",
+]
