@@ -50,6 +50,8 @@ log = structlog.get_logger("daemon")
 
 # The (stage, phase) timings exported from the start, before their first observation.
 STAGE_PHASES = (("producer", "collect"), ("trainer", "update"), ("evaluator", "evaluate"))
+# Seconds of stop timeout asked of systemd at a time while draining (re-sent every third).
+EXTEND_STOP_S = 30.0
 
 
 def run(cfg: Config, state_dir: Path) -> int:
@@ -99,6 +101,7 @@ async def serve(
         )
         async with anyio.create_task_group() as tg:
             tg.start_soon(telemetry.watchdog.run)
+            tg.start_soon(telemetry.extend_stop_timeout, shutdown)
             try:
                 await supervisor.run()
             except StageFailed as err:
@@ -175,7 +178,16 @@ class Telemetry:
         self.health.set_state(str(state))
         if state is State.DRAINING:
             self.notifier.stopping(f"draining: {reason or 'finished'}")
-            self.notifier.extend_timeout(self.cfg.run.shutdown_timeout_s)
+
+    async def extend_stop_timeout(self, shutdown: Shutdown) -> None:
+        """While draining, keep asking systemd for EXTEND_STOP_S more, every third of it.
+
+        The daemon enforces its own deadline (run.shutdown_timeout_s); systemd's stop
+        timeout then only fires if the process stops sending, i.e. hangs."""
+        await shutdown.stop.wait()
+        while True:
+            self.notifier.extend_timeout(EXTEND_STOP_S)
+            await anyio.sleep(EXTEND_STOP_S / 3)
 
     def iteration(self, record: IterationRecord) -> None:
         if record.iteration == 1:

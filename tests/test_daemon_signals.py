@@ -185,8 +185,8 @@ def test_systemd_notifications_from_a_real_run(tmp_path: Path) -> None:
     assert any(m.startswith("STATUS=iteration") and "frames/s" in m for m in messages)
     stopping = next(m for m in messages if "STOPPING=1" in m)
     assert "SIGTERM" in stopping
-    # The whole shutdown deadline (run.shutdown_timeout_s = 60 s) is asked for.
-    assert "EXTEND_TIMEOUT_USEC=60000000" in messages
+    # While draining, systemd is asked for 30 s more at a time (re-sent every 10 s).
+    assert "EXTEND_TIMEOUT_USEC=30000000" in messages
 
 
 def test_lag_one_overlaps_and_records_the_lag(tmp_path: Path) -> None:
@@ -198,3 +198,47 @@ def test_lag_one_overlaps_and_records_the_lag(tmp_path: Path) -> None:
     assert [e["policy_lag"] for e in progress] == [0.0, 1.0, 1.0, 1.0, 1.0, 1.0]
     exported = next(e for e in d.events if e["event"] == "policy exported")
     assert exported["iteration"] == 6
+
+
+@pytest.mark.anyio
+async def test_stop_timeout_is_re_extended_while_draining(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import anyio
+    import torch
+
+    from navrl_daemon import daemon
+    from navrl_daemon.config import load_config
+    from navrl_daemon.runtime.supervisor import Shutdown
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(tmp_path / "notify.sock"))
+    sock.setblocking(False)
+    monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "notify.sock"))
+    monkeypatch.setattr(daemon, "EXTEND_STOP_S", 0.3)
+    telemetry = daemon.Telemetry(load_config(None, TINY, environ={}), torch.device("cpu"))
+    shutdown = Shutdown()
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(telemetry.extend_stop_timeout, shutdown)
+            await anyio.sleep(0.2)
+            shutdown.request("test", 10)
+            await anyio.sleep(0.55)
+            tg.cancel_scope.cancel()
+        messages = []
+        while True:
+            try:
+                messages.append(sock.recv(4096).decode())
+            except BlockingIOError:
+                break
+    finally:
+        telemetry.close()
+        sock.close()
+    # Nothing before the stop request; then one at once and one every 0.1 s.
+    assert len(messages) >= 4
+    assert set(messages) == {"EXTEND_TIMEOUT_USEC=300000"}
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
