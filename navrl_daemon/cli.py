@@ -79,8 +79,7 @@ def _run(cfg: Config, args: argparse.Namespace) -> int:
 def _eval(cfg: Config, args: argparse.Namespace) -> int:
     from navrl_daemon.config import resolve_device
     from navrl_daemon.rl.evaluate import evaluate
-    from navrl_daemon.rl.policy import NavRLPolicy
-    from navrl_daemon.rl.training import eval_steps, make_eval_env
+    from navrl_daemon.rl.training import eval_steps, make_eval_env, make_policy
     from navrl_daemon.storage.policy_file import check_policy_layout, load_policy_state
 
     if args.episodes is not None:
@@ -89,7 +88,7 @@ def _eval(cfg: Config, args: argparse.Namespace) -> int:
         cfg = load_config(args.config, [*args.overrides, f"eval.num_envs={args.episodes}"])
     path = args.checkpoint or _state_dir(cfg, args) / "export" / "policy.pt"
     device = resolve_device(cfg)
-    policy = NavRLPolicy(action_limit=cfg.env.action_limit)
+    policy = make_policy(cfg, "cpu")
     state = load_policy_state(path)
     check_policy_layout(state, policy.state_dict(), path)
     policy.load_state_dict(state)

@@ -196,7 +196,7 @@ class Telemetry:
         self.health.iteration_done()
         self.metrics.iteration(
             frames_delta=self.cfg.frames_per_iteration,
-            policy_version=record.policy_version,
+            policy_version=record.iteration,
             policy_lag=record.policy_lag,
             losses=record.losses,
         )

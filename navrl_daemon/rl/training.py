@@ -147,10 +147,6 @@ class Training:
     def iteration(self) -> int:
         return self.learner.version
 
-    @property
-    def episodes(self) -> EpisodeStats:
-        return self.collector.episodes
-
     def step(self) -> IterationResult:
         """One iteration: a rollout of `ppo.rollout_length` steps, then the PPO update."""
         collect_s = self.collector.collect(self.buffer)

@@ -58,7 +58,7 @@ class Evaluator:
                 if self.shutdown.stopping:
                     continue  # drain without evaluating: shutting down
                 structlog.contextvars.bind_contextvars(
-                    iteration=weights.iteration, policy_version=weights.version
+                    iteration=weights.version, policy_version=weights.version
                 )
                 record = await self.compute.run(self._evaluate, weights)
                 await anyio.to_thread.run_sync(append_line, self.results_path, json.dumps(record))
@@ -75,7 +75,7 @@ class Evaluator:
         t0 = time.perf_counter()
         results = self.evaluate(self.policy)
         return {
-            "iteration": weights.iteration,
+            "iteration": weights.version,
             "frames": weights.frames,
             "policy_version": weights.version,
             "time": time.time(),

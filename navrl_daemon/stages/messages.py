@@ -9,9 +9,9 @@ import torch
 
 @dataclass(frozen=True)
 class PolicyWeights:
-    """A detached copy of the trained policy's weights after `version` updates."""
+    """A detached copy of the trained policy's weights after `version` updates (the
+    version is also the iteration: one update per iteration)."""
 
     version: int
-    iteration: int
     frames: int
     state: dict[str, torch.Tensor]

@@ -54,7 +54,7 @@ class RolloutProducer:
         self.compute = compute
 
     async def run(self) -> None:
-        async with _closing(self.outputs):
+        try:
             while not self.shutdown.stopping and self._frames_left():
                 if not await self._catch_up():
                     break  # the trainer has gone: nothing more to collect for
@@ -77,6 +77,10 @@ class RolloutProducer:
                 for out, handle in zip(self.outputs, lease.share(len(self.outputs)), strict=True):
                     await out.send(handle)
                 self.iteration += 1
+
+        finally:
+            for out in self.outputs:
+                out.close()  # receivers drain what was sent, then end
 
     def _frames_left(self) -> bool:
         return self.iteration * self.frames_per_rollout < self.total_frames
@@ -105,17 +109,3 @@ class RolloutProducer:
 
     async def flush(self, deadline: float) -> None:
         """Nothing of its own to persist: rollouts in flight belong to their consumers."""
-
-
-class _closing:
-    """Close every sender when the producer ends, however it ends (receivers then drain)."""
-
-    def __init__(self, senders: Sequence[Sender]) -> None:
-        self.senders = senders
-
-    async def __aenter__(self) -> None:
-        return None
-
-    async def __aexit__(self, *exc: object) -> None:
-        for s in self.senders:
-            s.close()

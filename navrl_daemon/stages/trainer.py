@@ -31,9 +31,9 @@ log = structlog.get_logger("trainer")
 
 @dataclass(frozen=True)
 class IterationRecord:
+    # The policy version after this iteration's update: one update per iteration.
     iteration: int
     frames: int
-    policy_version: int
     policy_lag: int
     collect_s: float
     update_s: float
@@ -97,7 +97,6 @@ class Trainer:
         return IterationRecord(
             iteration=self.learner.version,
             frames=self.frames,
-            policy_version=self.learner.version,
             policy_lag=lag,
             collect_s=lease.meta["collect_s"],
             update_s=time.perf_counter() - t0,
@@ -111,9 +110,7 @@ class Trainer:
 
     async def _publish(self) -> None:
         version = self.learner.version
-        weights = PolicyWeights(
-            version, version, self.frames, await self._run_locked(self.learner.weights)
-        )
+        weights = PolicyWeights(version, self.frames, await self._run_locked(self.learner.weights))
         for out in self.weights:
             await out.send(weights)
         due = self.eval_interval and version % self.eval_interval == 0
