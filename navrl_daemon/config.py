@@ -124,6 +124,20 @@ class EvalConfig(Section):
     max_steps: NonNegInt = 0
 
 
+class CheckpointConfig(Section):
+    # Snapshot every N iterations (0 = only the final one at shutdown).
+    interval: NonNegInt = 100
+    # Snapshots waiting for the writer; a full queue drops the oldest waiting one.
+    queue_size: Annotated[int, Field(ge=1, le=64)] = 2
+    # 0: LZ4 fast mode; 3..16: LZ4 HC (smaller, slower: docs/checkpoints.md).
+    compression_level: Annotated[int, Field(ge=0, le=16)] = 0
+    # Threads that serialise and compress snapshots.
+    workers: Annotated[int, Field(ge=1, le=64)] = 1
+    keep_last: Annotated[int, Field(ge=1, le=100_000)] = 5
+    # Also keep the N checkpoints with the best eval reach_goal (0 = off).
+    keep_best: Annotated[int, Field(ge=0, le=100_000)] = 0
+
+
 class MetricsConfig(Section):
     enabled: bool = True
     # Loopback by default: the endpoint has no authentication.
@@ -146,6 +160,7 @@ class Config(Section):
     ppo: PPOConfig = PPOConfig()
     pipeline: PipelineConfig = PipelineConfig()
     eval: EvalConfig = EvalConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
     metrics: MetricsConfig = MetricsConfig()
     log: LogConfig = LogConfig()
 

@@ -1,0 +1,44 @@
+"""What the commands share: the config and state-dir arguments, and JSON-or-text output."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from navrl_daemon.config import Config
+
+
+def config_args(p: argparse.ArgumentParser, *, overrides: bool = True) -> argparse.ArgumentParser:
+    """`--config F` and, where positionals are free, dotted `KEY=VALUE` overrides."""
+    p.add_argument("--config", type=Path, help="TOML config file (default: built-in)")
+    if overrides:
+        p.add_argument(
+            "overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, TOML values"
+        )
+    return p
+
+
+def state_dir_arg(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--state-dir", type=Path, help="default: run.state_dir of the config")
+    return p
+
+
+def json_arg(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    return p
+
+
+def state_dir(cfg: Config, args: argparse.Namespace) -> Path:
+    return args.state_dir if args.state_dir is not None else Path(cfg.run.state_dir)
+
+
+def print_json(doc: Any) -> None:
+    sys.stdout.write(json.dumps(doc) + "\n")
+
+
+def print_fields(fields: dict[str, Any]) -> None:
+    for k, v in fields.items():
+        print(f"{k:>14}: {v:.4f}" if isinstance(v, float) else f"{k:>14}: {v}")

@@ -1,0 +1,61 @@
+"""`navrl-daemon eval`: NavRL's eval layout with Beta-mean actions on a saved policy."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from navrl_daemon.commands.common import (
+    config_args,
+    json_arg,
+    print_fields,
+    print_json,
+    state_dir,
+    state_dir_arg,
+)
+from navrl_daemon.config import Config, load_config, resolve_device
+from navrl_daemon.errors import UsageError
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("eval", help="NavRL eval layout with Beta-mean actions")
+    config_args(p)
+    p.add_argument("--checkpoint", type=Path, help="NavRL-layout state_dict (.pt)")
+    state_dir_arg(p)
+    p.add_argument("--episodes", type=int, help="drones, one first episode each")
+    json_arg(p)
+    p.set_defaults(handler=handle)
+
+
+def handle(cfg: Config, args: argparse.Namespace) -> int:
+    from navrl_daemon.rl.evaluate import evaluate
+    from navrl_daemon.rl.training import eval_steps, make_eval_env, make_policy
+    from navrl_daemon.storage.policy_file import check_policy_layout, load_policy_state
+
+    if args.episodes is not None:
+        if args.episodes < 1:
+            raise UsageError("--episodes must be at least 1")
+        cfg = load_config(args.config, [*args.overrides, f"eval.num_envs={args.episodes}"])
+    path = args.checkpoint or state_dir(cfg, args) / "export" / "policy.pt"
+    device = resolve_device(cfg)
+    policy = make_policy(cfg, "cpu")
+    state = load_policy_state(path)
+    check_policy_layout(state, policy.state_dict(), path)
+    policy.load_state_dict(state)
+    policy.to(device)
+    env = make_eval_env(cfg, device)
+    t0 = time.perf_counter()
+    results = evaluate(env, policy, seed=cfg.eval.seed, max_steps=eval_steps(cfg))
+    results = {
+        "checkpoint": str(path),
+        "layout": cfg.eval.layout,
+        **results,
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
+    if args.json:
+        print_json(results)
+    else:
+        print_fields(results)
+    return 0
