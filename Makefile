@@ -21,8 +21,8 @@ run: $(STAMP)
 	$(BIN)/navrl-daemon run --config $(CONFIG)
 
 lint: $(STAMP)
-	$(BIN)/ruff check navrl_daemon tests benchmarks
-	$(BIN)/ruff format --check navrl_daemon tests benchmarks
+	$(BIN)/ruff check navrl_daemon tests benchmarks examples
+	$(BIN)/ruff format --check navrl_daemon tests benchmarks examples
 	$(BIN)/lint-imports
 
 test: lint

@@ -10,12 +10,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from navrl_daemon.commands import config, eval, run
+from navrl_daemon.commands import checkpoints, config, env, eval, run
 from navrl_daemon.config import load_config
 from navrl_daemon.errors import NavrlError
 from navrl_daemon.ops.logging import configure_logging
 
-COMMANDS = (run, eval, config)
+COMMANDS = (run, eval, config, checkpoints, env)
 
 
 def build_parser() -> argparse.ArgumentParser:

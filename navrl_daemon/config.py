@@ -27,6 +27,8 @@ NonNegInt = Annotated[int, Field(ge=0)]
 PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Prob = Annotated[float, Field(gt=0, le=1)]
 Range = Annotated[list[PosFloat], Field(min_length=2, max_length=2)]  # [min, max]
+# A backend name, or an importable "package.module:factory".
+BACKEND_PATTERN = r"^[A-Za-z0-9_.-]+(:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*)?$"
 
 
 class Section(BaseModel):
@@ -44,7 +46,11 @@ class RunConfig(Section):
 
 
 class EnvConfig(Section):
-    backend: Literal["navigation"] = "navigation"
+    # "navigation" (embedded), "isaac", a name registered under the `navrl_daemon.backends`
+    # entry-point group, or "module:factory" (navrl_daemon/env/backends.py resolves it).
+    backend: Annotated[str, Field(pattern=BACKEND_PATTERN)] = "navigation"
+    # Backend-specific settings, passed through to the backend, which validates them.
+    options: dict[str, Any] = {}
     num_envs: Annotated[int, Field(ge=1, le=1_048_576)] = 1024
     # Envs are split round-robin over this many independently generated maps.
     num_maps: Annotated[int, Field(ge=1, le=1024)] = 1
@@ -324,6 +330,10 @@ def _toml_value(v: Any) -> str:
         return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(v, list | tuple):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):  # env.options: an inline table
+        return (
+            "{" + ", ".join(f"{_toml_value(str(k))} = {_toml_value(x)}" for k, x in v.items()) + "}"
+        )
     raise TypeError(f"cannot write {type(v).__name__} to TOML")
 
 

@@ -1,16 +1,18 @@
 """`navrl-daemon run`: wires the stages of DESIGN.md §2 and hands them to the supervisor.
 
 ```
-  RolloutProducer ──rollouts: leases (block)──► Trainer ──weights (coalesce)──► Evaluator
-        ▲                                          │
+  RolloutProducer ──rollouts: leases (block)──► Trainer ──snapshots (coalesce)──► CheckpointWriter
+        ▲                                          ├──weights (coalesce)──► Evaluator
         └──────────── weights (coalesce) ──────────┘
 ```
-The checkpoint writer, archiver, prefetcher and metrics plug in here as they arrive.
+Before anything runs, the newest valid checkpoint in `STATE_DIR/checkpoints` (if any) is
+loaded into the learner and the collector (stages/resume.py).
 """
 
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ from navrl_daemon.errors import StageFailed
 from navrl_daemon.ops.http import Health, MetricsServer
 from navrl_daemon.ops.metrics import Metrics
 from navrl_daemon.rl.evaluate import evaluate
+from navrl_daemon.rl.snapshot import collector_state
 from navrl_daemon.rl.training import (
     Collector,
     Learner,
@@ -39,17 +42,26 @@ from navrl_daemon.runtime.leases import LeasePool
 from navrl_daemon.runtime.lock import StateDirLock
 from navrl_daemon.runtime.sd_notify import ProgressWatchdog, SystemdNotifier
 from navrl_daemon.runtime.supervisor import Shutdown, State, Supervisor
+from navrl_daemon.stages import resume
+from navrl_daemon.stages.checkpoint_writer import CheckpointWriter
 from navrl_daemon.stages.evaluator import Evaluator
-from navrl_daemon.stages.messages import PolicyWeights
+from navrl_daemon.stages.messages import PolicyWeights, Snapshot
 from navrl_daemon.stages.producer import RolloutProducer
 from navrl_daemon.stages.progress import ProgressLog
-from navrl_daemon.stages.trainer import IterationRecord, Trainer
+from navrl_daemon.stages.trainer import Checkpointing, IterationRecord, Trainer
 from navrl_daemon.storage.atomic import write_atomic
+from navrl_daemon.storage.checkpoint import CheckpointDir
+from navrl_daemon.storage.staging import SnapshotStaging
 
 log = structlog.get_logger("daemon")
 
 # The (stage, phase) timings exported from the start, before their first observation.
-STAGE_PHASES = (("producer", "collect"), ("trainer", "update"), ("evaluator", "evaluate"))
+STAGE_PHASES = (
+    ("producer", "collect"),
+    ("trainer", "update"),
+    ("evaluator", "evaluate"),
+    ("checkpoint_writer", "write"),
+)
 # Seconds of stop timeout asked of systemd at a time while draining (re-sent every third).
 EXTEND_STOP_S = 30.0
 
@@ -194,6 +206,8 @@ class Telemetry:
             self.notifier.ready(f"training: iteration {record.iteration}")
         self.watchdog.progress()
         self.health.iteration_done()
+        if record.rolled_back:
+            self.metrics.rollback()
         self.metrics.iteration(
             frames_delta=self.cfg.frames_per_iteration,
             policy_version=record.iteration,
@@ -221,6 +235,10 @@ class Telemetry:
         self.metrics.evaluation(record)
         self.metrics.stage_time("evaluator", "evaluate", record["seconds"])
 
+    def checkpoint_written(self, seconds: float, raw_bytes: int, stored_bytes: int) -> None:
+        self.metrics.checkpoint_written(seconds, raw_bytes, stored_bytes)
+        self.metrics.stage_time("checkpoint_writer", "write", seconds)
+
     def close(self) -> None:
         self.progress.summarise()
         self.progress.close()
@@ -238,11 +256,28 @@ def build_stages(
     telemetry: Telemetry,
 ) -> list[Any]:
     """Everything heavy (env, policy, buffers) is built here, off the event loop."""
+    checkpoints = CheckpointDir(state_dir / "checkpoints")
+    found = resume.newest_checkpoint(checkpoints)
     torch.manual_seed(cfg.run.seed)
     policy = make_policy(cfg, device)
     learner = Learner.build(cfg, policy, device)
     collector = Collector.build(cfg, acting_copy(policy), device)
     first = collector.new_buffer()
+    start_frames = 0
+    if found is not None:
+        resumed = resume.restore(cfg, *found, learner, collector)
+        collector.policy.load_state_dict(policy.state_dict())
+        start_frames = resumed.frames
+        log.info(
+            "resumed from checkpoint",
+            path=str(resumed.path),
+            iteration=resumed.iteration,
+            frames=resumed.frames,
+            kind=resumed.kind,
+            env_restored=resumed.env_restored,
+        )
+    else:
+        log.info("no checkpoint: starting a new run", checkpoints=str(checkpoints.path))
     pool = LeasePool([first, *(first.clone() for _ in range(cfg.pipeline.lease_pool - 1))])
 
     rollouts: Channel[Any] = Channel("rollouts", cfg.pipeline.lease_pool, Overflow.BLOCK)
@@ -258,8 +293,32 @@ def build_stages(
         total_frames=cfg.run.total_frames,
         shutdown=shutdown,
         compute=threads.producer,
+        start_iteration=learner.version,
+        start_frames=start_frames,
+        checkpoint_interval=cfg.checkpoint.interval,
     )
     stages: list[Any] = [producer]
+
+    snapshots: Channel[Snapshot] = Channel(
+        "snapshots",
+        cfg.checkpoint.queue_size,
+        Overflow.DROP_OLDEST,
+        on_drop=lambda snapshot: snapshot.staged.release(),
+    )
+    channels.append(snapshots)
+    writer = CheckpointWriter(
+        snapshots.receiver(),
+        checkpoints,
+        cfg.checkpoint,
+        meta={"seed": cfg.run.seed, "device": str(device), "threads": torch.get_num_threads()},
+        on_written=telemetry.checkpoint_written,
+        on_failed=telemetry.metrics.checkpoint_failed,
+        scores=_eval_scores(state_dir / "eval" / "results.jsonl"),
+    )
+
+    def on_eval(record: dict[str, Any]) -> None:
+        telemetry.evaluation(record)
+        writer.record_eval(record["iteration"], record["reach_goal"])
 
     eval_sender = None
     if cfg.eval.interval:
@@ -277,7 +336,7 @@ def build_stages(
                 results_path=state_dir / "eval" / "results.jsonl",
                 shutdown=shutdown,
                 compute=threads.evaluator,
-                on_result=telemetry.evaluation,
+                on_result=on_eval,
             )
         )
 
@@ -292,9 +351,36 @@ def build_stages(
         on_iteration=telemetry.iteration,
         evaluations=eval_sender,
         eval_interval=cfg.eval.interval,
+        start_frames=start_frames,
+        checkpoints=Checkpointing(
+            snapshots.sender(),
+            cfg.checkpoint.interval,
+            SnapshotStaging(cfg.checkpoint.queue_size + 2),
+            collector_state=functools.partial(collector_state, collector),
+            static=resume.static_state(cfg),
+            on_stall=telemetry.metrics.checkpoint_stall,
+            rollback=functools.partial(resume.load_learner, checkpoints),
+        ),
     )
     stages.insert(1, trainer)
+    stages.append(writer)
     for channel in channels:
         telemetry.metrics.watch_channel(channel)
     telemetry.metrics.watch_pool(pool)
     return stages
+
+
+def _eval_scores(results: Path) -> dict[int, float]:
+    """reach_goal by iteration from earlier evaluations of this state dir (keep_best)."""
+    scores: dict[int, float] = {}
+    try:
+        lines = results.read_text().splitlines()
+    except OSError:
+        return scores
+    for line in lines:
+        try:
+            row = json.loads(line)
+            scores[int(row["iteration"])] = float(row["reach_goal"])
+        except (ValueError, KeyError, TypeError):
+            continue  # a torn last line after kill -9
+    return scores

@@ -32,11 +32,16 @@ TINY = [
 ]
 
 
+# One intra-op thread in every daemon a test starts: results are only bitwise repeatable
+# between runs with the same thread count.
+SUBPROCESS_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
 def navrl_cli(
     *args: str, env: dict[str, str] | None = None, timeout: float = 300, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Run `python -m navrl_daemon ARGS` as a user would, capturing output."""
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    full_env = {**SUBPROCESS_ENV, **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "navrl_daemon", *args],
         capture_output=True,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -16,6 +15,7 @@ import pytest
 from navrl_daemon import cli
 from navrl_daemon.stages.trainer import Trainer
 from tests.conftest import REPO, TINY, navrl_cli
+from tests.daemon_process import Daemon
 
 # Collection dominates: 200 env steps per rollout, one tiny update.
 LONG_COLLECT = ["ppo.rollout_length=200", "ppo.epochs=1", "ppo.minibatches=1"]
@@ -23,53 +23,10 @@ LONG_COLLECT = ["ppo.rollout_length=200", "ppo.epochs=1", "ppo.minibatches=1"]
 LONG_UPDATE = ["ppo.rollout_length=8", "ppo.epochs=100", "ppo.minibatches=4"]
 
 
-class Daemon:
-    def __init__(self, state: Path, *overrides: str) -> None:
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "navrl_daemon",
-                "run",
-                "--state-dir",
-                str(state),
-                *TINY,
-                "log.level=debug",
-                "eval.interval=0",
-                *overrides,
-            ],
-            cwd=REPO,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self.events: list[dict] = []
-
-    def wait_for(self, event: str, count: int = 1) -> None:
-        assert self.proc.stderr is not None
-        seen = 0
-        for line in self.proc.stderr:
-            self.events.append(json.loads(line))
-            if self.events[-1]["event"] == event:
-                seen += 1
-                if seen == count:
-                    return
-        raise AssertionError(f"daemon ended before {event!r}: {self.events[-5:]}")
-
-    def finish(self, timeout: float = 60) -> tuple[int, float]:
-        t0 = time.monotonic()
-        assert self.proc.stderr is not None
-        rest = self.proc.stderr.read()
-        code = self.proc.wait(timeout=timeout)
-        self.events += [json.loads(x) for x in rest.splitlines() if x.startswith("{")]
-        return code, time.monotonic() - t0
-
-    def names(self) -> list[str]:
-        return [e["event"] for e in self.events]
-
-
 def assert_clean_stop(d: Daemon, state: Path) -> None:
     names = d.names()
-    assert names.count("flushed") == 2  # producer and trainer (no evaluator: eval.interval=0)
+    # producer, trainer and checkpoint writer (no evaluator: eval.interval=0)
+    assert names.count("flushed") == 3
     exported = next(e for e in d.events if e["event"] == "policy exported")
     # Every rollout that was collected was also trained on before the export.
     assert exported["iteration"] == names.count("updating")

@@ -22,7 +22,9 @@ from navrl_daemon.errors import UsageError
 def register(sub: Any) -> None:
     p = sub.add_parser("eval", help="NavRL eval layout with Beta-mean actions")
     config_args(p)
-    p.add_argument("--checkpoint", type=Path, help="NavRL-layout state_dict (.pt)")
+    p.add_argument(
+        "--checkpoint", type=Path, help="NavRL-layout state_dict (.pt) or checkpoint (.nrc)"
+    )
     state_dir_arg(p)
     p.add_argument("--episodes", type=int, help="drones, one first episode each")
     json_arg(p)
@@ -32,7 +34,7 @@ def register(sub: Any) -> None:
 def handle(cfg: Config, args: argparse.Namespace) -> int:
     from navrl_daemon.rl.evaluate import evaluate
     from navrl_daemon.rl.training import eval_steps, make_eval_env, make_policy
-    from navrl_daemon.storage.policy_file import check_policy_layout, load_policy_state
+    from navrl_daemon.storage.policy_file import check_policy_layout, load_any_policy_state
 
     if args.episodes is not None:
         if args.episodes < 1:
@@ -41,7 +43,7 @@ def handle(cfg: Config, args: argparse.Namespace) -> int:
     path = args.checkpoint or state_dir(cfg, args) / "export" / "policy.pt"
     device = resolve_device(cfg)
     policy = make_policy(cfg, "cpu")
-    state = load_policy_state(path)
+    state = load_any_policy_state(path)
     check_policy_layout(state, policy.state_dict(), path)
     policy.load_state_dict(state)
     policy.to(device)

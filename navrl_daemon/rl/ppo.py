@@ -29,14 +29,24 @@ STAT_NAMES = (
 )
 
 
+def learning_rates(cfg: PPOConfig) -> dict[str, float]:
+    """Per optimiser; the critic reads the actor's lr, as NavRL's does."""
+    return {
+        "feature_extractor": cfg.feature_extractor_lr,
+        "actor": cfg.actor_lr,
+        "critic": cfg.actor_lr,
+    }
+
+
 def make_optimizers(policy: NavRLPolicy, cfg: PPOConfig) -> dict[str, torch.optim.Adam]:
-    """Three Adams with default betas/eps, as NavRL; the critic reads the actor's lr."""
+    """Three Adams with default betas/eps, as NavRL."""
+    lrs = learning_rates(cfg)
     return {
         "feature_extractor": torch.optim.Adam(
-            policy.feature_extractor.parameters(), lr=cfg.feature_extractor_lr
+            policy.feature_extractor.parameters(), lr=lrs["feature_extractor"]
         ),
-        "actor": torch.optim.Adam(policy.actor.parameters(), lr=cfg.actor_lr),
-        "critic": torch.optim.Adam(policy.critic.parameters(), lr=cfg.actor_lr),
+        "actor": torch.optim.Adam(policy.actor.parameters(), lr=lrs["actor"]),
+        "critic": torch.optim.Adam(policy.critic.parameters(), lr=lrs["critic"]),
     }
 
 

@@ -21,7 +21,7 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.envs import EnvBase
 
 from navrl_daemon.config import Config
-from navrl_daemon.env import make_env
+from navrl_daemon.env import check_backend, make_env
 from navrl_daemon.rl import ppo
 from navrl_daemon.rl.evaluate import evaluate
 from navrl_daemon.rl.policy import NavRLPolicy
@@ -48,6 +48,8 @@ class Collector:
 
     @classmethod
     def build(cls, cfg: Config, policy: NavRLPolicy, device: torch.device | str) -> Collector:
+        # The start-up gate: a backend that breaks the env contract is a ConfigError (78).
+        check_backend(cfg.env, device=device, seed=cfg.run.seed)
         env = make_env(cfg.env, device=device, seed=cfg.run.seed)
         return cls(cfg, env, policy, env.reset(), EpisodeStats(device))
 

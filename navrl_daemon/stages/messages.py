@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from navrl_daemon.storage.staging import StagedState
+
 
 @dataclass(frozen=True)
 class PolicyWeights:
@@ -15,3 +17,14 @@ class PolicyWeights:
     version: int
     frames: int
     state: dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The full training state after `iteration` updates, staged on the host for the
+    checkpoint writer; `final` marks the one taken at shutdown."""
+
+    iteration: int
+    frames: int
+    staged: StagedState
+    final: bool = False

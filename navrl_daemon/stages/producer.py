@@ -5,6 +5,11 @@ i − `pipeline.max_policy_lag` (0: strict on-policy, as NavRL; 1: collect i+1 w
 trainer trains on i), and it always takes newer weights when they are there. Each rollout
 is shared with every consumer; an exhausted lease pool is its backpressure. On stop it
 finishes the rollout in flight, hands it on, and closes its outputs.
+
+After each rollout whose update will be checkpointed it also captures the collector's
+state (env, running TensorDict, RNGs) into the lease's meta: a checkpoint must pair the
+learner after update i with the collector right after rollout i, and only here is that
+moment known.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from collections.abc import Sequence
 import anyio
 import structlog
 
+from navrl_daemon.rl.snapshot import collector_state
 from navrl_daemon.rl.training import Collector
 from navrl_daemon.runtime.channels import Receiver, Sender
 from navrl_daemon.runtime.compute import ComputeThread
@@ -40,6 +46,8 @@ class RolloutProducer:
         shutdown: Shutdown,
         compute: ComputeThread,
         start_iteration: int = 0,
+        start_frames: int = 0,
+        checkpoint_interval: int = 0,
     ) -> None:
         self.collector = collector
         self.pool = pool
@@ -51,6 +59,8 @@ class RolloutProducer:
         self.shutdown = shutdown
         self.iteration = start_iteration
         self.version = start_iteration
+        self.frames = start_frames
+        self.checkpoint_interval = checkpoint_interval
         self.compute = compute
 
     async def run(self) -> None:
@@ -68,22 +78,29 @@ class RolloutProducer:
                 )
                 log.debug("collecting")
                 try:
-                    seconds = await self.compute.run(self.collector.collect, lease.buffer)
+                    seconds, state = await self.compute.run(self._collect, lease.buffer)
                 except BaseException:
                     lease.release()
                     raise
                 lease.meta["collect_s"] = seconds
+                if state is not None:
+                    lease.meta["collector_state"] = state
                 lease.meta["episodes"] = self.collector.episodes.take_sums()
                 for out, handle in zip(self.outputs, lease.share(len(self.outputs)), strict=True):
                     await out.send(handle)
                 self.iteration += 1
-
+                self.frames += self.frames_per_rollout
         finally:
             for out in self.outputs:
                 out.close()  # receivers drain what was sent, then end
 
+    def _collect(self, buffer: object) -> tuple[float, dict | None]:
+        seconds = self.collector.collect(buffer)  # type: ignore[arg-type]
+        due = self.checkpoint_interval and (self.iteration + 1) % self.checkpoint_interval == 0
+        return seconds, collector_state(self.collector) if due else None
+
     def _frames_left(self) -> bool:
-        return self.iteration * self.frames_per_rollout < self.total_frames
+        return self.frames < self.total_frames
 
     async def _catch_up(self) -> bool:
         """Load the newest weights; wait while ours are older than the lag allows."""

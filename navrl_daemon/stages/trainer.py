@@ -3,7 +3,14 @@
 The update runs on a compute thread (the event loop only moves leases); the lease is
 released the moment the update is done, so the producer can refill that buffer. When the
 rollout channel ends (the producer stopped) the trainer has trained on every rollout it
-was handed; its flush exports the final policy in NavRL's layout.
+was handed; it then stages a final snapshot for the checkpoint writer, and its flush
+exports the final policy in NavRL's layout.
+
+Checkpoints: every `checkpoint.interval` updates the trainer stages its learner state
+(host copies into reusable buffers; storage/staging.py) together with the collector state
+the producer captured right after that rollout, and hands the snapshot to the writer's
+coalescing queue; it never waits for serialisation or disk. Too many non-finite updates in
+a row roll the learner back to the newest valid checkpoint on disk.
 """
 
 from __future__ import annotations
@@ -13,18 +20,21 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import anyio
 import structlog
 import torch
 
-from navrl_daemon.rl.training import Learner
+from navrl_daemon.rl.snapshot import learner_state
+from navrl_daemon.rl.training import Learner, NonFiniteTraining
 from navrl_daemon.runtime.channels import Receiver, Sender
 from navrl_daemon.runtime.compute import ComputeThread
 from navrl_daemon.runtime.leases import Lease
 from navrl_daemon.runtime.supervisor import Shutdown
-from navrl_daemon.stages.messages import PolicyWeights
+from navrl_daemon.stages.messages import PolicyWeights, Snapshot
 from navrl_daemon.storage.policy_file import save_policy_state
+from navrl_daemon.storage.staging import SnapshotStaging
 
 log = structlog.get_logger("trainer")
 
@@ -39,6 +49,25 @@ class IterationRecord:
     update_s: float
     losses: dict[str, float]
     episodes: tuple[torch.Tensor, torch.Tensor]
+    rolled_back: bool = False
+
+
+@dataclass
+class Checkpointing:
+    """What the trainer needs to hand snapshots to the CheckpointWriter."""
+
+    snapshots: Sender[Snapshot]
+    interval: int
+    staging: SnapshotStaging
+    # The collector's state now (the final snapshot; the producer has stopped by then).
+    collector_state: Callable[[], dict[str, Any] | None]
+    # Constant entries of every snapshot: resolved config, library versions.
+    static: dict[str, Any]
+    on_stall: Callable[[float], None] = lambda _: None
+    # Loads the newest valid checkpoint's learner state into the learner; returns its path.
+    rollback: Callable[[Learner], Path] | None = None
+    # Snapshots before this one was sent would repeat it: the version last snapshotted.
+    last_version: int = -1
 
 
 class Trainer:
@@ -58,6 +87,7 @@ class Trainer:
         evaluations: Sender[PolicyWeights] | None = None,
         eval_interval: int = 0,
         start_frames: int = 0,
+        checkpoints: Checkpointing | None = None,
     ) -> None:
         self.learner = learner
         self.rollouts = rollouts
@@ -69,21 +99,49 @@ class Trainer:
         self.shutdown = shutdown
         self.export_path = export_path
         self.on_iteration = on_iteration
+        self.checkpoints = checkpoints
+        self._rollbacks: dict[Path, int] = {}
         # Held while the weights change, so a flush never reads a half-stepped policy.
         self._weights_lock = threading.Lock()
         self.compute = compute
 
     async def run(self) -> None:
+        ckpt = self.checkpoints
         try:
             async for lease in self.rollouts:
                 with lease:
                     record = await self._train_on(lease)
+                    collected = lease.meta.get("collector_state")
                 await self._publish()
+                if ckpt and ckpt.interval and record.iteration % ckpt.interval == 0:
+                    await self._snapshot(collected, final=False)
                 self.on_iteration(record)
+            if ckpt and ckpt.last_version != self.learner.version and self.learner.version:
+                collected = await self.compute.run(ckpt.collector_state)
+                await self._snapshot(collected, final=True)
         finally:
-            for out in [*self.weights, self.evaluations]:
+            outputs = [*self.weights, self.evaluations, ckpt and ckpt.snapshots]
+            for out in outputs:
                 if out is not None:
                     out.close()
+
+    async def _snapshot(self, collected: dict[str, Any] | None, *, final: bool) -> None:
+        """Stage the learner (the trainer's only stall) and queue the snapshot."""
+        ckpt = self.checkpoints
+        assert ckpt is not None
+
+        def stage() -> Any:
+            with self._weights_lock:
+                return ckpt.staging.stage({"learner": learner_state(self.learner)})
+
+        t0 = time.perf_counter()
+        staged = await self.compute.run(stage)
+        ckpt.on_stall(time.perf_counter() - t0)
+        staged.state.update(ckpt.static, frames=self.frames)
+        if collected is not None:
+            staged.state["collector"] = collected
+        ckpt.last_version = self.learner.version
+        await ckpt.snapshots.send(Snapshot(self.learner.version, self.frames, staged, final))
 
     async def _train_on(self, lease: Lease) -> IterationRecord:
         lag = self.learner.version - lease.meta["policy_version"]
@@ -102,11 +160,40 @@ class Trainer:
             update_s=time.perf_counter() - t0,
             losses=losses,
             episodes=lease.meta["episodes"],
+            rolled_back=bool(losses.get("rolled_back")),
         )
 
     def _update(self, buffer: object) -> dict[str, float]:
         with self._weights_lock:
-            return self.learner.update(buffer, abort=self.shutdown.abort)  # type: ignore[arg-type]
+            try:
+                return self.learner.update(buffer, abort=self.shutdown.abort)  # type: ignore[arg-type]
+            except NonFiniteTraining as err:
+                rollback = self.checkpoints and self.checkpoints.rollback
+                if not rollback:
+                    raise
+                return self._roll_back(rollback, err)
+
+    def _roll_back(
+        self, rollback: Callable[[Learner], Path], err: NonFiniteTraining
+    ) -> dict[str, float]:
+        """Replace the learner state by the newest valid checkpoint's, and count this as
+        the iteration's update (versions only move forward). Gives up after 3 rollbacks
+        to the same file: the same state keeps diverging."""
+        try:
+            path = rollback(self.learner)
+        except Exception as load_err:
+            raise NonFiniteTraining(f"{err}; no checkpoint to roll back to: {load_err}") from err
+        self._rollbacks[path] = self._rollbacks.get(path, 0) + 1
+        if self._rollbacks[path] > 3:
+            raise NonFiniteTraining(f"{err}; rolled back to {path.name} 3 times already") from err
+        self.learner.version += 1
+        log.error(
+            "non-finite training: ROLLED BACK to the last valid checkpoint",
+            checkpoint=str(path),
+            reason=str(err),
+            rollbacks_to_this_file=self._rollbacks[path],
+        )
+        return {"rolled_back": 1.0}
 
     async def _publish(self) -> None:
         version = self.learner.version

@@ -1,13 +1,17 @@
 """Checkpoint files (`.nrc`, DESIGN.md §6) and the `checkpoints/` directory that holds them.
 
 Layout: `NRC1` magic, a little-endian u32 header length, a UTF-8 JSON header, then the
-payload: LZ4-frame-compressed `torch.save` bytes of a state of tensors and plain values.
-Loading goes through `torch.load(weights_only=True)` only, after magic, length and checksum.
+payload: `torch.save` bytes of a state of tensors and plain values, cut into `chunk_bytes`
+pieces that are LZ4-frame-compressed independently (so a thread pool compresses and
+decompresses them in parallel; lz4 releases the GIL) and stored back to back; the header's
+`chunks` lists their stored sizes. Loading goes through `torch.load(weights_only=True)`
+only, after magic, length and checksum.
 """
 
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import re
 import struct
@@ -15,6 +19,7 @@ import time
 import zlib
 from collections import OrderedDict
 from collections.abc import Iterable
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +35,7 @@ FORMAT_VERSION = 1
 CODEC = "lz4-frame"
 MAX_HEADER_BYTES = 1 << 20  # a header is a few KB; a bigger length field means a foreign file
 MANIFEST = "MANIFEST.json"
+CHUNK_BYTES = 4 << 20
 _PREFIX = struct.Struct("<4sI")
 _FILE_NAME = re.compile(r"ckpt-(\d{9,})\.nrc")
 _PLAIN = (int, float, str, bool, type(None))
@@ -56,6 +62,7 @@ class CheckpointHeader:
     raw_bytes: int
     stored_bytes: int
     checksum: str
+    chunks: list[int]
     meta: dict[str, Any] = field(default_factory=dict)
 
 
@@ -82,7 +89,7 @@ def _check_state(value: Any, path: str) -> None:
     elif type(value) in (list, tuple):
         for i, v in enumerate(value):
             _check_state(v, f"{path}.{i}")
-    elif not isinstance(value, _PLAIN):
+    elif type(value) not in _PLAIN:  # exact types: subclasses (TorchVersion) do not load
         raise TypeError(f"state {path}: {type(value).__name__} is not a tensor or plain value")
 
 
@@ -94,8 +101,11 @@ def encode_checkpoint(
     policy_version: int,
     level: int = 0,
     meta: dict[str, Any] | None = None,
+    executor: Executor | None = None,
+    chunk_bytes: int = CHUNK_BYTES,
 ) -> bytes:
-    """Serialize `state` into one `.nrc` blob (level 0: LZ4 fast, 3..16: LZ4 HC)."""
+    """Serialize `state` into one `.nrc` blob (level 0: LZ4 fast, 3..16: LZ4 HC); chunks
+    are compressed on `executor` when given."""
     if type(state) not in (dict, OrderedDict):
         raise TypeError("checkpoint state must be a dict")
     if not 0 <= level <= lz4.frame.COMPRESSIONLEVEL_MAX:
@@ -105,10 +115,18 @@ def encode_checkpoint(
         if type(value) is not int or value < 0:
             raise ValueError(f"{name} must be a non-negative int, got {value!r}")
     _check_state(state, "state")
+    if chunk_bytes < 1:
+        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
     buf = io.BytesIO()
     torch.save(state, buf)
-    raw = buf.getvalue()
-    payload = lz4.frame.compress(raw, compression_level=level)
+    raw = buf.getbuffer()
+    pieces = [raw[i : i + chunk_bytes] for i in range(0, len(raw), chunk_bytes)] or [raw]
+
+    def compress(piece: memoryview) -> bytes:
+        return lz4.frame.compress(piece, compression_level=level)
+
+    frames = list(executor.map(compress, pieces) if executor else map(compress, pieces))
+    payload = b"".join(frames)
     header = {
         "format_version": FORMAT_VERSION,
         **counters,
@@ -118,6 +136,7 @@ def encode_checkpoint(
         "raw_bytes": len(raw),
         "stored_bytes": len(payload),
         "checksum": _checksum(payload),
+        "chunks": [len(f) for f in frames],
         "meta": dict(meta or {}),
     }
     head = json.dumps(header, sort_keys=True, allow_nan=False).encode()  # ValueError on NaN meta
@@ -152,15 +171,38 @@ def _read_header(f: io.BufferedIOBase) -> CheckpointHeader:
     if missing:
         raise _Invalid(f"bad header: missing {missing}")
     wrong = [k for k in _INT_FIELDS if type(fields[k]) is not int or fields[k] < 0]
+    chunks = fields["chunks"]
+    if not isinstance(chunks, list) or not all(type(c) is int and c > 0 for c in chunks):
+        wrong.append("chunks")
     if wrong or not isinstance(fields["meta"], dict) or not isinstance(fields["checksum"], str):
         raise _Invalid(f"bad header: wrong types ({wrong or ['meta/checksum']})")
+    if sum(chunks) != fields["stored_bytes"]:
+        raise _Invalid(f"bad header: chunks add up to {sum(chunks)}, not stored_bytes")
     if fields["codec"] != CODEC:
         raise _Invalid(f"unsupported codec {fields['codec']!r}")
     # Unknown keys are ignored so that a later writer may add some without a new version.
     return CheckpointHeader(**{k: fields[k] for k in CheckpointHeader.__dataclass_fields__})
 
 
-def _load(path: Path, map_location: Any) -> tuple[CheckpointHeader, dict[str, Any]]:
+def _decompress(header: CheckpointHeader, payload: bytes, executor: Executor | None) -> bytes:
+    view = memoryview(payload)
+    starts = [0]
+    for size in header.chunks:
+        starts.append(starts[-1] + size)
+    pieces = [view[a:b] for a, b in itertools.pairwise(starts)]
+
+    def decompress(piece: memoryview) -> bytes:
+        return lz4.frame.decompress(piece)
+
+    try:
+        return b"".join(executor.map(decompress, pieces) if executor else map(decompress, pieces))
+    except RuntimeError as e:
+        raise _Invalid(f"payload is not an LZ4 frame: {e}") from None
+
+
+def _load(
+    path: Path, map_location: Any, executor: Executor | None = None
+) -> tuple[CheckpointHeader, dict[str, Any]]:
     try:
         with open(path, "rb") as f:
             header = _read_header(f)
@@ -174,19 +216,31 @@ def _load(path: Path, map_location: Any) -> tuple[CheckpointHeader, dict[str, An
     actual = _checksum(payload)
     if actual != header.checksum:
         raise _Invalid(f"checksum mismatch (header {header.checksum}, payload {actual})")
-    try:
-        raw = lz4.frame.decompress(payload)
-    except RuntimeError as e:
-        raise _Invalid(f"payload is not an LZ4 frame: {e}") from None
+    raw = _decompress(header, payload, executor)
     if len(raw) != header.raw_bytes:
         raise _Invalid(f"raw size mismatch ({len(raw)} bytes, header says {header.raw_bytes})")
     try:
         state = torch.load(io.BytesIO(raw), weights_only=True, map_location=map_location)
     except Exception as e:  # the trust boundary: whatever torch refuses, we refuse
-        raise _Invalid(f"payload refused by torch.load(weights_only=True): {e}") from None
+        raise _Invalid(f"payload refused by torch.load(weights_only=True): {_gist(e)}") from None
     if not isinstance(state, dict):
         raise _Invalid(f"payload is a {type(state).__name__}, not a dict")
     return header, state
+
+
+def parse_header(data: bytes) -> CheckpointHeader:
+    """The header of an encoded checkpoint held in memory (`encode_checkpoint` output)."""
+    try:
+        return _read_header(io.BytesIO(data))
+    except _Invalid as e:
+        raise DataError(f"encoded checkpoint: {e}") from None
+
+
+def _gist(err: Exception) -> str:
+    """torch's refusal runs to a page of advice; keep the line that says what was refused."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    why = next((line for line in lines if "Unpickler error" in line), lines[0] if lines else "")
+    return (why or type(err).__name__)[:300]
 
 
 def read_header(path: Path) -> CheckpointHeader:
@@ -221,6 +275,14 @@ def verify(paths: Iterable[Path]) -> list[tuple[Path, str | None]]:
         else:
             results.append((Path(path), None))
     return results
+
+
+def _is_valid(path: Path) -> bool:
+    try:
+        _load(path, "cpu")
+    except _Invalid:
+        return False
+    return True
 
 
 def _iteration(path: Path) -> int:
@@ -278,16 +340,22 @@ class CheckpointDir:
         return removed
 
     def prune(
-        self, keep_last: int, keep_best: int = 0, scores: dict[Path, float] | None = None
+        self,
+        keep_last: int,
+        keep_best: int = 0,
+        scores: dict[Path, float] | None = None,
+        newest_valid: Path | None = None,
     ) -> list[Path]:
         """Delete all but the `keep_last` newest, the `keep_best` best-scored and the newest
-        valid file; returns the deleted paths. With no valid file at all, deletes nothing."""
+        valid file; returns the deleted paths. With no valid file at all, deletes nothing.
+        `newest_valid`: the caller knows it (it just wrote it), so no file is re-read."""
         if keep_last < 1:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
         if keep_best < 0:
             raise ValueError(f"keep_best must be >= 0, got {keep_best}")
         files = self.files()
-        newest_valid = next((p for p, why in verify(reversed(files)) if why is None), None)
+        if newest_valid is None or newest_valid not in files:
+            newest_valid = next((p for p in reversed(files) if _is_valid(p)), None)
         if newest_valid is None:
             return []
         by_name = {Path(p).name: s for p, s in (scores or {}).items()}
@@ -314,6 +382,7 @@ __all__ = [
     "CheckpointHeader",
     "encode_checkpoint",
     "load_checkpoint",
+    "parse_header",
     "read_header",
     "verify",
 ]

@@ -32,6 +32,27 @@ def load_policy_state(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def load_any_policy_state(path: Path) -> dict[str, torch.Tensor]:
+    """The policy of a NavRL-layout `.pt` file or of a `.nrc` checkpoint, told apart by magic."""
+    from navrl_daemon.storage.checkpoint import MAGIC, load_checkpoint
+
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(len(MAGIC))
+    except FileNotFoundError:
+        raise DataError(f"checkpoint {path}: not found") from None
+    except OSError as e:
+        raise DataError(f"checkpoint {path}: unreadable: {e.strerror or e}") from None
+    if magic != MAGIC:
+        return load_policy_state(path)
+    _, state = load_checkpoint(path)
+    try:
+        policy = state["learner"]["policy"]
+    except (KeyError, TypeError):
+        raise DataError(f"checkpoint {path}: holds no learner.policy") from None
+    return dict(policy)
+
+
 def check_policy_layout(
     state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], path: Path
 ) -> None:

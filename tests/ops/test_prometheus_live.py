@@ -45,13 +45,6 @@ T = TypeVar("T")
 # CPU-only run; an expression is excused if it reads one of them. Remove an entry once the
 # stage behind it exists and reports within the first iterations.
 MAY_BE_EMPTY = {
-    # No CheckpointWriter stage yet; with one, the first checkpoint may still land after the
-    # test has finished, and a histogram with no observation yields NaN quantiles.
-    "navrl_checkpoint_write_seconds": "no checkpoint written yet",
-    "navrl_checkpoint_stall_seconds": "no checkpoint written yet",
-    "navrl_checkpoint_last_success_timestamp_seconds": "no checkpoint written yet",
-    "navrl_checkpoint_bytes": "no checkpoint written yet",
-    "navrl_checkpoint_failures_total": "no CheckpointWriter stage yet",
     # The RolloutArchiver is not in the pipeline yet (and is off unless configured).
     "navrl_archive_bytes_total": "no archiver in this run",
     "navrl_archive_segments_total": "no archiver in this run",
@@ -79,6 +72,7 @@ def test_every_dashboard_and_alert_expression_returns_data(tmp_path: Path) -> No
         str(tmp_path / "state"),
         *TINY,
         "eval.interval=2",
+        "checkpoint.interval=2",
         "metrics.address=127.0.0.1",
         f"metrics.port={metrics_port}",
     ]

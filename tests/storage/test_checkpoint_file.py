@@ -9,6 +9,7 @@ import pickle
 import random
 import struct
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import lz4.frame
@@ -79,6 +80,7 @@ def nrc(payload_raw: bytes, **overrides) -> bytes:
         "raw_bytes": len(payload_raw),
         "stored_bytes": len(payload),
         "checksum": f"crc32:{zlib.crc32(payload):08x}",
+        "chunks": [len(payload)],
         "meta": {},
         **overrides,
     }
@@ -139,6 +141,33 @@ def test_lz4_levels_round_trip_and_report_sizes(tmp_path, level):
     assert header.level == level
     assert header.raw_bytes == len(buf.getvalue())
     assert header.stored_bytes < header.raw_bytes / 10  # zeros compress well at any level
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+def test_chunked_payload_round_trips_serial_or_in_a_pool(tmp_path, threads):
+    state = {"w": torch.randn(300_000), "z": torch.zeros(70_000), "n": 5}
+    pool = ThreadPoolExecutor(threads) if threads else None
+    blob = encode_checkpoint(
+        state, iteration=1, frames=1, policy_version=1, executor=pool, chunk_bytes=100_000
+    )
+    header, loaded = load_checkpoint(write(tmp_path / "c.nrc", blob))
+    assert_identical(state, loaded)
+    assert len(header.chunks) == -(-header.raw_bytes // 100_000) > 10
+    assert sum(header.chunks) == header.stored_bytes
+    # The same bytes whether chunks were compressed serially or in a pool.
+    serial = encode_checkpoint(state, iteration=1, frames=1, policy_version=1, chunk_bytes=100_000)
+
+    def payload(b: bytes) -> bytes:
+        return b[8 + struct.unpack("<I", b[4:8])[0] :]
+
+    assert payload(serial) == payload(blob)
+
+
+def test_chunk_sizes_that_do_not_add_up_are_refused(tmp_path):
+    raw = b"x" * 1000
+    bad = nrc(raw, chunks=[5, 7])
+    with pytest.raises(DataError, match="chunks add up to 12"):
+        load_checkpoint(write(tmp_path / "b.nrc", bad))
 
 
 @pytest.mark.parametrize("level", [-1, 17])

@@ -1,0 +1,199 @@
+"""Checkpoint cost to training vs a synchronous save, and what each LZ4 level buys. JSON out.
+
+Two states:
+- `navrl`: the real snapshot of a NavRL-scale run (config/navrl.toml on this device): the
+  learner (NavRL's policy with ValueNorm, three Adams, RNG) and the collector (env state of
+  1024 drones, the running TensorDict, process RNGs);
+- `synthetic_200mb`: 200 MB of float32 tensors in 50 parameters, with Adam-like moments.
+
+For each, per repeat:
+- `stall_s`: what the training loop waits for per checkpoint in the daemon — staging the
+  learner into reusable host buffers (stages/trainer.py) plus capturing the collector
+  (stages/producer.py). Serialisation, compression and disk happen on the writer's threads.
+- `sync_s`: the baseline a training script does inline: `torch.save` of the same state,
+  LZ4 (fast) of the bytes, write, fsync.
+`stall_over_sync` = median stall / median sync (goal ≤ 0.01).
+
+Per LZ4 level (0 = fast, 3..16 = HC) and writer threads: stored/raw, encode MB/s (raw bytes
+per second of `encode_checkpoint`) and write MB/s (encode + durable write).
+
+Run: `.venv/bin/python benchmarks/checkpoint_stall.py [--repeats 9] [--device cuda]`
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import lz4.frame
+import torch
+
+from navrl_daemon.config import load_config
+from navrl_daemon.rl.snapshot import collector_state, learner_state
+from navrl_daemon.rl.training import Training
+from navrl_daemon.storage.checkpoint import CheckpointDir, encode_checkpoint
+from navrl_daemon.storage.staging import SnapshotStaging
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def summary(xs: list[float]) -> dict[str, float]:
+    ordered = sorted(xs)
+    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+    return {
+        "median": statistics.median(xs),
+        "p50": statistics.median(xs),
+        "p99": p99,
+        "min": ordered[0],
+        "max": ordered[-1],
+    }
+
+
+def sync_save(state: dict[str, Any], path: Path) -> None:
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    data = lz4.frame.compress(buf.getbuffer())
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def navrl_state(device: str) -> tuple[Any, Any]:
+    cfg = load_config(REPO / "config" / "navrl.toml", [f"run.device={device}"], environ={})
+    training = Training.build(cfg, device)
+    training.step()  # Adam moments exist after the first update
+    return training.learner, training.collector
+
+
+def synthetic_state(mb: int, device: str) -> dict[str, Any]:
+    n = mb * (1 << 20) // 4 // 3 // 50  # params + two Adam moments = mb
+    g = torch.Generator().manual_seed(0)
+    params = {f"layer{i}.weight": torch.randn(n, generator=g).to(device) for i in range(50)}
+    moments = {
+        i: {"exp_avg": torch.randn(n, generator=g).to(device) * 1e-3, "step": torch.tensor(9.0)}
+        for i in range(50)
+    }
+    for i in range(50):
+        moments[i]["exp_avg_sq"] = moments[i]["exp_avg"].square()
+    return {"policy": params, "optimizer": {"state": moments}, "version": 9}
+
+
+def measure(name: str, capture: Any, full_state: Any, repeats: int, tmp: Path) -> dict:
+    staging = SnapshotStaging(4)
+    stalls, syncs = [], []
+    for r in range(repeats + 1):  # the first round allocates the staging buffers
+        t0 = time.perf_counter()
+        staged = capture(staging)
+        stall = time.perf_counter() - t0
+        staged.ready()
+        staged.release()
+        t0 = time.perf_counter()
+        sync_save(full_state(), tmp / f"sync-{r}.bin")
+        sync = time.perf_counter() - t0
+        if r:
+            stalls.append(stall)
+            syncs.append(sync)
+    staged = capture(staging)
+    staged.ready()
+    state = staged.state
+    levels = []
+    for level in (0, 3, 9, 16):
+        for workers in (1, 2):
+            pool = ThreadPoolExecutor(workers)
+            enc, wr, sizes = [], [], None
+            for _ in range(max(3, repeats // 3)):
+                t0 = time.perf_counter()
+                data = encode_checkpoint(
+                    state, iteration=1, frames=1, policy_version=1, level=level, executor=pool
+                )
+                t1 = time.perf_counter()
+                CheckpointDir(tmp / "ckpts").write(data, 1)
+                t2 = time.perf_counter()
+                enc.append(t1 - t0)
+                wr.append(t2 - t0)
+                head = json.loads(data[8 : 8 + int.from_bytes(data[4:8], "little")])
+                sizes = (head["raw_bytes"], head["stored_bytes"])
+            pool.shutdown()
+            raw, stored = sizes
+            levels.append(
+                {
+                    "level": level,
+                    "workers": workers,
+                    "raw_bytes": raw,
+                    "stored_bytes": stored,
+                    "stored_over_raw": stored / raw,
+                    "encode_mb_per_s": raw / statistics.median(enc) / 1e6,
+                    "write_mb_per_s": raw / statistics.median(wr) / 1e6,
+                    "write_s": summary(wr),
+                }
+            )
+    staged.release()
+    return {
+        "state": name,
+        "stall_s": summary(stalls),
+        "sync_s": summary(syncs),
+        "stall_over_sync": statistics.median(stalls) / statistics.median(syncs),
+        "levels": levels,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--synthetic-mb", type=int, default=200)
+    args = ap.parse_args()
+    torch.set_num_threads(torch.get_num_threads())
+    results = []
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        learner, collector = navrl_state(args.device)
+
+        def navrl_capture(staging: SnapshotStaging) -> Any:
+            staged = staging.stage({"learner": learner_state(learner)})
+            staged.state["collector"] = collector_state(collector)
+            return staged
+
+        def navrl_full() -> Any:
+            return {"learner": learner_state(learner), "collector": collector_state(collector)}
+
+        results.append(measure("navrl", navrl_capture, navrl_full, args.repeats, tmp))
+        big = synthetic_state(args.synthetic_mb, args.device)
+        results.append(
+            measure(
+                f"synthetic_{args.synthetic_mb}mb",
+                lambda staging: staging.stage(big),
+                lambda: big,
+                args.repeats,
+                tmp,
+            )
+        )
+    print(
+        json.dumps(
+            {
+                "benchmark": "checkpoint_stall",
+                "device": args.device,
+                "cpu": platform.processor() or platform.machine(),
+                "cores": os.cpu_count(),
+                "torch": torch.__version__,
+                "torch_threads": torch.get_num_threads(),
+                "repeats": args.repeats,
+                "results": results,
+            },
+            indent=1,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""`navrl-daemon checkpoints list|verify|export|import`: the files in STATE_DIR/checkpoints.
+
+- `list`: one entry per `.nrc` file (header fields, sizes, whether it loads).
+- `verify`: loads every file (magic, lengths, checksum, weights-only load); exit 65 and a
+  line per bad file when any is not valid.
+- `export --format navrl`: the policy of a checkpoint as a plain state_dict in NavRL's key
+  layout (what NavRL's ROS runner loads).
+- `import --format navrl FILE`: a NavRL policy file becomes checkpoint 0 of an empty state
+  dir (a warm start: `run` trains on from those weights with fresh optimisers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from navrl_daemon.commands.common import (
+    config_args,
+    json_arg,
+    print_json,
+    state_dir,
+    state_dir_arg,
+)
+from navrl_daemon.config import Config
+from navrl_daemon.errors import DataError, UsageError
+from navrl_daemon.storage.checkpoint import (
+    CheckpointDir,
+    encode_checkpoint,
+    load_checkpoint,
+    read_header,
+    verify,
+)
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("checkpoints", help="list, verify, export and import checkpoints")
+    cmds = p.add_subparsers(dest="checkpoints_command", required=True, metavar="SUBCOMMAND")
+
+    ls = cmds.add_parser("list", help="every checkpoint file with its header and validity")
+    json_arg(state_dir_arg(config_args(ls, overrides=False)))
+    ls.set_defaults(handler=handle_list)
+
+    ver = cmds.add_parser("verify", help="exit 65 naming each file that is not valid")
+    json_arg(state_dir_arg(config_args(ver, overrides=False)))
+    ver.add_argument("files", nargs="*", type=Path, help="default: all in the state dir")
+    ver.set_defaults(handler=handle_verify)
+
+    exp = cmds.add_parser("export", help="a checkpoint's policy as a NavRL state_dict")
+    state_dir_arg(config_args(exp, overrides=False))
+    exp.add_argument("--format", choices=["navrl"], default="navrl")
+    exp.add_argument("--checkpoint", type=Path, help="default: the newest valid one")
+    exp.add_argument("--out", type=Path, help="default: STATE_DIR/export/navrl-ITER.pt")
+    exp.set_defaults(handler=handle_export)
+
+    imp = cmds.add_parser("import", help="warm-start a new state dir from a NavRL policy")
+    state_dir_arg(config_args(imp, overrides=False))
+    imp.add_argument("--format", choices=["navrl"], default="navrl")
+    imp.add_argument("file", type=Path, help="NavRL state_dict, e.g. navrl_checkpoint.pt")
+    imp.set_defaults(handler=handle_import)
+
+
+def _directory(cfg: Config, args: argparse.Namespace) -> CheckpointDir:
+    return CheckpointDir(state_dir(cfg, args) / "checkpoints")
+
+
+def describe(path: Path, why: str | None) -> dict[str, Any]:
+    """One `list` entry; header fields are null when the header itself is unreadable."""
+    entry: dict[str, Any] = {"path": str(path), "valid": why is None, "reason": why}
+    try:
+        h = read_header(path)
+    except DataError:
+        entry.update(dict.fromkeys(("iteration", "frames", "raw_bytes", "stored_bytes"), None))
+        return entry
+    entry.update(
+        iteration=h.iteration,
+        frames=h.frames,
+        policy_version=h.policy_version,
+        created=h.created,
+        level=h.level,
+        raw_bytes=h.raw_bytes,
+        stored_bytes=h.stored_bytes,
+        final=bool(h.meta.get("final", False)),
+    )
+    return entry
+
+
+def handle_list(cfg: Config, args: argparse.Namespace) -> int:
+    directory = _directory(cfg, args)
+    entries = [describe(p, why) for p, why in verify(directory.files())]
+    if args.json:
+        print_json(entries)
+        return 0
+    if not entries:
+        print(f"no checkpoints in {directory.path}")
+    for e in entries:
+        status = "valid" if e["valid"] else f"INVALID: {e['reason']}"
+        size = f"{e['stored_bytes']} bytes" if e["stored_bytes"] is not None else "?"
+        print(
+            f"{Path(e['path']).name}  iteration {e['iteration']}  frames {e['frames']}  "
+            f"{size}  {status}"
+        )
+    return 0
+
+
+def handle_verify(cfg: Config, args: argparse.Namespace) -> int:
+    files = args.files or _directory(cfg, args).files()
+    results = verify(files)
+    bad = [(p, why) for p, why in results if why is not None]
+    if args.json:
+        print_json([{"path": str(p), "valid": why is None, "reason": why} for p, why in results])
+    else:
+        print(f"{len(results) - len(bad)} of {len(results)} checkpoint file(s) valid")
+    for path, why in bad:
+        print(f"navrl-daemon: invalid checkpoint {path}: {why}", file=sys.stderr)
+    return DataError.exit_code if bad else 0
+
+
+def handle_export(cfg: Config, args: argparse.Namespace) -> int:
+    from navrl_daemon.rl.training import make_policy
+    from navrl_daemon.storage.policy_file import check_policy_layout, save_policy_state
+
+    if args.checkpoint is not None:
+        header, state = load_checkpoint(args.checkpoint)
+        source = args.checkpoint
+    else:
+        directory = _directory(cfg, args)
+        found = directory.newest_valid()
+        if found is None:
+            raise DataError(f"{directory.path}: no valid checkpoint to export")
+        source, header, state = found
+    policy = dict(state.get("learner", {}).get("policy", {}))
+    check_policy_layout(policy, make_policy(cfg, "cpu").state_dict(), source)
+    out = args.out or state_dir(cfg, args) / "export" / f"navrl-{header.iteration:09d}.pt"
+    save_policy_state(out, policy)
+    print(f"exported {source} (iteration {header.iteration}) to {out}")
+    return 0
+
+
+def handle_import(cfg: Config, args: argparse.Namespace) -> int:
+    from navrl_daemon.rl.training import make_policy
+    from navrl_daemon.runtime.lock import StateDirLock
+    from navrl_daemon.stages.resume import WARM_START, library_versions
+    from navrl_daemon.storage.policy_file import check_policy_layout, load_policy_state
+
+    policy = load_policy_state(args.file)
+    check_policy_layout(policy, make_policy(cfg, "cpu").state_dict(), args.file)
+    root = state_dir(cfg, args)
+    with StateDirLock(root):
+        directory = CheckpointDir(root / "checkpoints")
+        if directory.files():
+            raise UsageError(
+                f"{directory.path} already holds checkpoints; import into a new --state-dir"
+            )
+        state = {
+            "kind": WARM_START,
+            "learner": {"policy": policy},
+            "source": str(args.file.resolve()),
+            "versions": library_versions(),
+        }
+        data = encode_checkpoint(state, iteration=0, frames=0, policy_version=0)
+        path = directory.write(data, 0)
+    print(f"imported {args.file} as {path}: `run --state-dir {root}` starts from it")
+    return 0

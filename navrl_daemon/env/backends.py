@@ -1,0 +1,116 @@
+"""Env backends by name: built-in, entry point, or "module:factory" (issue #12).
+
+`env.backend` is resolved in this order:
+1. a built-in name: "navigation" (the embedded task) or "isaac" (NavRL's Isaac Sim env);
+2. a name registered under the `navrl_daemon.backends` entry-point group, e.g.
+
+       [project.entry-points."navrl_daemon.backends"]
+       navrl-2d = "navrl_2d:make_env"
+
+3. "package.module:factory", imported directly.
+
+The factory is called as `factory(cfg.env, device=, seed=, num_envs=, layout=)` and
+returns a TorchRL env honouring `contract.py`. Nothing is imported until a backend is
+chosen, so Isaac Sim is never imported unless `env.backend = "isaac"`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+
+import torch
+
+from navrl_daemon.config import EnvConfig
+from navrl_daemon.env.conformance import Report, run_conformance
+from navrl_daemon.env.contract import EnvFactory, Layout
+from navrl_daemon.env.navigation import NavigationEnv
+from navrl_daemon.errors import ConfigError
+
+ENTRY_POINT_GROUP = "navrl_daemon.backends"
+BUILTIN = {
+    "navigation": "navrl_daemon.env.backends:embedded",
+    "isaac": "navrl_daemon.env.isaac:make_isaac_env",
+}
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    target: str  # "module:factory"
+    origin: str  # "built-in", "entry point (<distribution>)" or "module:factory"
+
+    def load(self) -> EnvFactory:
+        module_name, _, attr = self.target.partition(":")
+        try:
+            obj: object = importlib.import_module(module_name)
+        except ImportError as e:
+            raise ConfigError(
+                f"env.backend = {self.name!r}: cannot import module {module_name!r} "
+                f"({type(e).__name__}: {e})"
+            ) from None
+        for part in attr.split("."):
+            if not hasattr(obj, part):
+                raise ConfigError(
+                    f"env.backend = {self.name!r}: module {module_name!r} has no factory {attr!r}"
+                )
+            obj = getattr(obj, part)
+        if not callable(obj):
+            raise ConfigError(f"env.backend = {self.name!r}: {self.target} is not callable")
+        return obj  # type: ignore[return-value]
+
+
+def registered() -> list[Backend]:
+    """Built-ins, then entry points by name (an entry point cannot shadow a built-in)."""
+    found = [Backend(name, target, "built-in") for name, target in BUILTIN.items()]
+    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        if ep.name not in BUILTIN:
+            dist = ep.dist.name if ep.dist is not None else "?"
+            found.append(Backend(ep.name, ep.value, f"entry point ({dist})"))
+    return found
+
+
+def resolve(name: str) -> Backend:
+    """The backend `env.backend = name` means; ConfigError naming the choices if none."""
+    for backend in registered():
+        if backend.name == name:
+            return backend
+    if ":" in name:
+        return Backend(name, name, "module:factory")
+    choices = ", ".join(b.name for b in registered())
+    raise ConfigError(
+        f"env.backend = {name!r}: no such backend; registered: {choices}; "
+        "or give an importable 'package.module:factory'"
+    )
+
+
+def check_backend(cfg: EnvConfig, *, device: torch.device | str, seed: int) -> Report:
+    """The start-up gate of `run`: the conformance suite on small probes (about a second at
+    NavRL's scale on CPU). Raises ConfigError (exit 78) naming the backend and each failed
+    check; returns the report (with skips) when the backend conforms."""
+    backend = resolve(cfg.backend)
+    report = run_conformance(backend.load(), cfg, backend=cfg.backend, device=device, seed=seed)
+    if not report.ok:
+        lines = "\n  ".join(f"{r.name}: {r.detail}" for r in report.failures)
+        raise ConfigError(
+            f"env.backend = {cfg.backend!r} fails the env contract "
+            f"(`navrl-daemon env check` for the full report):\n  {lines}"
+        )
+    return report
+
+
+def embedded(
+    cfg: EnvConfig,
+    *,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+    num_envs: int | None = None,
+    layout: Layout = "train",
+) -> NavigationEnv:
+    """The "navigation" backend: the embedded task, configured by the env section alone."""
+    if cfg.options:
+        raise ConfigError(
+            f"env.options: the navigation backend takes no options, got {sorted(cfg.options)}"
+        )
+    return NavigationEnv(cfg, device=device, seed=seed, num_envs=num_envs, layout=layout)

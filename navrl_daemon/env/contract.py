@@ -1,0 +1,166 @@
+"""What the pipeline needs from an env backend, as code (DESIGN §4, SPEC §1.6-§1.10).
+
+A backend is a factory `factory(cfg, *, device, seed, num_envs=None, layout="train")`
+returning a TorchRL `EnvBase` that:
+
+- has batch size [num_envs] (cfg.num_envs when None) and lives on `device`;
+- declares in its specs, and emits, the keys of `REQUIRED` with the per-env shapes and
+  dtypes given there: NavRL's observation ("agents", "observation", state | lidar |
+  direction | dynamic_obstacle), the world-frame velocity action ("agents", "action"),
+  the reward ("agents", "reward"), root done / terminated / truncated, and the
+  per-episode ("stats", return | episode_len | reach_goal | collision | truncated);
+- keeps `done = terminated | truncated` and truncates at cfg.max_episode_length steps;
+- `stats.episode_len` counts the steps since the env's reset (0 in the reset output);
+  reach_goal, collision and truncated are 0 or 1;
+- resets only the envs flagged by `_reset` (TorchRL's auto-reset after a done step);
+- builds the layouts "train" (the training spawn rule) and "navrl" (NavRL's eval crossing);
+- is deterministic under a seed: two envs built with the same config and seed give the
+  same outputs for the same actions. A backend that cannot be (Isaac Sim's PhysX) sets
+  the attribute `deterministic = False`; the check is then skipped, not passed.
+- optionally, for exact resume, has `state_dict_env() -> dict[str, Tensor]` and
+  `load_state_dict_env(state)`, restoring every piece of mutable state.
+
+`check_specs` is the cheap part (declared specs only, no stepping) that `make_env` runs on
+every build; `conformance.py` steps envs through all of the above.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import torch
+from torchrl.envs import EnvBase
+
+from navrl_daemon.config import EnvConfig
+from navrl_daemon.env.navigation import ACTION_KEY, OBS, REWARD_KEY, STAT_KEYS, Layout
+
+NestedKey = tuple[str, ...]
+
+DONE_KEYS = (("done",), ("terminated",), ("truncated",))
+# The stats that are 0/1 flags (SPEC §1.10).
+STAT_FLAGS = ("reach_goal", "collision", "truncated")
+
+
+class EnvFactory(Protocol):
+    def __call__(
+        self,
+        cfg: EnvConfig,
+        *,
+        device: str | torch.device,
+        seed: int,
+        num_envs: int | None = None,
+        layout: Layout = "train",
+    ) -> EnvBase: ...
+
+
+@dataclass(frozen=True)
+class KeySpec:
+    """One key of the contract: the per-env shape and dtype, and which spec declares it."""
+
+    key: NestedKey
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    spec: Literal["observation", "action", "reward", "done"]
+
+
+REQUIRED: tuple[KeySpec, ...] = (
+    KeySpec((*OBS, "state"), (8,), torch.float32, "observation"),
+    KeySpec((*OBS, "lidar"), (1, 36, 4), torch.float32, "observation"),
+    KeySpec((*OBS, "direction"), (1, 3), torch.float32, "observation"),
+    KeySpec((*OBS, "dynamic_obstacle"), (1, 5, 10), torch.float32, "observation"),
+    *(KeySpec(("stats", k), (1,), torch.float32, "observation") for k in STAT_KEYS),
+    KeySpec(ACTION_KEY, (1, 3), torch.float32, "action"),
+    KeySpec(REWARD_KEY, (1,), torch.float32, "reward"),
+    *(KeySpec(k, (1,), torch.bool, "done") for k in DONE_KEYS),
+)
+# What reset and step outputs carry (the action is the caller's input, not an output).
+OUTPUT_KEYS = tuple(k for k in REQUIRED if k.spec in ("observation", "done"))
+STEP_KEYS = tuple(k for k in REQUIRED if k.spec != "action")
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A named contract check that failed, and why."""
+
+    check: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.check}: {self.detail}"
+
+
+def show(key: NestedKey) -> str:
+    return ".".join(key)
+
+
+def check_specs(env: EnvBase, *, num_envs: int, device: torch.device | str) -> list[Failure]:
+    """The declared side of the contract: batch, device, keys, shapes, dtypes. No stepping."""
+    failures: list[Failure] = []
+    n = int(num_envs)
+    if tuple(env.batch_size) != (n,):
+        failures.append(Failure("batch", f"batch size {tuple(env.batch_size)}, expected ({n},)"))
+    if not _same_device(env.device, device):
+        failures.append(Failure("device", f"env on {env.device}, expected {device}"))
+    specs = {
+        "observation": env.full_observation_spec,
+        "action": env.full_action_spec,
+        "reward": env.full_reward_spec,
+        "done": env.full_done_spec,
+    }
+    for want in REQUIRED:
+        try:
+            spec = specs[want.spec][want.key]
+        except KeyError:
+            failures.append(Failure("keys", f"{show(want.key)} missing from the {want.spec} spec"))
+            continue
+        shape = (n, *want.shape)
+        if tuple(spec.shape) != shape:
+            failures.append(
+                Failure("shapes", f"{show(want.key)} spec shape {tuple(spec.shape)}, need {shape}")
+            )
+        if spec.dtype != want.dtype:
+            failures.append(
+                Failure("dtypes", f"{show(want.key)} spec dtype {spec.dtype}, need {want.dtype}")
+            )
+    return failures
+
+
+def check_output(
+    td: object, keys: tuple[KeySpec, ...], *, num_envs: int, where: str
+) -> list[Failure]:
+    """The emitted side: `td` (a reset output or a step's "next") carries `keys` as specified."""
+    failures: list[Failure] = []
+    for want in keys:
+        try:
+            value = td[want.key]  # type: ignore[index]
+        except KeyError:
+            failures.append(Failure("keys", f"{where} output lacks {show(want.key)}"))
+            continue
+        shape = (num_envs, *want.shape)
+        if tuple(value.shape) != shape:
+            failures.append(
+                Failure(
+                    "shapes",
+                    f"{where} output {show(want.key)} shape {tuple(value.shape)}, need {shape}",
+                )
+            )
+        if value.dtype != want.dtype:
+            failures.append(
+                Failure(
+                    "dtypes",
+                    f"{where} output {show(want.key)} dtype {value.dtype}, need {want.dtype}",
+                )
+            )
+    return failures
+
+
+def _same_device(a: torch.device | str, b: torch.device | str) -> bool:
+    a, b = torch.device(a), torch.device(b)
+    if a.type != b.type:
+        return False
+    # "cuda" and "cuda:0" name the same device when the current device is 0.
+    index = torch.cuda.current_device() if a.type == "cuda" and torch.cuda.is_available() else 0
+    return (a.index if a.index is not None else index) == (
+        b.index if b.index is not None else index
+    )

@@ -1,0 +1,131 @@
+"""The full state of a training run as nested dicts of tensors and plain values, and back.
+
+What `torch.load(weights_only=True)` can read, and nothing more: no modules, no
+TensorDicts, no numpy objects. Two halves, because two stages own them:
+
+- the learner's: policy (with its ValueNorm), every optimiser, the minibatch RNG, the
+  policy version and the non-finite streak;
+- the collector's: the env's `state_dict_env`, the running TensorDict the next rollout
+  starts from, the episode-stat sums, and the process RNGs that action sampling draws
+  from (torch, CUDA, numpy, python).
+
+For the run to continue bit for bit, the collector half must be captured right after the
+rollout that the learner half was last trained on (see stages/producer.py).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from navrl_daemon.rl.ppo import learning_rates
+from navrl_daemon.rl.training import Collector, Learner
+
+SNAPSHOT_VERSION = 1
+
+
+def learner_state(learner: Learner) -> dict[str, Any]:
+    """References, not copies: stage them (storage/staging.py) before the next update."""
+    return {
+        "policy": learner.policy.state_dict(),
+        "optimizers": {k: opt.state_dict() for k, opt in learner.optimizers.items()},
+        "generator": learner.generator.get_state(),
+        "version": learner.version,
+        "nonfinite_streak": learner.nonfinite_streak,
+    }
+
+
+def restore_learner(learner: Learner, state: dict[str, Any], *, counters: bool = True) -> None:
+    """Load policy, optimisers and minibatch RNG; `counters=False` keeps the version (a
+    rollback continues numbering versions forward). Learning rates come from the config,
+    not the file: a user who changes `ppo.actor_lr` and restarts gets the new one."""
+    learner.policy.load_state_dict(state["policy"])
+    lrs = learning_rates(learner.cfg.ppo)
+    for name, opt in learner.optimizers.items():
+        opt.load_state_dict(state["optimizers"][name])
+        for group in opt.param_groups:
+            group["lr"] = lrs[name]
+    learner.generator.set_state(state["generator"].cpu())
+    if counters:
+        learner.version = int(state["version"])
+    learner.nonfinite_streak = 0
+
+
+def collector_state(collector: Collector) -> dict[str, Any] | None:
+    """Copies on the CPU: the producer goes on collecting into the originals. None for an
+    env backend that cannot save its state (a resume then starts new episodes)."""
+    save = getattr(collector.env, "state_dict_env", None)
+    if save is None:
+        return None
+    td = collector.td
+    sums, count = collector.episodes.peek_sums()
+    env_state = save()
+    return {
+        "env": {k: v.detach().to("cpu", copy=True) for k, v in env_state.items()},
+        "td": _flatten(td),
+        "episodes": {"sums": sums.cpu(), "count": count.cpu()},
+        "rng": rng_state(),
+    }
+
+
+def restore_collector(collector: Collector, state: dict[str, Any]) -> None:
+    """Raises ValueError (leaving the collector as it was) when the env does not match."""
+    current = collector.td
+    stored = state["td"]
+    missing = sorted(set(_flatten(current)) - set(stored))
+    if missing:
+        raise ValueError(f"env keys {missing} are not in the saved state")
+    td = TensorDict({}, batch_size=current.batch_size, device=current.device)
+    for key, value in stored.items():
+        path = tuple(key.split("/"))
+        if path in current.keys(include_nested=True) and current.get(path).shape != value.shape:
+            raise ValueError(f"env key {key}: saved shape {tuple(value.shape)} differs")
+        td.set(path, value.to(current.device))
+    collector.env.load_state_dict_env(state["env"])  # type: ignore[attr-defined]
+    collector.td = td
+    collector.episodes.load_sums(state["episodes"]["sums"], state["episodes"]["count"])
+    restore_rng(state["rng"])
+
+
+def rng_state() -> dict[str, Any]:
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    version, internal, gauss = random.getstate()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+        "python": {
+            "version": version,
+            "internal": torch.tensor(internal, dtype=torch.int64),
+            "gauss": gauss,
+        },
+    }
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        cuda = list(state["cuda"])[: torch.cuda.device_count()]
+        torch.cuda.set_rng_state_all(cuda)
+    n = state["numpy"]
+    keys = n["keys"].numpy().astype(np.uint32)
+    np.random.set_state((n["kind"], keys, n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    p = state["python"]
+    random.setstate((p["version"], tuple(int(x) for x in p["internal"].tolist()), p["gauss"]))
+
+
+def _flatten(td: TensorDictBase) -> dict[str, torch.Tensor]:
+    return {
+        "/".join((k,) if isinstance(k, str) else k): v.detach().to("cpu", copy=True)
+        for k, v in td.items(include_nested=True, leaves_only=True)
+    }

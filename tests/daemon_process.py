@@ -1,0 +1,152 @@
+"""A real `navrl-daemon run` subprocess whose JSON log lines are read as they come."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.conftest import REPO, SUBPROCESS_ENV, TINY
+
+
+class Daemon:
+    def __init__(self, state: Path, *overrides: str) -> None:
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "navrl_daemon",
+                "run",
+                "--state-dir",
+                str(state),
+                *TINY,
+                "log.level=debug",
+                "eval.interval=0",
+                *overrides,
+            ],
+            cwd=REPO,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=SUBPROCESS_ENV,
+        )
+        self.events: list[dict] = []
+
+    def wait_for(self, event: str, count: int = 1) -> None:
+        assert self.proc.stderr is not None
+        seen = 0
+        for line in self.proc.stderr:
+            self.events.append(json.loads(line))
+            if self.events[-1]["event"] == event:
+                seen += 1
+                if seen == count:
+                    return
+        raise AssertionError(f"daemon ended before {event!r}: {self.events[-5:]}")
+
+    def finish(self, timeout: float = 60) -> tuple[int, float]:
+        t0 = time.monotonic()
+        assert self.proc.stderr is not None
+        rest = self.proc.stderr.read()
+        code = self.proc.wait(timeout=timeout)
+        self.events += [json.loads(x) for x in rest.splitlines() if x.startswith("{")]
+        return code, time.monotonic() - t0
+
+    def names(self) -> list[str]:
+        return [e["event"] for e in self.events]
+
+
+CKPT = "ckpt-*.nrc"
+
+
+def newest_valid_name(checkpoints: Path) -> str | None:
+    from navrl_daemon.storage.checkpoint import verify
+
+    valid = [p for p, why in verify(sorted(checkpoints.glob(CKPT))) if why is None]
+    return max(valid, key=lambda p: p.name).name if valid else None
+
+
+def crash_and_resume(
+    state: Path,
+    trials: int,
+    *,
+    seed: int = 0,
+    max_delay_s: float = 3.0,
+    plant_temp_at: int | None = None,
+    overrides: tuple[str, ...] = (),
+) -> dict:
+    """Start `run` on `state`, kill -9 it after a random delay, `trials` times; check after
+    every start and every kill what a user relies on. Returns counts for a report; raises
+    AssertionError naming the trial at the first broken promise.
+
+    Promises: every start resumes from the newest valid checkpoint there was (never a
+    temp file, never an older one), removes and logs the temp files an earlier crash left,
+    and every `ckpt-*.nrc` on disk after a kill is valid."""
+    import random
+
+    from navrl_daemon.storage.checkpoint import verify
+
+    rng = random.Random(seed)
+    checkpoints = state / "checkpoints"
+    counts = {"trials": 0, "resumed": 0, "fresh_starts": 0, "killed_before_resume": 0}
+    counts |= {"temp_files_left": 0, "temp_files_removed": 0, "checkpoints_valid_after_kill": 0}
+    log_path = state.parent / f"{state.name}.log"
+    for trial in range(trials):
+        state.mkdir(parents=True, exist_ok=True)
+        if plant_temp_at == trial:
+            checkpoints.mkdir(exist_ok=True)
+            (checkpoints / ".tmp-planted").write_bytes(b"NRC1 half a checkpoint")
+        left = sorted(p.name for p in checkpoints.glob(".tmp-*")) if checkpoints.is_dir() else []
+        expected = newest_valid_name(checkpoints) if checkpoints.is_dir() else None
+        args = ["run", "--state-dir", str(state), *TINY, "eval.interval=0"]
+        args += ["checkpoint.interval=1", "checkpoint.keep_last=3", "run.total_frames=100000000"]
+        with log_path.open("w") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "navrl_daemon", *args, *overrides],
+                cwd=REPO,
+                stderr=log,
+                stdout=subprocess.DEVNULL,
+                env=SUBPROCESS_ENV,
+            )
+            # One kill in five lands during start-up; the others while training and writing.
+            if rng.random() < 0.2:
+                time.sleep(rng.uniform(0.1, 3.0))
+            else:
+                _wait_for_line(log_path, '"state": "running"', proc, timeout=120)
+                time.sleep(rng.uniform(0.0, max_delay_s))
+            proc.kill()
+            proc.wait(timeout=30)
+        events = [json.loads(x) for x in log_path.read_text().splitlines() if x.startswith("{")]
+        where = f"trial {trial}"
+        starts = ("resumed from checkpoint", "no checkpoint: starting a new run")
+        started = next((e for e in events if e["event"] in starts), None)
+        removed = next((e for e in events if e["event"].startswith("removed temp files")), None)
+        counts["trials"] += 1
+        if started is None:
+            counts["killed_before_resume"] += 1  # its leftovers are checked next trial
+        else:
+            counts["temp_files_left"] += len(left)
+            if left:
+                assert removed is not None and sorted(removed["files"]) == left, where
+                counts["temp_files_removed"] += len(left)
+            if expected is None:
+                assert started["event"].startswith("no checkpoint"), (where, started)
+                counts["fresh_starts"] += 1
+            else:
+                assert Path(started["path"]).name == expected, (where, started, expected)
+                counts["resumed"] += 1
+        bad = [(p.name, why) for p, why in verify(sorted(checkpoints.glob(CKPT))) if why]
+        assert not bad, (where, bad)
+        counts["checkpoints_valid_after_kill"] += 1
+    return counts
+
+
+def _wait_for_line(path: Path, needle: str, proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while needle not in path.read_text():
+        if proc.poll() is not None:
+            tail = path.read_text()[-2000:]
+            raise AssertionError(f"daemon exited with {proc.returncode}: {tail}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {needle!r} after {timeout} s")
+        time.sleep(0.05)

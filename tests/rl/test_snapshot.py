@@ -1,0 +1,143 @@
+"""Training state out and back in: the run continues bit for bit; rollback restores it."""
+
+from __future__ import annotations
+
+import copy
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from navrl_daemon.config import load_config
+from navrl_daemon.rl.snapshot import (
+    collector_state,
+    learner_state,
+    restore_collector,
+    restore_learner,
+    restore_rng,
+    rng_state,
+)
+from navrl_daemon.rl.training import NonFiniteTraining, Training
+from tests.conftest import TINY
+
+
+def tiny(*extra: str):
+    return load_config(None, [*TINY, *extra], environ={})
+
+
+def params(training: Training) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in training.policy.state_dict().items()}
+
+
+def test_rng_state_round_trips_torch_numpy_and_python() -> None:
+    saved = rng_state()
+    first = (torch.rand(3), np.random.rand(3), random.random())
+    restore_rng(copy.deepcopy(saved))
+    again = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(first[0], again[0])
+    assert np.array_equal(first[1], again[1]) and first[2] == again[2]
+
+
+def test_restored_training_continues_bit_for_bit() -> None:
+    cfg = tiny()
+    a = Training.build(cfg, "cpu")
+    for _ in range(2):
+        a.step()
+    learner = copy.deepcopy(learner_state(a.learner))  # references → copies, as staging does
+    collector = collector_state(a.collector)  # already copies
+    for _ in range(2):
+        a.step()
+    expected = params(a)
+
+    b = Training.build(cfg, "cpu")  # a fresh process would build exactly this
+    b.step()  # and has done something else meanwhile
+    restore_learner(b.learner, learner)
+    restore_collector(b.collector, collector)
+    assert b.learner.version == 2
+    for _ in range(2):
+        b.step()
+    got = params(b)
+    assert all(torch.equal(expected[k], got[k]) for k in expected)
+
+
+def test_restored_learning_rates_come_from_the_config() -> None:
+    a = Training.build(tiny(), "cpu")
+    a.step()
+    saved = copy.deepcopy(learner_state(a.learner))
+    b = Training.build(tiny("ppo.actor_lr=1e-5"), "cpu")
+    restore_learner(b.learner, saved)
+    assert b.learner.optimizers["actor"].param_groups[0]["lr"] == 1e-5
+    assert b.learner.optimizers["critic"].param_groups[0]["lr"] == 1e-5
+    assert b.learner.optimizers["feature_extractor"].param_groups[0]["lr"] == 5e-4
+
+
+def test_collector_state_of_another_env_layout_is_refused_untouched() -> None:
+    a = Training.build(tiny(), "cpu")
+    saved = collector_state(a.collector)
+    b = Training.build(tiny("env.num_envs=4"), "cpu")
+    before = b.collector.td.clone()
+    with pytest.raises(ValueError, match="shape"):
+        restore_collector(b.collector, saved)
+    assert (b.collector.td == before).all()
+
+
+def test_trainer_rolls_back_to_the_checkpoint_and_training_goes_on(tmp_path: Path) -> None:
+    from navrl_daemon.runtime.channels import Channel
+    from navrl_daemon.runtime.compute import ComputeThread
+    from navrl_daemon.runtime.supervisor import Shutdown
+    from navrl_daemon.stages.trainer import Checkpointing, Trainer
+    from navrl_daemon.storage.staging import SnapshotStaging
+
+    training = Training.build(tiny("ppo.max_nonfinite_updates=0"), "cpu")
+    training.step()
+    good = copy.deepcopy(learner_state(training.learner))
+    loaded: list[str] = []
+
+    def rollback(learner) -> Path:
+        restore_learner(learner, good, counters=False)
+        loaded.append("ckpt")
+        return tmp_path / "ckpt-000000001.nrc"
+
+    compute = ComputeThread()
+    trainer = Trainer(
+        training.learner,
+        Channel("rollouts", 1).receiver(),
+        [],
+        frames_per_iteration=64,
+        shutdown=Shutdown(),
+        compute=compute,
+        export_path=tmp_path / "policy.pt",
+        checkpoints=Checkpointing(
+            Channel("snapshots", 1).sender(),
+            0,
+            SnapshotStaging(1),
+            collector_state=dict,
+            static={},
+            rollback=rollback,
+        ),
+    )
+    with torch.no_grad():  # what a blown-up update leaves behind
+        for p in training.policy.parameters():
+            p.fill_(float("nan"))
+    training.collector.collect(training.buffer)
+    losses = trainer._update(training.buffer)
+    assert losses == {"rolled_back": 1.0} and loaded == ["ckpt"]
+    assert training.learner.version == 2  # versions only move forward
+    restored = training.policy.state_dict()
+    assert all(torch.equal(restored[k], good["policy"][k]) for k in good["policy"])
+    training.collector.collect(training.buffer)
+    losses = trainer._update(training.buffer)  # the next update is finite again
+    assert losses["nonfinite_updates"] == 0 and training.learner.version == 3
+    compute.close()
+
+
+def test_without_a_checkpoint_non_finite_training_still_stops() -> None:
+    training = Training.build(tiny("ppo.max_nonfinite_updates=0"), "cpu")
+    with torch.no_grad():
+        for p in training.policy.parameters():
+            p.fill_(float("nan"))
+    training.collector.collect(training.buffer)
+    with pytest.raises(NonFiniteTraining):
+        training.learner.update(training.buffer)

@@ -1,0 +1,274 @@
+"""Stop, crash and continue: `run` resumes from the newest valid checkpoint, exactly.
+
+Real subprocesses, real signals, real files. The kill -9 loop here runs 10 trials; the
+benchmark `benchmarks/kill9_resume.py` runs the same loop 100+ times.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import signal
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from navrl_daemon.storage.checkpoint import CheckpointDir, encode_checkpoint, load_checkpoint
+from tests.conftest import REPO, SUBPROCESS_ENV, TINY, navrl_cli
+from tests.daemon_process import Daemon, crash_and_resume
+
+FRAMES_PER_ITERATION = 64  # TINY: 8 envs x 8 steps
+DAEMON = [sys.executable, "-m", "navrl_daemon", "run"]
+
+
+def events(stderr: str) -> list[dict]:
+    return [json.loads(x) for x in stderr.splitlines() if x.startswith("{")]
+
+
+def run(state: Path, *overrides: str, **kw) -> list[dict]:
+    proc = navrl_cli("run", "--state-dir", str(state), *TINY, *overrides, **kw)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return events(proc.stderr)
+
+
+def exported(state: Path) -> dict[str, torch.Tensor]:
+    return torch.load(state / "export" / "policy.pt", weights_only=True)
+
+
+def test_sigterm_then_resume_is_bitwise_identical_to_one_run(tmp_path: Path) -> None:
+    """N iterations + SIGTERM + N more == 2N uninterrupted, bit for bit (lag 0, CPU)."""
+    common = ("eval.interval=2", "checkpoint.interval=3")
+    d = Daemon(tmp_path / "a", *common, "run.total_frames=100000000")
+    d.wait_for("progress", count=5)
+    d.proc.send_signal(signal.SIGTERM)
+    code, _ = d.finish()
+    assert code == 0
+    written = [e["iteration"] for e in d.events if e["event"] == "checkpoint written"]
+    n = next(e["iteration"] for e in d.events if e["event"] == "policy exported")
+    # The last completed iteration is on disk: the final snapshot, or the interval one
+    # when the stop came right after it.
+    assert n >= 5 and max(written) == n
+    total = f"run.total_frames={2 * n * FRAMES_PER_ITERATION}"
+    resumed = run(tmp_path / "a", *common, total)
+    start = next(e for e in resumed if e["event"] == "resumed from checkpoint")
+    assert (start["iteration"], start["env_restored"]) == (n, True)
+    run(tmp_path / "b", *common, total)
+    a, b = exported(tmp_path / "a"), exported(tmp_path / "b")
+    assert list(a) == list(b)
+    different = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not different, different
+
+
+def test_resume_from_an_interval_checkpoint_after_kill9_is_also_exact(tmp_path: Path) -> None:
+    """A crash loses the iterations since the last interval checkpoint, nothing else."""
+    common = ("checkpoint.interval=2",)
+    run(tmp_path / "a", *common, "run.total_frames=640")  # checkpoints 2, 4, ..., 10 (final)
+    (tmp_path / "a" / "checkpoints" / "ckpt-000000010.nrc").unlink()  # as if killed at 9
+    resumed = run(tmp_path / "a", *common, "run.total_frames=960")
+    start = next(e for e in resumed if e["event"] == "resumed from checkpoint")
+    assert start["iteration"] == 8
+    run(tmp_path / "b", *common, "run.total_frames=960")
+    a, b = exported(tmp_path / "a"), exported(tmp_path / "b")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_kill9_at_random_moments_always_resumes_from_a_valid_checkpoint(tmp_path: Path) -> None:
+    counts = crash_and_resume(tmp_path / "state", 10, seed=1, plant_temp_at=4)
+    assert counts["trials"] == 10
+    assert counts["resumed"] >= 5  # most starts found a checkpoint to continue from
+    assert counts["temp_files_removed"] == counts["temp_files_left"] >= 1
+    # After the crashes, a clean run goes on from where they got to and stops cleanly.
+    d = Daemon(tmp_path / "state", "run.total_frames=100000000")
+    d.wait_for("progress", count=2)
+    d.proc.send_signal(signal.SIGTERM)
+    assert d.finish()[0] == 0
+    assert "resumed from checkpoint" in d.names()
+    assert any(e["event"] == "checkpoint written" and e["final"] for e in d.events)
+
+
+def write_evil(path: Path, marker: Path) -> None:
+    """A well-formed NRC1 container whose payload is a pickle that would create `marker`."""
+    import io
+    import os
+    import zlib
+
+    import lz4.frame
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    import pickle
+
+    raw = pickle.dumps({"kind": "full", "x": Evil()})
+    payload = lz4.frame.compress(raw)
+    header = {
+        "format_version": 1,
+        "iteration": 99,
+        "frames": 1,
+        "policy_version": 99,
+        "created": 0.0,
+        "codec": "lz4-frame",
+        "level": 0,
+        "raw_bytes": len(raw),
+        "stored_bytes": len(payload),
+        "checksum": f"crc32:{zlib.crc32(payload):08x}",
+        "chunks": [len(payload)],
+        "meta": {},
+    }
+    head = json.dumps(header).encode()
+    path.write_bytes(b"NRC1" + struct.pack("<I", len(head)) + head + payload)
+    assert io.BytesIO(path.read_bytes()).read(4) == b"NRC1"
+
+
+def test_bad_newest_files_are_skipped_by_name_and_never_executed(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    run(state, "run.total_frames=192", "checkpoint.interval=1")  # checkpoints 1, 2, 3
+    ckpts = state / "checkpoints"
+    marker = tmp_path / "pwned"
+    write_evil(ckpts / "ckpt-000000099.nrc", marker)
+    good = (ckpts / "ckpt-000000003.nrc").read_bytes()
+    (ckpts / "ckpt-000000050.nrc").write_bytes(good[: len(good) // 2])  # truncated
+    flipped = bytearray(good)
+    flipped[-100] ^= 0xFF
+    (ckpts / "ckpt-000000040.nrc").write_bytes(bytes(flipped))  # checksum
+    (ckpts / "ckpt-000000030.nrc").write_bytes(b"PK\x03\x04 a zip, not ours")  # foreign
+    log = run(state, "run.total_frames=256", "checkpoint.interval=1")
+    skipped = {Path(e["file"]).name: e["reason"] for e in log if e["event"].startswith("skipping")}
+    assert "weights_only" in skipped["ckpt-000000099.nrc"]
+    assert "truncated" in skipped["ckpt-000000050.nrc"]
+    assert "checksum mismatch" in skipped["ckpt-000000040.nrc"]
+    assert "bad magic" in skipped["ckpt-000000030.nrc"]
+    start = next(e for e in log if e["event"] == "resumed from checkpoint")
+    assert Path(start["path"]).name == "ckpt-000000003.nrc"
+    assert not marker.exists()
+
+
+def test_no_valid_checkpoint_among_several_refuses_to_start_over(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    (state / "checkpoints").mkdir(parents=True)
+    (state / "checkpoints" / "ckpt-000000007.nrc").write_bytes(b"NRC1\x00")
+    proc = navrl_cli("run", "--state-dir", str(state), *TINY, "run.total_frames=64")
+    assert proc.returncode == 65
+    assert "ckpt-000000007.nrc" in proc.stderr and "no valid checkpoint" in proc.stderr
+    assert (state / "checkpoints" / "ckpt-000000007.nrc").exists()  # nothing deleted
+
+
+def _limit_file_size() -> None:
+    # Writes past 1.5 MB fail with EFBIG (Python ignores SIGXFSZ): a full disk for every
+    # checkpoint (~2 MB here), while logs, eval results and the policy export still fit.
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1_500_000, 1_500_000))
+
+
+def test_write_errors_are_logged_counted_and_training_goes_on(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    proc = subprocess.run(
+        [
+            *DAEMON,
+            "--state-dir",
+            str(state),
+            *TINY,
+            "run.total_frames=384",
+            "checkpoint.interval=2",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=SUBPROCESS_ENV,
+        preexec_fn=_limit_file_size,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = events(proc.stderr)
+    failed = [e for e in log if e["event"].startswith("checkpoint write failed")]
+    # iterations 2, 4, 6 and the final one is 6 too: three attempts, three failures.
+    assert [e["iteration"] for e in failed] == [2, 4, 6]
+    assert all("EFBIG" in e["error"] for e in failed)
+    assert failed[-1]["failures"] == 3
+    assert any(e["event"] == "policy exported" and e["iteration"] == 6 for e in log)
+    assert not list((state / "checkpoints").glob(".tmp-*"))  # no half-written leftovers
+
+
+def test_a_failed_write_keeps_every_earlier_checkpoint(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    run(state, "run.total_frames=128", "checkpoint.interval=1")
+    before = {p.name: p.read_bytes() for p in (state / "checkpoints").glob("ckpt-*")}
+    assert sorted(before) == ["ckpt-000000001.nrc", "ckpt-000000002.nrc"]
+    proc = subprocess.run(
+        [
+            *DAEMON,
+            "--state-dir",
+            str(state),
+            *TINY,
+            "run.total_frames=256",
+            "checkpoint.keep_last=1",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=SUBPROCESS_ENV,
+        preexec_fn=_limit_file_size,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    after = {p.name: p.read_bytes() for p in (state / "checkpoints").glob("ckpt-*")}
+    assert after == before  # every write failed; nothing pruned, nothing damaged
+
+
+def test_divergence_rolls_back_then_gives_up_with_exit_1(tmp_path: Path) -> None:
+    """A learning rate of 1e30 blows the weights up at once: every update is non-finite,
+    so each time the streak passes ppo.max_nonfinite_updates the trainer reloads the last
+    valid checkpoint, and after 3 rollbacks to the same file it stops (exit 1)."""
+    state = tmp_path / "state"
+    run(state, "run.total_frames=128", "checkpoint.interval=1")
+    good = load_checkpoint(state / "checkpoints" / "ckpt-000000002.nrc")[1]["learner"]["policy"]
+    proc = navrl_cli(
+        "run",
+        "--state-dir",
+        str(state),
+        *TINY,
+        "run.total_frames=100000000",
+        "checkpoint.interval=1000",
+        "ppo.actor_lr=1e30",
+        "ppo.feature_extractor_lr=1e30",
+        "ppo.max_nonfinite_updates=1",
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    log = events(proc.stderr)
+    rollbacks = [e for e in log if "ROLLED BACK" in e["event"]]
+    assert len(rollbacks) == 3
+    assert all(Path(e["checkpoint"]).name == "ckpt-000000002.nrc" for e in rollbacks)
+    assert "rolled back to ckpt-000000002.nrc 3 times" in proc.stderr
+    # Whatever was written after the blow-up is finite; the good file is still there.
+    for path in CheckpointDir(state / "checkpoints").files():
+        policy = load_checkpoint(path)[1]["learner"]["policy"]
+        assert all(torch.isfinite(v).all() for v in policy.values() if v.is_floating_point())
+    kept = load_checkpoint(state / "checkpoints" / "ckpt-000000002.nrc")[1]["learner"]["policy"]
+    assert all(torch.equal(kept[k], good[k]) for k in good)
+
+
+def test_checkpoint_holds_everything_exact_resume_needs(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    run(state, "run.total_frames=64")
+    header, snap = load_checkpoint(state / "checkpoints" / "ckpt-000000001.nrc")
+    assert (header.iteration, header.frames, header.meta["final"]) == (1, 64, True)
+    assert snap["kind"] == "full"
+    assert set(snap["learner"]) == {
+        "policy",
+        "optimizers",
+        "generator",
+        "version",
+        "nonfinite_streak",
+    }
+    assert set(snap["learner"]["optimizers"]) == {"feature_extractor", "actor", "critic"}
+    assert any("value_norm" in k for k in snap["learner"]["policy"])
+    assert set(snap["collector"]) == {"env", "td", "episodes", "rng"}
+    assert set(snap["collector"]["rng"]) == {"torch", "cuda", "numpy", "python"}
+    assert snap["config"]["env"]["num_envs"] == 8
+    assert {"torch", "tensordict", "torchrl", "navrl_daemon"} <= set(snap["versions"])
+    # The resolved config in the checkpoint is the one in the state dir.
+    assert snap["config"]["ppo"]["rollout_length"] == 8
+    assert encode_checkpoint(snap, iteration=1, frames=64, policy_version=1)  # re-encodable
