@@ -10,12 +10,21 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from navrl_daemon.commands import checkpoints, config, env, eval, run
+from navrl_daemon.commands import (
+    archive,
+    checkpoints,
+    config,
+    env,
+    eval,
+    report,
+    run,
+    status,
+)
 from navrl_daemon.config import load_config
 from navrl_daemon.errors import NavrlError
 from navrl_daemon.ops.logging import configure_logging
 
-COMMANDS = (run, eval, config, checkpoints, env)
+COMMANDS = (run, eval, config, checkpoints, archive, env, report, status)
 
 
 def build_parser() -> argparse.ArgumentParser:

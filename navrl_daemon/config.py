@@ -27,6 +27,7 @@ NonNegInt = Annotated[int, Field(ge=0)]
 PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Prob = Annotated[float, Field(gt=0, le=1)]
 Range = Annotated[list[PosFloat], Field(min_length=2, max_length=2)]  # [min, max]
+ARCHIVE_KEY_FILTER = r"^[^=\s]+=(none|shuffle|delta|delta\+shuffle)$"
 # A backend name, or an importable "package.module:factory".
 BACKEND_PATTERN = r"^[A-Za-z0-9_.-]+(:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*)?$"
 
@@ -144,6 +145,44 @@ class CheckpointConfig(Section):
     keep_best: Annotated[int, Field(ge=0, le=100_000)] = 0
 
 
+class ArchiveConfig(Section):
+    # Archive every N-th rollout (0 = off); rollouts go to STATE_DIR/archive/.
+    interval: NonNegInt = 0
+    # Threads that compress segments (LZ4 releases the GIL).
+    workers: Annotated[int, Field(ge=1, le=64)] = 2
+    # 0: LZ4 fast mode; 3..16: LZ4 HC (docs/archive.md has the measured trade-off).
+    level: Annotated[int, Field(ge=0, le=16)] = 0
+    # "episode": each segment (one env's T steps) is one LZ4 frame; "frame": each step is.
+    mode: Literal["episode", "frame"] = "episode"
+    # Filter before LZ4 for float keys (others: none); delta filters need episode mode.
+    filter: Literal["none", "shuffle", "delta", "delta+shuffle"] = "none"
+    # Per-key overrides, first match wins: "PATTERN=FILTER", fnmatch on a/b/c key paths.
+    key_filters: list[Annotated[str, Field(pattern=ARCHIVE_KEY_FILTER)]] = []
+    # A file past this size is closed (marked complete) and the next one started.
+    max_file_bytes: Annotated[int, Field(ge=1 << 20)] = 1 << 30
+    # Oldest files are removed while the archive dir holds more than this.
+    max_total_bytes: Annotated[int, Field(ge=1 << 20)] = 20 << 30
+    # Rollouts waiting for the archiver; when full, "block" holds up the producer and
+    # "drop" skips the rollout (counted in navrl_archive_dropped_total).
+    on_full: Literal["block", "drop"] = "drop"
+    queue_size: Annotated[int, Field(ge=1, le=64)] = 1
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ArchiveConfig:
+        if self.mode == "frame":
+            deltas = [f for f in [self.filter, *self.key_filters] if "delta" in f]
+            if deltas:
+                raise ValueError(
+                    f'delta filters work along time and need mode = "episode", got {deltas}'
+                )
+        if self.max_total_bytes < self.max_file_bytes:
+            raise ValueError(
+                f"max_total_bytes ({self.max_total_bytes}) must be >= max_file_bytes "
+                f"({self.max_file_bytes})"
+            )
+        return self
+
+
 class MetricsConfig(Section):
     enabled: bool = True
     # Loopback by default: the endpoint has no authentication.
@@ -167,6 +206,7 @@ class Config(Section):
     pipeline: PipelineConfig = PipelineConfig()
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    archive: ArchiveConfig = ArchiveConfig()
     metrics: MetricsConfig = MetricsConfig()
     log: LogConfig = LogConfig()
 

@@ -2,8 +2,9 @@
 
 ```
   RolloutProducer ──rollouts: leases (block)──► Trainer ──snapshots (coalesce)──► CheckpointWriter
-        ▲                                          ├──weights (coalesce)──► Evaluator
-        └──────────── weights (coalesce) ──────────┘
+     ▲     │                                       ├──weights (coalesce)──► Evaluator
+     │     └──every archive.interval-th rollout (block|drop)──► RolloutArchiver
+     └──────────────── weights (coalesce) ─────────┘
 ```
 Before anything runs, the newest valid checkpoint in `STATE_DIR/checkpoints` (if any) is
 loaded into the learner and the collector (stages/resume.py).
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,6 +46,7 @@ from navrl_daemon.runtime.lock import StateDirLock
 from navrl_daemon.runtime.sd_notify import ProgressWatchdog, SystemdNotifier
 from navrl_daemon.runtime.supervisor import Shutdown, State, Supervisor
 from navrl_daemon.stages import resume
+from navrl_daemon.stages.archiver import RolloutArchiver, archive_channel
 from navrl_daemon.stages.checkpoint_writer import CheckpointWriter
 from navrl_daemon.stages.evaluator import Evaluator
 from navrl_daemon.stages.messages import PolicyWeights, Snapshot
@@ -51,6 +55,7 @@ from navrl_daemon.stages.progress import ProgressLog
 from navrl_daemon.stages.trainer import Checkpointing, IterationRecord, Trainer
 from navrl_daemon.storage.atomic import write_atomic
 from navrl_daemon.storage.checkpoint import CheckpointDir
+from navrl_daemon.storage.history import DAEMON_FILE, HISTORY_FILE, HistoryFile
 from navrl_daemon.storage.staging import SnapshotStaging
 
 log = structlog.get_logger("daemon")
@@ -147,7 +152,8 @@ class ComputeThreads:
 
 
 class Telemetry:
-    """Where what the stages report goes: logs, Prometheus, /healthz and systemd."""
+    """Where what the stages report goes: logs, Prometheus, /healthz, systemd, and
+    `STATE_DIR/history.jsonl` (one row per progress summary) once `run_starts` names the dir."""
 
     def __init__(
         self,
@@ -173,6 +179,12 @@ class Telemetry:
             device=device,
             on_summary=self.summary,
         )
+        self.history: HistoryFile | None = None
+        self.daemon_file: Path | None = None
+        self._row_iteration = 0  # the iteration the next history row's window starts after
+        self._resumed_from: int | None = None
+        self._checkpoint: dict[str, Any] = {}  # the last checkpoint written by this process
+        self._stall_s = 0.0  # checkpoint stall seconds counted in earlier rows
 
     def start(self) -> None:
         if not self.cfg.metrics.enabled:
@@ -184,6 +196,33 @@ class Telemetry:
         except OSError as err:
             raise StageFailed(f"metrics endpoint: {err}") from err
         log.info("metrics endpoint", url=f"http://{self.server.url_host}:{self.server.port}")
+
+    def run_starts(self, state_dir: Path, iteration: int, frames: int) -> None:
+        """The run starts after `iteration` (0, or the checkpoint it resumed from): history
+        rows after it are about to be redone, so they go; `status` learns the endpoint.
+        A history or daemon.json that cannot be written is logged; training goes on."""
+        history = HistoryFile(state_dir / HISTORY_FILE)
+        try:
+            dropped = history.cut(iteration)
+        except OSError as err:
+            log.warning(
+                "no training history: cannot rewrite it", path=str(history.path), error=str(err)
+            )
+        else:
+            self.history = history
+            if dropped:
+                log.info("history cut back to the checkpoint", iteration=iteration, dropped=dropped)
+        self._row_iteration = iteration
+        self._resumed_from = iteration or None
+        self.progress.window_frames = frames  # frames/s of the first window counts from here
+        self.progress.window_start = time.perf_counter()
+        url = None if self.server is None else f"http://{self.server.url_host}:{self.server.port}"
+        doc = {"pid": os.getpid(), "url": url, "started": time.time(), "version": __version__}
+        self.daemon_file = state_dir / DAEMON_FILE
+        try:
+            write_atomic(self.daemon_file, json.dumps(doc).encode())
+        except OSError as err:
+            log.warning("cannot record the endpoint for `status`", error=str(err))
 
     def state(self, state: State, reason: str | None) -> None:
         self.metrics.set_state(str(state))
@@ -230,6 +269,36 @@ class Telemetry:
         )
         for stage, ratio in summary["busy"].items():
             self.metrics.stage_busy(stage, ratio)
+        if self.history is not None:
+            row = self._history_row(summary)
+            try:
+                self.history.append(row)
+            except OSError as err:
+                log.warning("history row not written", iteration=row["iteration"], error=str(err))
+
+    def _history_row(self, summary: dict[str, Any]) -> dict[str, Any]:
+        """The summary as a history row: which iterations it covers (`iterations` ending at
+        `iteration`), wall time, and the checkpoints' age, stall and size."""
+        now = time.time()
+        stall = self.metrics.registry.get_sample_value("navrl_checkpoint_stall_seconds_sum") or 0.0
+        row = {
+            "iteration": summary["iteration"],
+            "iterations": summary["iteration"] - self._row_iteration,
+            "frames": summary["frames"],
+            "time": round(now, 3),
+            **{k: v for k, v in summary.items() if k not in ("iteration", "frames", "phases")},
+            "checkpoint_stall_s": round(stall - self._stall_s, 6),
+            "checkpoint_age_s": (
+                round(now - self._checkpoint["time"], 3) if self._checkpoint else None
+            ),
+            "checkpoint_write_s": self._checkpoint.get("write_s"),
+            "checkpoint_raw_bytes": self._checkpoint.get("raw_bytes"),
+            "checkpoint_stored_bytes": self._checkpoint.get("stored_bytes"),
+        }
+        if self._resumed_from is not None:
+            row["resumed_from"] = self._resumed_from
+        self._row_iteration, self._stall_s, self._resumed_from = summary["iteration"], stall, None
+        return row
 
     def evaluation(self, record: dict[str, Any]) -> None:
         self.metrics.evaluation(record)
@@ -237,6 +306,12 @@ class Telemetry:
 
     def checkpoint_written(self, seconds: float, raw_bytes: int, stored_bytes: int) -> None:
         self.metrics.checkpoint_written(seconds, raw_bytes, stored_bytes)
+        self._checkpoint = {
+            "time": time.time(),
+            "write_s": round(seconds, 6),
+            "raw_bytes": raw_bytes,
+            "stored_bytes": stored_bytes,
+        }
         self.metrics.stage_time("checkpoint_writer", "write", seconds)
 
     def close(self) -> None:
@@ -244,6 +319,8 @@ class Telemetry:
         self.progress.close()
         if self.server is not None:
             self.server.stop()
+        if self.daemon_file is not None:
+            self.daemon_file.unlink(missing_ok=True)
         self.notifier.close()
 
 
@@ -276,8 +353,10 @@ def build_stages(
             kind=resumed.kind,
             env_restored=resumed.env_restored,
         )
+        telemetry.run_starts(state_dir, resumed.iteration, resumed.frames)
     else:
         log.info("no checkpoint: starting a new run", checkpoints=str(checkpoints.path))
+        telemetry.run_starts(state_dir, 0, 0)
     pool = LeasePool([first, *(first.clone() for _ in range(cfg.pipeline.lease_pool - 1))])
 
     rollouts: Channel[Any] = Channel("rollouts", cfg.pipeline.lease_pool, Overflow.BLOCK)
@@ -298,6 +377,21 @@ def build_stages(
         checkpoint_interval=cfg.checkpoint.interval,
     )
     stages: list[Any] = [producer]
+
+    if cfg.archive.interval:
+        archive = archive_channel(cfg.archive, on_dropped=telemetry.metrics.archive_dropped)
+        channels.append(archive)
+        producer.archive, producer.archive_interval = archive.sender(), cfg.archive.interval
+        stages.append(
+            RolloutArchiver(
+                cfg.archive,
+                state_dir / "archive",
+                archive.receiver(),
+                shutdown=shutdown,
+                on_written=telemetry.metrics.archive_written,
+                on_failed=telemetry.metrics.archive_dropped,
+            )
+        )
 
     snapshots: Channel[Snapshot] = Channel(
         "snapshots",

@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = REPO.parent / "shared" / "reference" / "navrl"
@@ -50,6 +52,14 @@ def navrl_cli(
         env=full_env,
         cwd=cwd or REPO,
     )
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging_setup() -> Iterator[None]:
+    """Tests that call `cli.main` in-process reconfigure structlog; undo it after each."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
 
 
 @pytest.fixture

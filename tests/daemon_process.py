@@ -90,8 +90,9 @@ def crash_and_resume(
     checkpoints = state / "checkpoints"
     counts = {"trials": 0, "resumed": 0, "fresh_starts": 0, "killed_before_resume": 0}
     counts |= {"temp_files_left": 0, "temp_files_removed": 0, "checkpoints_valid_after_kill": 0}
-    log_path = state.parent / f"{state.name}.log"
     for trial in range(trials):
+        # A log per trial: nothing a killed daemon left running can write into the next one.
+        log_path = state.parent / f"{state.name}.{trial}.log"
         state.mkdir(parents=True, exist_ok=True)
         if plant_temp_at == trial:
             checkpoints.mkdir(exist_ok=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -14,7 +13,7 @@ import pytest
 
 from navrl_daemon import cli
 from navrl_daemon.stages.trainer import Trainer
-from tests.conftest import REPO, TINY, navrl_cli
+from tests.conftest import REPO, SUBPROCESS_ENV, TINY, navrl_cli
 from tests.daemon_process import Daemon
 
 # Collection dominates: 200 env steps per rollout, one tiny update.
@@ -121,7 +120,7 @@ def test_systemd_notifications_from_a_real_run(tmp_path: Path) -> None:
             *LONG_UPDATE,
         ],
         cwd=REPO,
-        env={**os.environ, "NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "400000"},
+        env={**SUBPROCESS_ENV, "NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "400000"},
         stderr=subprocess.DEVNULL,
     )
     messages: list[str] = []
@@ -199,3 +198,21 @@ async def test_stop_timeout_is_re_extended_while_draining(
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+def test_the_daemon_starts_no_child_processes(tmp_path: Path) -> None:
+    """Nothing of ours may outlive a kill -9 (tqdm's default lock used to start a
+    multiprocessing resource tracker)."""
+    d = Daemon(tmp_path, "ppo.rollout_length=8")
+    d.wait_for("progress", count=2)
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == d.proc.pid:  # field 4 of /proc/PID/stat: the parent pid
+            children.append(stat.parent.name)
+    d.proc.send_signal(signal.SIGTERM)
+    assert d.finish()[0] == 0
+    assert children == []

@@ -27,6 +27,12 @@ def register(sub: Any) -> None:
     )
     state_dir_arg(p)
     p.add_argument("--episodes", type=int, help="drones, one first episode each")
+    p.add_argument(
+        "--plot",
+        type=Path,
+        metavar="FILE.png",
+        help="also draw the map and each drone's path, coloured by outcome (embedded env)",
+    )
     json_arg(p)
     p.set_defaults(handler=handle)
 
@@ -49,7 +55,10 @@ def handle(cfg: Config, args: argparse.Namespace) -> int:
     policy.to(device)
     env = make_eval_env(cfg, device)
     t0 = time.perf_counter()
-    results = evaluate(env, policy, seed=cfg.eval.seed, max_steps=eval_steps(cfg))
+    if args.plot is None:
+        results = evaluate(env, policy, seed=cfg.eval.seed, max_steps=eval_steps(cfg))
+    else:
+        results = _evaluate_and_plot(cfg, env, policy, path, args.plot)
     results = {
         "checkpoint": str(path),
         "layout": cfg.eval.layout,
@@ -61,3 +70,30 @@ def handle(cfg: Config, args: argparse.Namespace) -> int:
     else:
         print_fields(results)
     return 0
+
+
+def _evaluate_and_plot(
+    cfg: Config, env: Any, policy: Any, checkpoint: Path, out: Path
+) -> dict[str, Any]:
+    """`evaluate` with the paths recorded, drawn to `out`; the same numbers as without."""
+    from navrl_daemon.env.navigation import NavigationEnv
+    from navrl_daemon.ops.plots import trajectory_plot, write_png
+    from navrl_daemon.rl.evaluate import evaluate_recorded
+    from navrl_daemon.rl.training import eval_steps
+
+    if not isinstance(env, NavigationEnv):
+        raise UsageError(
+            f"--plot draws the embedded env's map and needs env.backend = 'navigation', "
+            f"not {cfg.env.backend!r}"
+        )
+    if out.suffix.lower() != ".png":
+        raise UsageError(f"--plot writes a PNG: give a FILE.png, not {out}")
+    results, traj = evaluate_recorded(env, policy, seed=cfg.eval.seed, max_steps=eval_steps(cfg))
+    title = f"{checkpoint.name}, layout {cfg.eval.layout}, seed {cfg.eval.seed}"
+    try:
+        write_png(out, trajectory_plot(traj, title))
+    except OSError as err:
+        raise UsageError(f"--plot {out}: {err.strerror or err}") from err
+    outcomes = traj.outcomes()
+    counts = {k: outcomes.count(k) for k in ("reached", "collided", "timed out")}
+    return {**results, "outcomes": counts, "plot": str(out)}

@@ -118,6 +118,8 @@ class NavigationEnv(EnvBase):
             map_gen,
             self.device,
         )
+        # Reseeding restores this: the same seed then replays the same obstacle motion.
+        self._dynamic_start = self.dynamic.state_dict()
         self._gen = torch.Generator(device=self.device).manual_seed(seed)
         self._allocate_state()
         self._make_specs()
@@ -176,10 +178,14 @@ class NavigationEnv(EnvBase):
     # ------------------------------------------------------------------------ TorchRL hooks
 
     def _set_seed(self, seed: int | None) -> None:
+        """Reseed the spawn RNG; with a seed, also put the dynamic obstacles back where they
+        started, so that evaluations (which reseed) see the same world every time."""
         if seed is None:
             self._gen.seed()
         else:
             self._gen.manual_seed(int(seed))
+            if hasattr(self, "_dynamic_start"):
+                self.dynamic.load_state_dict(self._dynamic_start)
 
     def _reset(self, tensordict: TensorDictBase | None = None, **kwargs) -> TensorDictBase:
         mask = None if tensordict is None else tensordict.get("_reset", None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import socket
 import socketserver
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -140,6 +141,15 @@ class _Server(ThreadingHTTPServer):
     ) -> None:
         self.address_family = family
         super().__init__(address, handler)
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A client that hung up (a scrape or `status` that timed out) is not an error worth
+        a traceback on stderr, where it would break the JSON log stream."""
+        err = sys.exc_info()[1]
+        if isinstance(err, BrokenPipeError | ConnectionResetError | TimeoutError):
+            log.debug("metrics client went away", client=str(client_address), error=str(err))
+            return
+        log.warning("metrics request failed", client=str(client_address), error=repr(err))
 
     def server_bind(self) -> None:
         # HTTPServer.server_bind also resolves the host's FQDN, which can hang for seconds

@@ -11,8 +11,22 @@ import structlog
 from navrl_daemon.config import LogConfig
 
 
+class _CurrentStderr:
+    """Whatever `sys.stderr` is when a line is written, not when logging was set up (a
+    test harness or a caller may swap it and close the old one)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return _isatty(sys.stderr)
+
+
 def configure_logging(cfg: LogConfig, *, stream: Any = None) -> None:
-    stream = stream or sys.stderr
+    stream = stream or _CurrentStderr()
     fmt = cfg.format
     if fmt == "auto":
         fmt = "console" if _isatty(stream) else "json"

@@ -48,6 +48,8 @@ class RolloutProducer:
         start_iteration: int = 0,
         start_frames: int = 0,
         checkpoint_interval: int = 0,
+        archive: Sender | None = None,
+        archive_interval: int = 0,
     ) -> None:
         self.collector = collector
         self.pool = pool
@@ -61,6 +63,8 @@ class RolloutProducer:
         self.version = start_iteration
         self.frames = start_frames
         self.checkpoint_interval = checkpoint_interval
+        self.archive = archive
+        self.archive_interval = archive_interval
         self.compute = compute
 
     async def run(self) -> None:
@@ -86,13 +90,18 @@ class RolloutProducer:
                 if state is not None:
                     lease.meta["collector_state"] = state
                 lease.meta["episodes"] = self.collector.episodes.take_sums()
-                for out, handle in zip(self.outputs, lease.share(len(self.outputs)), strict=True):
+                targets = [*self.outputs, *self._archive_if_due()]
+                for out, handle in zip(targets, lease.share(len(targets)), strict=True):
                     await out.send(handle)
                 self.iteration += 1
                 self.frames += self.frames_per_rollout
         finally:
-            for out in self.outputs:
+            for out in [*self.outputs, *([self.archive] if self.archive else [])]:
                 out.close()  # receivers drain what was sent, then end
+
+    def _archive_if_due(self) -> list[Sender]:
+        due = self.archive_interval and self.iteration % self.archive_interval == 0
+        return [self.archive] if self.archive is not None and due else []
 
     def _collect(self, buffer: object) -> tuple[float, dict | None]:
         seconds = self.collector.collect(buffer)  # type: ignore[arg-type]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -40,6 +41,9 @@ class ProgressLog:
         self.window: list[IterationRecord] = []
         self.window_start = time.perf_counter()
         self.window_frames = start_frames
+        # tqdm's default lock is a multiprocessing RLock, which starts a resource-tracker
+        # child process: a daemon should not have one (it outlives a kill -9 of ours).
+        tqdm.set_lock(threading.RLock())
         self.bar = tqdm(
             total=total_frames,
             initial=start_frames,

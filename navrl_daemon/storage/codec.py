@@ -1,0 +1,177 @@
+"""Segment codec of the rollout archive: an optional filter, then LZ4 frame compression.
+
+A segment is one env's T steps of one key, a C-contiguous array `[T, *step_shape]`.
+
+Filters (all exact: decoding gives back the same bits, NaNs and -0.0 included):
+
+- `none`: the bytes as they are.
+- `shuffle`: byte-shuffle (Blosc's trick): byte 0 of every element, then byte 1, ... Float
+  sensor data has slowly varying exponent bytes that LZ4 only finds once they sit together.
+- `delta`: along time, in the integer domain of the element width (wrapping), so it is
+  exact for floats too: step 0 as it is, then step t minus step t-1.
+- `delta+shuffle`: delta, then shuffle.
+
+Modes:
+
+- `episode`: the whole segment is one LZ4 frame.
+- `frame`: every step is its own LZ4 frame, so one step decodes alone. The blob is a
+  little-endian u32 table of the T frame sizes, then the frames back to back. Delta
+  filters need the previous step and are episode-mode only.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import lz4.frame
+import numpy as np
+
+Filter = Literal["none", "shuffle", "delta", "delta+shuffle"]
+Mode = Literal["episode", "frame"]
+FILTERS: tuple[Filter, ...] = ("none", "shuffle", "delta", "delta+shuffle")
+MODES: tuple[Mode, ...] = ("episode", "frame")
+CODEC = "lz4-frame"
+
+_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+class CodecError(ValueError):
+    """A blob does not decode to the array its key describes."""
+
+
+@dataclass(frozen=True)
+class KeyCodec:
+    """How one key's segments are stored: element type, per-step shape, filter, mode, level."""
+
+    dtype: np.dtype
+    step_shape: tuple[int, ...]
+    filter: Filter = "none"
+    mode: Mode = "episode"
+    level: int = 0
+
+    def __post_init__(self) -> None:
+        if self.filter not in FILTERS:
+            raise ValueError(f"filter {self.filter!r} not one of {', '.join(FILTERS)}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode {self.mode!r} not one of {', '.join(MODES)}")
+        if self.mode == "frame" and self.filter.startswith("delta"):
+            raise ValueError("delta filters work along time: episode mode only")
+        if not 0 <= self.level <= lz4.frame.COMPRESSIONLEVEL_MAX:
+            raise ValueError(f"level {self.level} not in 0..{lz4.frame.COMPRESSIONLEVEL_MAX}")
+        if self.dtype.itemsize not in _UINT:
+            raise ValueError(f"dtype {self.dtype} has no integer view for the filters")
+
+    @property
+    def step_bytes(self) -> int:
+        return math.prod(self.step_shape) * self.dtype.itemsize
+
+    def encode(self, segment: np.ndarray) -> bytes:
+        """Compress `[T, *step_shape]` into one blob."""
+        if segment.dtype != self.dtype or segment.shape[1:] != self.step_shape:
+            raise ValueError(
+                f"segment {segment.dtype}{list(segment.shape)} does not match "
+                f"{self.dtype}[T, {', '.join(map(str, self.step_shape))}]"
+            )
+        steps = np.ascontiguousarray(segment).view(_UINT[self.dtype.itemsize])
+        if self.mode == "episode":
+            return self._compress(self._forward(steps))
+        frames = [self._compress(self._forward(step[None])) for step in steps]
+        sizes = struct.pack(f"<{len(frames)}I", *map(len, frames))
+        return b"".join([sizes, *frames])
+
+    def decode(self, blob: bytes | memoryview, length: int) -> np.ndarray:
+        """The `[length, *step_shape]` array `blob` was made from; CodecError if it is not."""
+        if self.mode == "frame":
+            return self.decode_steps(blob, length, np.arange(length))
+        raw = self._decompress(blob, length)
+        if self.filter == "none":  # the default: no integer view needed
+            return np.frombuffer(raw, dtype=self.dtype).reshape(length, *self.step_shape)
+        return self._inverse(raw, length).view(self.dtype)
+
+    def decode_steps(
+        self, blob: bytes | memoryview, length: int, steps: Sequence[int] | np.ndarray
+    ) -> np.ndarray:
+        """Only the given steps, `[len(steps), *step_shape]`; frame mode decodes just those."""
+        steps = np.asarray(steps, dtype=np.int64)
+        if self.mode == "episode":
+            return self.decode(blob, length)[steps]
+        view = memoryview(blob)
+        table = 4 * length
+        if len(view) < table:
+            raise CodecError(f"frame table needs {table} bytes, blob has {len(view)}")
+        sizes = np.frombuffer(view[:table], dtype="<u4").astype(np.int64)
+        ends = table + np.cumsum(sizes)
+        if length and ends[-1] != len(view):
+            raise CodecError(f"frames add up to {int(ends[-1])} bytes, blob has {len(view)}")
+        out = np.empty((len(steps), *self.step_shape), dtype=_UINT[self.dtype.itemsize])
+        for i, t in enumerate(steps):
+            frame = view[int(ends[t] - sizes[t]) : int(ends[t])]
+            out[i] = self._inverse(self._decompress(frame, 1), 1)[0]
+        return out.view(self.dtype)
+
+    # filters work on the unsigned-integer view `[T, *step_shape]`
+
+    def _forward(self, steps: np.ndarray) -> bytes:
+        if self.filter.startswith("delta"):
+            delta = steps.copy()
+            np.subtract(steps[1:], steps[:-1], out=delta[1:])  # wraps: exact for any bits
+            steps = delta
+        if self.filter.endswith("shuffle"):
+            return steps.reshape(-1).view(np.uint8).reshape(-1, self.dtype.itemsize).T.tobytes()
+        return steps.tobytes()
+
+    def _inverse(self, raw: bytearray, length: int) -> np.ndarray:
+        """The unsigned-integer view `[length, *step_shape]` of what `_forward` was given."""
+        itemsize = self.dtype.itemsize
+        if self.filter.endswith("shuffle"):
+            planes = np.frombuffer(raw, dtype=np.uint8).reshape(itemsize, -1)
+            flat = planes.T.copy(order="C").view(_UINT[itemsize]).reshape(-1)
+        else:
+            flat = np.frombuffer(raw, dtype=_UINT[itemsize])  # a bytearray: writable, no copy
+        steps = flat.reshape(length, *self.step_shape)
+        if self.filter.startswith("delta"):
+            np.cumsum(steps, axis=0, dtype=steps.dtype, out=steps)  # wraps back
+        return steps
+
+    def _compress(self, raw: bytes) -> bytes:
+        return lz4.frame.compress(raw, compression_level=self.level, store_size=True)
+
+    def _decompress(self, blob: bytes | memoryview, length: int) -> bytearray:
+        expected = length * self.step_bytes
+        try:
+            raw = lz4.frame.decompress(blob, return_bytearray=True)
+        except RuntimeError as e:  # lz4 reports bad frames as RuntimeError
+            raise CodecError(f"not a valid LZ4 frame: {e}") from None
+        if len(raw) != expected:
+            raise CodecError(f"decoded {len(raw)} bytes, expected {expected} for {length} steps")
+        return raw
+
+
+def parse_key_filters(entries: Sequence[str]) -> list[tuple[str, Filter]]:
+    """`["PATTERN=FILTER", ...]` (fnmatch patterns on `a/b/c` key paths) → pairs."""
+    pairs: list[tuple[str, Filter]] = []
+    for entry in entries:
+        pattern, sep, name = entry.partition("=")
+        pattern, name = pattern.strip(), name.strip()
+        if not sep or not pattern:
+            raise ValueError(f"{entry!r}: expected PATTERN=FILTER, e.g. */lidar=shuffle")
+        if name not in FILTERS:
+            raise ValueError(f"{entry!r}: filter {name!r} not one of {', '.join(FILTERS)}")
+        pairs.append((pattern, name))  # type: ignore[arg-type]
+    return pairs
+
+
+def filter_for(
+    path: str, dtype: np.dtype, default: Filter, key_filters: Sequence[tuple[str, Filter]]
+) -> Filter:
+    """The first matching per-key filter; else `default` for floats and `none` otherwise
+    (booleans and small integers are already LZ4-friendly)."""
+    for pattern, name in key_filters:
+        if fnmatch.fnmatchcase(path, pattern):
+            return name
+    return default if dtype.kind == "f" else "none"

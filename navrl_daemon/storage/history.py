@@ -1,0 +1,108 @@
+"""JSON-lines files of a state dir: `history.jsonl` (one row per progress summary) and the
+readers `report` and `status` share with `eval/results.jsonl`.
+
+A row is one JSON object per line. The daemon appends and flushes each row as it is made;
+a reader treats a last line without its newline as still being written, and any other line
+that is not a JSON object as corrupt (named by file and line, the other rows still used).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from navrl_daemon.storage.atomic import write_atomic
+
+HISTORY_FILE = "history.jsonl"
+# Written by a running daemon: its pid and health endpoint URL (what `status` asks).
+DAEMON_FILE = "daemon.json"
+
+
+@dataclass(frozen=True)
+class BadLine:
+    path: Path
+    line: int  # 1-based
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.reason}"
+
+
+@dataclass
+class JsonLines:
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    bad: list[BadLine] = field(default_factory=list)
+
+
+def read_jsonl(path: Path, *, required: tuple[str, ...] = ()) -> JsonLines:
+    """Every row of `path` (none if the file does not exist); rows that lack one of
+    `required` or hold a non-integer "iteration" count as bad lines."""
+    out = JsonLines()
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return out
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    elif lines:
+        lines.pop()  # no newline yet: a row being written right now
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as err:
+            out.bad.append(BadLine(path, number, f"not JSON ({err.msg})"))
+            continue
+        if not isinstance(row, dict):
+            out.bad.append(BadLine(path, number, "not a JSON object"))
+            continue
+        missing = [k for k in required if k not in row]
+        if missing:
+            out.bad.append(BadLine(path, number, f"missing {', '.join(missing)}"))
+            continue
+        if "iteration" in row and (
+            not isinstance(row["iteration"], int) or isinstance(row["iteration"], bool)
+        ):
+            out.bad.append(BadLine(path, number, "iteration is not an integer"))
+            continue
+        out.rows.append(row)
+    return out
+
+
+class HistoryFile:
+    """`STATE_DIR/history.jsonl`, written by the daemon only (it holds the state-dir lock)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def cut(self, iteration: int) -> int:
+        """Keep the rows up to `iteration` (the checkpoint a run starts from: later rows are
+        about to be redone) and drop unreadable lines; returns how many lines went. The file
+        is replaced atomically, and only when something goes."""
+        if not self.path.exists():
+            return 0
+        lines = self.path.read_text(encoding="utf-8", errors="replace").splitlines()
+        kept = []
+        for line in lines:
+            try:
+                row = json.loads(line)
+                keep = isinstance(row, dict) and int(row["iteration"]) <= iteration
+            except (ValueError, KeyError, TypeError):
+                keep = False  # a torn last line after kill -9, or a corrupt one
+            if keep:
+                kept.append(line)
+        if len(kept) < len(lines) or (lines and not self.path.read_bytes().endswith(b"\n")):
+            write_atomic(self.path, "".join(line + "\n" for line in kept).encode())
+        return len(lines) - len(kept)
+
+    def append(self, row: dict[str, Any]) -> None:
+        """One row, flushed (not fsynced: a crash loses at most what the next resume would
+        cut anyway, and the event loop is not held up by the disk)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+            f.flush()
