@@ -14,6 +14,7 @@ from navrl_daemon.commands import (
     archive,
     checkpoints,
     config,
+    dataset,
     env,
     eval,
     report,
@@ -24,7 +25,7 @@ from navrl_daemon.config import load_config
 from navrl_daemon.errors import NavrlError
 from navrl_daemon.ops.logging import configure_logging
 
-COMMANDS = (run, eval, config, checkpoints, archive, env, report, status)
+COMMANDS = (run, eval, config, checkpoints, archive, dataset, env, report, status)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -183,6 +183,45 @@ class ArchiveConfig(Section):
         return self
 
 
+class PrefetchConfig(Section):
+    # HDF5 dataset files or globs (layout A/B, DESIGN.md §6), read in this order.
+    paths: list[str] = []
+    # "auto" detects A (/observations/...) or B (root) per file; "archive": rollout archives.
+    layout: Literal["auto", "A", "B", "archive"] = "auto"
+    # Batches kept ready ahead of the trainer (each one a shared-memory slot).
+    depth: Annotated[int, Field(ge=1, le=64)] = 4
+    # Reader processes (h5py serialises calls within one process).
+    workers: Annotated[int, Field(ge=1, le=64)] = 2
+    # Images are resized on the CPU to image_size x image_size.
+    image_size: Annotated[int, Field(ge=8, le=4096)] = 224
+    batch_size: Annotated[int, Field(ge=1, le=65_536)] = 256
+    seed: NonNegInt = 0
+    # Upper bound of each image dataset's HDF5 chunk cache in each worker.
+    chunk_cache_bytes: Annotated[int, Field(ge=1 << 20, le=1 << 34)] = 64 << 20
+
+
+class OfflineConfig(Section):
+    # "bc": behaviour cloning from prefetched batches; "ppo+bc": PPO plus bc_coef * BC loss.
+    objective: Literal["none", "bc", "ppo+bc"] = "none"
+    bc_coef: Annotated[float, Field(ge=0.0, le=1e6, allow_inf_nan=False)] = 1.0
+    # Gradient steps of a purely offline run (0: until a signal).
+    steps: NonNegInt = 0
+    # Transitions loaded from prefetch.paths, files in order (0: all).
+    max_samples: NonNegInt = 0
+
+    @field_validator("objective")
+    @classmethod
+    def _wired(cls, v: str) -> str:
+        # Remove once daemon.py builds the HDF5Prefetcher stage and the trainer takes
+        # batches (stages/prefetcher.py): until then "bc" would silently train online PPO.
+        if v != "none":
+            raise ValueError(
+                f'"{v}" is not wired into `run` yet (stages/prefetcher.py, rl/bc.py exist); '
+                'allowed now: "none"'
+            )
+        return v
+
+
 class MetricsConfig(Section):
     enabled: bool = True
     # Loopback by default: the endpoint has no authentication.
@@ -207,6 +246,8 @@ class Config(Section):
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     archive: ArchiveConfig = ArchiveConfig()
+    prefetch: PrefetchConfig = PrefetchConfig()
+    offline: OfflineConfig = OfflineConfig()
     metrics: MetricsConfig = MetricsConfig()
     log: LogConfig = LogConfig()
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import lz4.frame
+import numpy as np
 import torch
 
 from navrl_daemon.errors import DataError
@@ -77,9 +78,7 @@ def _checksum(payload: bytes) -> str:
 def _check_state(value: Any, path: str) -> None:
     """Refuse what `torch.load(weights_only=True)` could not read back, and non-finite floats."""
     if isinstance(value, torch.Tensor):
-        if (value.is_floating_point() or value.is_complex()) and not bool(
-            torch.isfinite(value).all()
-        ):
+        if (value.is_floating_point() or value.is_complex()) and not _all_finite(value):
             raise ValueError(f"state {path}: non-finite values; a checkpoint is never written")
     elif type(value) in (dict, OrderedDict):
         for k, v in value.items():
@@ -91,6 +90,14 @@ def _check_state(value: Any, path: str) -> None:
             _check_state(v, f"{path}.{i}")
     elif type(value) not in _PLAIN:  # exact types: subclasses (TorchVersion) do not load
         raise TypeError(f"state {path}: {type(value).__name__} is not a tensor or plain value")
+
+
+def _all_finite(t: torch.Tensor) -> bool:
+    """Through numpy where it can: this runs on the writer's thread, and a torch CPU kernel
+    there would start a second OpenMP team that slows the trainer's (runtime/compute.py)."""
+    if t.device.type == "cpu" and t.dtype not in (torch.bfloat16, torch.float16):
+        return bool(np.isfinite(t.detach().numpy()).all())
+    return bool(torch.isfinite(t).all())
 
 
 def encode_checkpoint(

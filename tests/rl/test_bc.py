@@ -1,0 +1,128 @@
+"""Behaviour cloning: on a synthetic dataset whose actions are a known policy of joint
+and camera images, the image+joint encoder cuts the held-out action error far below
+both the untrained policy and the best joint-only linear fit (so it uses the images);
+the Beta NLL term pulls the NavRL policy's actions towards recorded ones."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDict
+
+from navrl_daemon.rl.bc import ImageJointPolicy, bc_step, beta_bc_loss, mse_bc_loss
+from navrl_daemon.rl.policy import NavRLPolicy
+from navrl_daemon.storage.dataset_synth import SynthSpec, write_synth
+from navrl_daemon.storage.datasets import ImageReader, MultimodalDataset
+from tests.rl.conftest import random_observation
+
+SIZE = 16
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """One intra-op thread, as the daemon's tests use: on a busy 2-core machine two
+    OpenMP threads make these small steps up to 50x slower (measured)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def load_all(path: Path) -> tuple[MultimodalDataset, TensorDict]:
+    data = MultimodalDataset.load([path])
+    reader = ImageReader(data.files, data.offsets, size=SIZE, cache_bytes=1 << 20)
+    images = torch.empty((len(data), 3, 3, SIZE, SIZE), dtype=torch.uint8)
+    reader.read_into(np.arange(len(data)), images)
+    reader.close()
+    td = TensorDict({**data.lowdim(np.arange(len(data))), "images": images}, batch_size=[len(data)])
+    return data, td
+
+
+@pytest.fixture(scope="module")
+def train_test(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[TensorDict, TensorDict, MultimodalDataset]:
+    root = tmp_path_factory.mktemp("bc")
+    for name, n, seed in (("train", 1500, 0), ("test", 300, 1)):
+        write_synth(root / f"{name}.h5", SynthSpec(samples=n, height=24, width=24, seed=seed))
+    data, train = load_all(root / "train.h5")
+    _, test = load_all(root / "test.h5")
+    return train, test, data
+
+
+def held_out_mse(policy: ImageJointPolicy, test: TensorDict) -> float:
+    with torch.no_grad():
+        return float(mse_bc_loss(policy, test))
+
+
+def test_bc_learns_the_known_policy_from_images_and_joint(
+    train_test: tuple[TensorDict, TensorDict, MultimodalDataset],
+) -> None:
+    train, test, data = train_test
+    torch.manual_seed(0)
+    mean, std = torch.from_numpy(data.action_mean), torch.from_numpy(data.action_std)
+    policy = ImageJointPolicy(16, 4, mean, std)
+    untrained = held_out_mse(policy, test)
+
+    # Best joint-only linear fit (least squares with bias) on normalised actions.
+    def design(td: TensorDict) -> np.ndarray:
+        return np.c_[td["joint"].numpy(), np.ones(len(td))]
+
+    target = lambda td: ((td["action"] - mean) / std).numpy()  # noqa: E731
+    w, *_ = np.linalg.lstsq(design(train), target(train), rcond=None)
+    joint_only = float(((design(test) @ w - target(test)) ** 2).mean())
+
+    optimizer = torch.optim.Adam(policy.parameters(), lr=2e-3)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(600):
+        batch = train[torch.randint(0, len(train), (64,), generator=g)]
+        stats = bc_step(lambda b=batch: mse_bc_loss(policy, b), list(policy.parameters()),
+                        optimizer, max_grad_norm=5.0)  # fmt: skip
+        assert stats["skipped"] == 0.0
+    trained = held_out_mse(policy, test)
+    print(f"held-out MSE untrained {untrained:.3f} joint-only {joint_only:.3f} BC {trained:.3f}")
+    assert trained < 0.2 * untrained
+    assert trained < 0.5 * joint_only  # it reads the cameras, not only the joint
+    with torch.no_grad():
+        raw = policy.act(test["images"], test["joint"])
+    assert float(((raw - test["action"]) ** 2).mean()) < 0.2 * float(test["action"].var(0).mean())
+
+
+def test_beta_bc_pulls_navrl_actions_towards_recorded_ones() -> None:
+    torch.manual_seed(0)
+    policy = NavRLPolicy()
+    g = torch.Generator().manual_seed(1)
+    td = TensorDict({"agents": {"observation": random_observation((256,), g)}}, batch_size=[256])
+    # Recorded actions: a fixed function of the state, inside (0, 1)³.
+    recorded = torch.sigmoid(td["agents", "observation", "state"][:, :3])
+    td["agents", "action_normalized"] = recorded
+
+    def mean_error() -> float:
+        with torch.no_grad():
+            return float((policy.distribution(policy.observe(td)).mean - recorded).abs().mean())
+
+    before_err = mean_error()
+    optimizer = torch.optim.Adam(policy.parameters(), lr=1e-3)
+    key = ("agents", "action_normalized")
+    first = bc_step(
+        lambda: beta_bc_loss(policy, td, key), list(policy.parameters()), optimizer, 5.0
+    )
+    for _ in range(150):
+        last = bc_step(
+            lambda: beta_bc_loss(policy, td, key), list(policy.parameters()), optimizer, 5.0
+        )
+    assert last["bc_loss"] < first["bc_loss"] - 1.0
+    assert mean_error() < 0.5 * before_err
+
+
+def test_non_finite_loss_skips_the_step() -> None:
+    layer = torch.nn.Linear(2, 1)
+    before = layer.weight.detach().clone()
+    optimizer = torch.optim.SGD(layer.parameters(), lr=1.0)
+    stats = bc_step(lambda: layer(torch.tensor([[float("nan"), 1.0]])).sum(),
+                    list(layer.parameters()), optimizer, 1.0)  # fmt: skip
+    assert stats["skipped"] == 1.0 and torch.equal(layer.weight, before)
