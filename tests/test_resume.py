@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import resource
 import signal
-import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ import torch
 from navrl_daemon.storage.checkpoint import CheckpointDir, encode_checkpoint, load_checkpoint
 from tests.conftest import REPO, SUBPROCESS_ENV, TINY, navrl_cli
 from tests.daemon_process import Daemon, crash_and_resume
+from tests.storage.test_checkpoint_file import nrc
 
 FRAMES_PER_ITERATION = 64  # TINY: 8 envs x 8 steps
 DAEMON = [sys.executable, "-m", "navrl_daemon", "run"]
@@ -91,37 +91,14 @@ def test_kill9_at_random_moments_always_resumes_from_a_valid_checkpoint(tmp_path
 
 def write_evil(path: Path, marker: Path) -> None:
     """A well-formed NRC1 container whose payload is a pickle that would create `marker`."""
-    import io
     import os
-    import zlib
-
-    import lz4.frame
+    import pickle
 
     class Evil:
         def __reduce__(self):
             return (os.system, (f"touch {marker}",))
 
-    import pickle
-
-    raw = pickle.dumps({"kind": "full", "x": Evil()})
-    payload = lz4.frame.compress(raw)
-    header = {
-        "format_version": 1,
-        "iteration": 99,
-        "frames": 1,
-        "policy_version": 99,
-        "created": 0.0,
-        "codec": "lz4-frame",
-        "level": 0,
-        "raw_bytes": len(raw),
-        "stored_bytes": len(payload),
-        "checksum": f"crc32:{zlib.crc32(payload):08x}",
-        "chunks": [len(payload)],
-        "meta": {},
-    }
-    head = json.dumps(header).encode()
-    path.write_bytes(b"NRC1" + struct.pack("<I", len(head)) + head + payload)
-    assert io.BytesIO(path.read_bytes()).read(4) == b"NRC1"
+    path.write_bytes(nrc(pickle.dumps({"kind": "full", "x": Evil()}), iteration=99))
 
 
 def test_bad_newest_files_are_skipped_by_name_and_never_executed(tmp_path: Path) -> None:
@@ -163,17 +140,9 @@ def _limit_file_size() -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (1_500_000, 1_500_000))
 
 
-def test_write_errors_are_logged_counted_and_training_goes_on(tmp_path: Path) -> None:
-    state = tmp_path / "state"
+def run_on_a_full_disk(state: Path, *overrides: str) -> list[dict]:
     proc = subprocess.run(
-        [
-            *DAEMON,
-            "--state-dir",
-            str(state),
-            *TINY,
-            "run.total_frames=384",
-            "checkpoint.interval=2",
-        ],
+        [*DAEMON, "--state-dir", str(state), *TINY, *overrides],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -182,7 +151,12 @@ def test_write_errors_are_logged_counted_and_training_goes_on(tmp_path: Path) ->
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    log = events(proc.stderr)
+    return events(proc.stderr)
+
+
+def test_write_errors_are_logged_counted_and_training_goes_on(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    log = run_on_a_full_disk(state, "run.total_frames=384", "checkpoint.interval=2")
     failed = [e for e in log if e["event"].startswith("checkpoint write failed")]
     # iterations 2, 4, 6 and the final one is 6 too: three attempts, three failures.
     assert [e["iteration"] for e in failed] == [2, 4, 6]
@@ -197,23 +171,7 @@ def test_a_failed_write_keeps_every_earlier_checkpoint(tmp_path: Path) -> None:
     run(state, "run.total_frames=128", "checkpoint.interval=1")
     before = {p.name: p.read_bytes() for p in (state / "checkpoints").glob("ckpt-*")}
     assert sorted(before) == ["ckpt-000000001.nrc", "ckpt-000000002.nrc"]
-    proc = subprocess.run(
-        [
-            *DAEMON,
-            "--state-dir",
-            str(state),
-            *TINY,
-            "run.total_frames=256",
-            "checkpoint.keep_last=1",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=SUBPROCESS_ENV,
-        preexec_fn=_limit_file_size,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_on_a_full_disk(state, "run.total_frames=256", "checkpoint.keep_last=1")
     after = {p.name: p.read_bytes() for p in (state / "checkpoints").glob("ckpt-*")}
     assert after == before  # every write failed; nothing pruned, nothing damaged
 
