@@ -87,6 +87,15 @@ def test_run_trains_with_the_example_backend(tmp_path: Path) -> None:
     exported = [r for r in records if r["event"] == "policy exported"]
     assert exported and exported[0]["frames"] == 256
     assert 'backend = "navrl-2d"' in (tmp_path / "config.toml").read_text()
+    # It checkpoints like the embedded backend, env state included, and resumes from it.
+    written = [r["iteration"] for r in records if r["event"] == "checkpoint written"]
+    assert written == [4]  # the final snapshot (checkpoint.interval is 100 by default)
+    again = navrl_cli(
+        "run", "--state-dir", str(tmp_path), *TINY, "run.total_frames=384", "env.backend=navrl-2d"
+    )
+    assert again.returncode == 0, again.stderr
+    resumed = [json.loads(x) for x in again.stderr.splitlines() if '"resumed from' in x]
+    assert resumed and resumed[0]["iteration"] == 4 and resumed[0]["env_restored"] is True
 
 
 def test_run_with_isaac_but_no_isaac_sim_exits_78(tmp_path: Path) -> None:
