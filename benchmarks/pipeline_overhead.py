@@ -99,6 +99,23 @@ def one(
     print(json.dumps(result))
 
 
+def alternate(script: str, variants: Any, args: argparse.Namespace) -> dict[str, list[dict]]:
+    """Each variant `args.repeats` times, interleaved, each run a fresh `script --one`
+    process (see the module docstring); the JSON each run printed, by variant."""
+    base = [str(args.config), args.device, str(args.warmup), str(args.iterations)]
+    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+    for _ in range(args.repeats):
+        for variant in variants:
+            out = subprocess.run(
+                [sys.executable, script, "--one", variant, *base, *args.overrides],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+            runs[variant].append(json.loads(out.strip().splitlines()[-1]))
+    return runs
+
+
 def summary(values: list[float]) -> dict[str, float]:
     return {
         "median": round(statistics.median(values), 1),
@@ -120,18 +137,8 @@ def main() -> None:
         one(variant, Path(path), device, int(warmup), int(iterations), overrides)
         return
     args = parser.parse_args()
-    base = [str(args.config), args.device, str(args.warmup), str(args.iterations)]
-    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
     t0 = time.perf_counter()
-    for _ in range(args.repeats):
-        for variant in VARIANTS:
-            out = subprocess.run(
-                [sys.executable, __file__, "--one", variant, *base, *args.overrides],
-                check=True,
-                capture_output=True,
-                text=True,
-            ).stdout
-            runs[variant].append(json.loads(out.strip().splitlines()[-1]))
+    runs = alternate(__file__, VARIANTS, args)
     cfg = make_config(args.config, args.device, args.overrides)
     fps = {k: [r["frames_per_s"] for r in v] for k, v in runs.items()}
     print(

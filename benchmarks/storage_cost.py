@@ -18,14 +18,12 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
-from pipeline_overhead import REPO, daemon, make_config, summary
+from pipeline_overhead import REPO, alternate, daemon, make_config, summary
 
 from navrl_daemon.ops.logging import configure_logging
 
@@ -55,18 +53,8 @@ def main() -> None:
         one(variant, Path(path), device, int(warmup), int(iterations), extra)
         return
     args = parser.parse_args()
-    base = [str(args.config), args.device, str(args.warmup), str(args.iterations)]
-    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
     t0 = time.perf_counter()
-    for _ in range(args.repeats):
-        for variant in VARIANTS:
-            out = subprocess.run(
-                [sys.executable, __file__, "--one", variant, *base, *args.overrides],
-                check=True,
-                capture_output=True,
-                text=True,
-            ).stdout
-            runs[variant].append(json.loads(out.strip().splitlines()[-1]))
+    runs = alternate(__file__, VARIANTS, args)
     fps = {k: [r["frames_per_s"] for r in v] for k, v in runs.items()}
     base_fps = statistics.median(fps["baseline"])
     cfg = make_config(args.config, args.device, args.overrides)

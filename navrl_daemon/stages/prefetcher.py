@@ -163,15 +163,8 @@ class HDF5Prefetcher:
                 lease.meta["seq"] = seq
                 waited, waited_before = pf.stats().wait_seconds_total, waited
                 self.on_batch(waited - waited_before)  # this batch's wait for the workers
-                try:
-                    await self.batches.send(lease)
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    lease.release()
-                    return  # the trainer is gone (offline.steps done)
-                except BaseException:
-                    lease.release()
-                    raise
-                self.sent += 1
+                if not await self._hand_over(lease):
+                    return
         finally:
             for _, lease in in_flight:
                 lease.release()
@@ -203,16 +196,26 @@ class HDF5Prefetcher:
                     self.on_batch(time.perf_counter() - t0)
                     lease.meta["batch"] = batch
                     lease.meta["seq"] = self.sent
-                    await self.batches.send(lease)
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    lease.release()
-                    return  # the trainer is gone (offline.steps done)
                 except BaseException:
                     lease.release()
                     raise
-                self.sent += 1
+                if not await self._hand_over(lease):
+                    return
 
         return serve
+
+    async def _hand_over(self, lease: Lease) -> bool:
+        """Send a filled lease to the trainer; False (lease released) once it has gone."""
+        try:
+            await self.batches.send(lease)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            lease.release()
+            return False  # the trainer is gone (offline.steps done)
+        except BaseException:
+            lease.release()
+            raise
+        self.sent += 1
+        return True
 
     async def _close(self) -> None:
         if self._prefetcher is not None:
