@@ -13,9 +13,17 @@ import re
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from navrl_daemon.errors import ConfigError
 
@@ -44,6 +52,39 @@ class RunConfig(Section):
     shutdown_timeout_s: PosFloat = 60.0
     # 0 keeps torch's default intra-op thread count.
     torch_threads: NonNegInt = 0
+
+
+class PromotionRule(Section):
+    # An evaluation passes when reach_goal >= reach_goal and collision <= collision; `evals`
+    # passes in a row at this stage move training to the next one (docs/learning.md).
+    reach_goal: Annotated[float, Field(ge=0.0, le=1.0)] = 0.8
+    collision: Annotated[float, Field(ge=0.0, le=1.0)] = 1.0
+    evals: Annotated[int, Field(ge=1, le=1_000_000)] = 2
+
+
+class CurriculumStage(Section):
+    """One stage of `env.curriculum`: these env keys replace the env section's while the
+    stage lasts (unset keys keep the section's value); `promote` says when it ends."""
+
+    name: str = ""
+    num_obstacles: int | None = None
+    num_dynamic_obstacles: int | None = None
+    dynamic_speed_range: list[float] | None = None
+    goal_distance: list[float] | None = None
+    spawn: Literal["border", "local"] | None = None
+    spawn_margin: float | None = None
+    spawn_height: list[float] | None = None
+    max_episode_length: int | None = None
+    promote: PromotionRule | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_unset(self, handler: Any) -> dict[str, Any]:
+        # Unset keys mean "the env section's value"; TOML has no null to write them as.
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+    def env_overrides(self) -> dict[str, Any]:
+        skip = ("name", "promote")
+        return {k: v for k, v in self.model_dump().items() if k not in skip}
 
 
 class EnvConfig(Section):
@@ -75,6 +116,9 @@ class EnvConfig(Section):
     # First-order velocity tracking that stands in for Isaac's Lee controller (1/2.2 s).
     velocity_time_constant: Annotated[float, Field(gt=0.0, le=10.0)] = 0.45
     thrust_to_weight: Annotated[float, Field(gt=1.0, le=20.0)] = 3.4
+    # Training stages, easiest first, promoted on evaluations (env/curriculum.py); empty:
+    # train on this section as it is.
+    curriculum: list[CurriculumStage] = []
 
     @field_validator("num_dynamic_obstacles")
     @classmethod
@@ -90,6 +134,28 @@ class EnvConfig(Section):
             if lo > hi:
                 raise ValueError(f"{name}: [min, max] with min <= max, got [{lo}, {hi}]")
         return self
+
+    @model_validator(mode="after")
+    def _curriculum(self) -> EnvConfig:
+        last = len(self.curriculum) - 1
+        for i, stage in enumerate(self.curriculum):
+            where = f"curriculum[{i}]" + (f" ({stage.name})" if stage.name else "")
+            if i < last and stage.promote is None:
+                raise ValueError(f"{where}: needs a promote rule (every stage but the last)")
+            if i == last and stage.promote is not None:
+                raise ValueError(f"{where}: the last stage has nowhere to promote to; drop promote")
+            try:
+                self.stage_env(i)
+            except ValidationError as err:
+                problems = [(".".join(map(str, e["loc"])), e["msg"]) for e in err.errors()]
+                text = "; ".join(f"{loc}: {msg}" if loc else msg for loc, msg in problems)
+                raise ValueError(f"{where}: {text.replace('Value error, ', '')}") from None
+        return self
+
+    def stage_env(self, index: int) -> EnvConfig:
+        """This section with curriculum stage `index`'s keys in place (no curriculum)."""
+        data = self.model_dump(exclude={"curriculum"})
+        return EnvConfig.model_validate({**data, **self.curriculum[index].env_overrides()})
 
 
 class PPOConfig(Section):
@@ -201,25 +267,25 @@ class PrefetchConfig(Section):
 
 
 class OfflineConfig(Section):
-    # "bc": behaviour cloning from prefetched batches; "ppo+bc": PPO plus bc_coef * BC loss.
+    # "bc": behaviour cloning from prefetched batches, no env (docs/datasets.md);
+    # "ppo+bc": PPO plus bc_coef * BC loss on rollout-archive batches.
     objective: Literal["none", "bc", "ppo+bc"] = "none"
     bc_coef: Annotated[float, Field(ge=0.0, le=1e6, allow_inf_nan=False)] = 1.0
     # Gradient steps of a purely offline run (0: until a signal).
     steps: NonNegInt = 0
     # Transitions loaded from prefetch.paths, files in order (0: all).
     max_samples: NonNegInt = 0
+    # Adam learning rate of a purely offline run ("ppo+bc" uses the ppo section's).
+    lr: PosFloat = 1e-3
 
-    @field_validator("objective")
-    @classmethod
-    def _wired(cls, v: str) -> str:
-        # Remove once daemon.py builds the HDF5Prefetcher stage and the trainer takes
-        # batches (stages/prefetcher.py): until then "bc" would silently train online PPO.
-        if v != "none":
-            raise ValueError(
-                f'"{v}" is not wired into `run` yet (stages/prefetcher.py, rl/bc.py exist); '
-                'allowed now: "none"'
-            )
-        return v
+
+class DistributedConfig(Section):
+    """Only read when a launcher (torchrun) starts this process as one of several ranks."""
+
+    # A collective that waits longer than this (a rank hung or gone) stops the run, non-zero.
+    timeout_s: Annotated[float, Field(ge=5.0, le=86_400.0)] = 300.0
+    # Every N iterations the ranks compare parameter checksums (0 = never).
+    check_interval: NonNegInt = 50
 
 
 class MetricsConfig(Section):
@@ -248,6 +314,7 @@ class Config(Section):
     archive: ArchiveConfig = ArchiveConfig()
     prefetch: PrefetchConfig = PrefetchConfig()
     offline: OfflineConfig = OfflineConfig()
+    distributed: DistributedConfig = DistributedConfig()
     metrics: MetricsConfig = MetricsConfig()
     log: LogConfig = LogConfig()
 
@@ -263,6 +330,22 @@ class Config(Section):
             raise ValueError(
                 "pipeline.lease_pool: max_policy_lag = 1 overlaps collection and training "
                 f"and needs at least 2 buffers, got {self.pipeline.lease_pool}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _offline(self) -> Config:
+        objective = self.offline.objective
+        if objective != "none" and not self.prefetch.paths:
+            raise ValueError(
+                f'prefetch.paths: offline.objective = "{objective}" needs at least one '
+                "dataset file or glob"
+            )
+        if objective == "ppo+bc" and self.prefetch.layout != "archive":
+            raise ValueError(
+                'prefetch.layout: offline.objective = "ppo+bc" clones recorded navigation '
+                'actions and needs "archive" (rollout archives), got '
+                f'"{self.prefetch.layout}"'
             )
         return self
 
@@ -358,9 +441,9 @@ def validate(data: Mapping[str, Any]) -> Config:
 def _describe(err: ValidationError) -> str:
     lines = []
     for item in err.errors():
-        loc = ".".join(str(p) for p in item["loc"] if not isinstance(p, int)) or "config"
-        idx = [p for p in item["loc"] if isinstance(p, int)]
-        where = f"{loc}[{idx[0]}]" if idx else loc
+        # ("env", "curriculum", 0, "spawn") reads env.curriculum[0].spawn
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in item["loc"])
+        where = where.removeprefix(".") or "config"
         kind = item["type"]
         if kind == "extra_forbidden":
             parent = _section_model(item["loc"][:-1])
@@ -377,8 +460,12 @@ def _describe(err: ValidationError) -> str:
 def _section_model(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     model: type[BaseModel] = Config
     for part in loc:
+        if isinstance(part, int):
+            continue  # an item of a list of sections (env.curriculum)
         field = model.model_fields.get(str(part))
         ann = field.annotation if field else None
+        if get_origin(ann) is list or (ann is not None and type(None) in get_args(ann)):
+            ann = next((a for a in get_args(ann) if isinstance(a, type)), None)
         if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
             return None
         model = ann

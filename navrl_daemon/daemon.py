@@ -8,6 +8,11 @@
 ```
 Before anything runs, the newest valid checkpoint in `STATE_DIR/checkpoints` (if any) is
 loaded into the learner and the collector (stages/resume.py).
+
+Started by torchrun as one of several ranks (runtime/distributed.py), every rank runs a
+producer and a trainer on its own envs, and the trainers average gradients; rank 0 alone
+owns the state dir (lock, checkpoints, evaluations, archive, history) and the others only
+train. All ranks stop at the same rollout, agreed on in the producer.
 """
 
 from __future__ import annotations
@@ -24,13 +29,15 @@ import anyio
 import structlog
 import torch
 
-from navrl_daemon import __version__
+from navrl_daemon import __version__, offline_run
 from navrl_daemon.config import Config, resolve_device, to_toml
-from navrl_daemon.errors import StageFailed
+from navrl_daemon.env.curriculum import Curriculum
+from navrl_daemon.errors import ConfigError, DataError, StageFailed
 from navrl_daemon.ops.http import Health, MetricsServer
+from navrl_daemon.ops.logging import bind_process_fields
 from navrl_daemon.ops.metrics import Metrics
 from navrl_daemon.rl.evaluate import evaluate
-from navrl_daemon.rl.snapshot import collector_state
+from navrl_daemon.rl.snapshot import learner_state, restore_learner
 from navrl_daemon.rl.training import (
     Collector,
     Learner,
@@ -41,6 +48,7 @@ from navrl_daemon.rl.training import (
 )
 from navrl_daemon.runtime.channels import Channel, Overflow
 from navrl_daemon.runtime.compute import ComputeThread
+from navrl_daemon.runtime.distributed import Ranks, World, collector_for_rank
 from navrl_daemon.runtime.leases import LeasePool
 from navrl_daemon.runtime.lock import StateDirLock
 from navrl_daemon.runtime.sd_notify import ProgressWatchdog, SystemdNotifier
@@ -48,7 +56,7 @@ from navrl_daemon.runtime.supervisor import Shutdown, State, Supervisor
 from navrl_daemon.stages import resume
 from navrl_daemon.stages.archiver import RolloutArchiver, archive_channel
 from navrl_daemon.stages.checkpoint_writer import CheckpointWriter
-from navrl_daemon.stages.evaluator import Evaluator
+from navrl_daemon.stages.evaluator import Evaluator, StageEvaluation
 from navrl_daemon.stages.messages import PolicyWeights, Snapshot
 from navrl_daemon.stages.producer import RolloutProducer
 from navrl_daemon.stages.progress import ProgressLog
@@ -73,17 +81,28 @@ EXTEND_STOP_S = 30.0
 
 def run(cfg: Config, state_dir: Path) -> int:
     """Train until `run.total_frames` or a signal. Raises NavrlError subclasses."""
+    world = World.from_environ()
+    serving = functools.partial(serve, cfg, state_dir, world=world)
+    if world.distributed:
+        bind_process_fields(rank=world.rank)
+    if not world.leader:  # rank 0 owns the state dir; this rank only trains
+        anyio.run(serving)
+        return 0
     with StateDirLock(state_dir):
         write_atomic(state_dir / "config.toml", to_toml(cfg).encode())
-        anyio.run(serve, cfg, state_dir)
+        anyio.run(serving)
     return 0
 
 
 async def serve(
-    cfg: Config, state_dir: Path, observe: Callable[[IterationRecord], None] | None = None
+    cfg: Config,
+    state_dir: Path,
+    observe: Callable[[IterationRecord], None] | None = None,
+    world: World | None = None,
 ) -> None:
     """The daemon's event loop. `observe` sees every iteration's record (benchmarks, tests)."""
-    device = torch.device(resolve_device(cfg))
+    world = world or World()
+    device = world.device(resolve_device(cfg))
     if cfg.run.torch_threads:
         torch.set_num_threads(cfg.run.torch_threads)
     log.info(
@@ -93,18 +112,22 @@ async def serve(
         device=str(device),
         state_dir=str(state_dir),
         num_envs=cfg.env.num_envs,
-        frames_per_iteration=cfg.frames_per_iteration,
+        frames_per_iteration=cfg.frames_per_iteration * world.world_size,
         total_frames=cfg.run.total_frames,
         max_policy_lag=cfg.pipeline.max_policy_lag,
+        **({"rank": world.rank, "world_size": world.world_size} if world.distributed else {}),
     )
-    telemetry = Telemetry(cfg, device, observe)
+    telemetry = Telemetry(cfg, device, observe, world)
     shutdown = Shutdown()
     threads = ComputeThreads(device)
+    ranks: Ranks | None = None
     failure: StageFailed | None = None
     try:
+        if world.distributed:
+            ranks = await anyio.to_thread.run_sync(Ranks, world, device, cfg.distributed.timeout_s)
         telemetry.start()
         stages = await threads.producer.run(
-            build_stages, cfg, state_dir, device, shutdown, threads, telemetry
+            build_stages, cfg, state_dir, device, shutdown, threads, telemetry, ranks
         )
 
         def on_state(state: State) -> None:
@@ -128,6 +151,8 @@ async def serve(
     finally:
         telemetry.close()
         threads.close()
+        if ranks is not None:
+            ranks.close()
     if failure is not None:
         raise failure
     log.info("stopped", reason=shutdown.reason or "total_frames reached")
@@ -160,8 +185,12 @@ class Telemetry:
         cfg: Config,
         device: torch.device,
         observe: Callable[[IterationRecord], None] | None = None,
+        world: World | None = None,
     ) -> None:
         self.cfg = cfg
+        self.world = world or World()
+        # Frames of one iteration over all ranks.
+        self.frames_per_iteration = cfg.frames_per_iteration * self.world.world_size
         self.observe = observe
         self.notifier = SystemdNotifier()
         self.watchdog = ProgressWatchdog(self.notifier)
@@ -185,12 +214,15 @@ class Telemetry:
         self._resumed_from: int | None = None
         self._checkpoint: dict[str, Any] = {}  # the last checkpoint written by this process
         self._stall_s = 0.0  # checkpoint stall seconds counted in earlier rows
+        self._curriculum_stage: int | None = None  # with env.curriculum: the training stage
 
     def start(self) -> None:
         if not self.cfg.metrics.enabled:
             return
         m = self.cfg.metrics
-        self.server = MetricsServer(self.metrics, self.health, m.address, m.port)
+        # Every rank on a machine exports its own metrics: base port + local rank.
+        port = m.port + self.world.local_rank if m.port else 0
+        self.server = MetricsServer(self.metrics, self.health, m.address, port)
         try:
             self.server.start()
         except OSError as err:
@@ -248,7 +280,7 @@ class Telemetry:
         if record.rolled_back:
             self.metrics.rollback()
         self.metrics.iteration(
-            frames_delta=self.cfg.frames_per_iteration,
+            frames_delta=self.frames_per_iteration,
             policy_version=record.iteration,
             policy_lag=record.policy_lag,
             losses=record.losses,
@@ -297,8 +329,15 @@ class Telemetry:
         }
         if self._resumed_from is not None:
             row["resumed_from"] = self._resumed_from
+        if self._curriculum_stage is not None:
+            row["curriculum_stage"] = self._curriculum_stage
         self._row_iteration, self._stall_s, self._resumed_from = summary["iteration"], stall, None
         return row
+
+    def curriculum_stage(self, stage: int) -> None:
+        """The training env is now at curriculum stage `stage`."""
+        self._curriculum_stage = stage
+        self.metrics.curriculum_stage(stage)
 
     def evaluation(self, record: dict[str, Any]) -> None:
         self.metrics.evaluation(record)
@@ -331,18 +370,32 @@ def build_stages(
     shutdown: Shutdown,
     threads: ComputeThreads,
     telemetry: Telemetry,
+    ranks: Ranks | None = None,
 ) -> list[Any]:
     """Everything heavy (env, policy, buffers) is built here, off the event loop."""
+    world = ranks.world if ranks is not None else World()
+    offline_run.refuse_distributed(cfg, world.distributed)
+    if cfg.offline.objective == "bc":  # no env: prefetcher → offline trainer (offline_run.py)
+        return offline_run.bc_stages(cfg, state_dir, device, shutdown, threads, telemetry)
     checkpoints = CheckpointDir(state_dir / "checkpoints")
-    found = resume.newest_checkpoint(checkpoints)
-    torch.manual_seed(cfg.run.seed)
+    found = _checkpoint_to_resume(checkpoints, ranks)
+    torch.manual_seed(cfg.run.seed)  # the same initial weights on every rank
     policy = make_policy(cfg, device)
     learner = Learner.build(cfg, policy, device)
-    collector = Collector.build(cfg, acting_copy(policy), device)
+    if ranks is not None:
+        learner.reducer, learner.check_interval = ranks.reducer, cfg.distributed.check_interval
+        torch.manual_seed(cfg.run.seed + world.rank)  # each rank samples its own actions
+    curriculum = _curriculum(cfg, ranks)
+    train_cfg = cfg.model_copy(update={"env": curriculum.env_config(0)}) if curriculum else cfg
+    collector = Collector.build(_rank_config(train_cfg, world), acting_copy(policy), device)
     first = collector.new_buffer()
     start_frames = 0
     if found is not None:
-        resumed = resume.restore(cfg, *found, learner, collector)
+        path, header, state = found
+        state = {**state, "collector": collector_for_rank(state.get("collector"), world)}
+        resumed = resume.restore(cfg, path, header, state, learner, collector, curriculum)
+        if curriculum is not None and resumed.env_restored:
+            resume.replay_evaluations(curriculum, state_dir / "eval" / "results.jsonl", resumed)
         collector.policy.load_state_dict(policy.state_dict())
         start_frames = resumed.frames
         log.info(
@@ -353,12 +406,20 @@ def build_stages(
             kind=resumed.kind,
             env_restored=resumed.env_restored,
         )
-        telemetry.run_starts(state_dir, resumed.iteration, resumed.frames)
+        if world.leader:
+            telemetry.run_starts(state_dir, resumed.iteration, resumed.frames)
     else:
         log.info("no checkpoint: starting a new run", checkpoints=str(checkpoints.path))
-        telemetry.run_starts(state_dir, 0, 0)
+        if world.leader:
+            telemetry.run_starts(state_dir, 0, 0)
+    if ranks is not None:
+        ranks.reducer.broadcast_module(policy)  # rank 0's weights, whatever happened above
+        collector.policy.load_state_dict(policy.state_dict())
+    frames_per_iteration = cfg.frames_per_iteration * world.world_size
     pool = LeasePool([first, *(first.clone() for _ in range(cfg.pipeline.lease_pool - 1))])
 
+    if curriculum is not None:
+        telemetry.curriculum_stage(curriculum.applied)
     rollouts: Channel[Any] = Channel("rollouts", cfg.pipeline.lease_pool, Overflow.BLOCK)
     weights: Channel[PolicyWeights] = Channel("weights", 1, Overflow.COALESCE)
     channels: list[Channel[Any]] = [rollouts, weights]
@@ -368,15 +429,37 @@ def build_stages(
         [rollouts.sender()],
         weights.receiver(),
         max_policy_lag=cfg.pipeline.max_policy_lag,
-        frames_per_rollout=cfg.frames_per_iteration,
+        frames_per_rollout=frames_per_iteration,
         total_frames=cfg.run.total_frames,
         shutdown=shutdown,
         compute=threads.producer,
         start_iteration=learner.version,
         start_frames=start_frames,
         checkpoint_interval=cfg.checkpoint.interval,
+        curriculum=curriculum,
+        on_stage=telemetry.curriculum_stage,
+        ranks=ranks,
     )
     stages: list[Any] = [producer]
+    if not world.leader:
+        trainer = Trainer(
+            learner,
+            rollouts.receiver(),
+            [weights.sender()],
+            frames_per_iteration=frames_per_iteration,
+            shutdown=shutdown,
+            compute=threads.trainer,
+            export_path=state_dir / "export" / "policy.pt",
+            on_iteration=telemetry.iteration,
+            start_frames=start_frames,
+            rollback=functools.partial(_shared_rollback, ranks, checkpoints),
+        )
+        trainer.flush = _no_export  # type: ignore[method-assign]  # rank 0 exports
+        stages.insert(1, trainer)
+        for channel in channels:
+            telemetry.metrics.watch_channel(channel)
+        telemetry.metrics.watch_pool(pool)
+        return stages
 
     if cfg.archive.interval:
         archive = archive_channel(cfg.archive, on_dropped=telemetry.metrics.archive_dropped)
@@ -419,26 +502,40 @@ def build_stages(
         to_eval: Channel[PolicyWeights] = Channel("evaluations", 1, Overflow.COALESCE)
         eval_sender = to_eval.sender()
         channels.append(to_eval)
-        eval_env = make_eval_env(cfg, device)
+        if curriculum is None:
+            eval_env = make_eval_env(cfg, device)
+            evaluation: Callable[[Any], dict[str, Any]] = functools.partial(
+                evaluate, eval_env, seed=cfg.eval.seed, max_steps=eval_steps(cfg)
+            )
+        else:  # at the curriculum's current stage
+            evaluation = StageEvaluation(cfg, curriculum, device)
         stages.append(
             Evaluator(
                 acting_copy(policy),
-                functools.partial(
-                    evaluate, eval_env, seed=cfg.eval.seed, max_steps=eval_steps(cfg)
-                ),
+                evaluation,
                 to_eval.receiver(),
                 results_path=state_dir / "eval" / "results.jsonl",
                 shutdown=shutdown,
                 compute=threads.evaluator,
                 on_result=on_eval,
+                curriculum=curriculum,
             )
         )
 
+    if ranks is None:
+        final_collector = producer.collector_state
+        rollback = functools.partial(resume.load_learner, checkpoints)
+    else:  # every rank's env state, gathered by the producers when they stopped
+
+        def final_collector() -> dict[str, Any] | None:
+            return producer.final_state
+
+        rollback = functools.partial(_shared_rollback, ranks, checkpoints)
     trainer = Trainer(
         learner,
         rollouts.receiver(),
         [weights.sender()],
-        frames_per_iteration=cfg.frames_per_iteration,
+        frames_per_iteration=frames_per_iteration,
         shutdown=shutdown,
         compute=threads.trainer,
         export_path=state_dir / "export" / "policy.pt",
@@ -450,18 +547,77 @@ def build_stages(
             snapshots.sender(),
             cfg.checkpoint.interval,
             SnapshotStaging(cfg.checkpoint.queue_size + 2),
-            collector_state=functools.partial(collector_state, collector),
+            collector_state=final_collector,
             static=resume.static_state(cfg),
             on_stall=telemetry.metrics.checkpoint_stall,
-            rollback=functools.partial(resume.load_learner, checkpoints),
+            rollback=rollback,
         ),
     )
+    if cfg.offline.objective == "ppo+bc":  # + a BC term from prefetched archive batches
+        trainer, prefetcher = offline_run.with_bc_term(cfg, trainer, device, shutdown, telemetry)
+        stages.append(prefetcher)
     stages.insert(1, trainer)
     stages.append(writer)
     for channel in channels:
         telemetry.metrics.watch_channel(channel)
     telemetry.metrics.watch_pool(pool)
     return stages
+
+
+def _checkpoint_to_resume(
+    checkpoints: CheckpointDir, ranks: Ranks | None
+) -> tuple[Path, Any, dict[str, Any]] | None:
+    """The newest valid checkpoint (stages/resume.py); in a distributed run rank 0 reads
+    it and every rank gets rank 0's choice, or its DataError."""
+    if ranks is None:
+        return resume.newest_checkpoint(checkpoints)
+    found, error = None, None
+    if ranks.world.leader:
+        try:
+            found = resume.newest_checkpoint(checkpoints)
+        except DataError as err:
+            error = err
+    return ranks.share_checkpoint(found, error)
+
+
+def _curriculum(cfg: Config, ranks: Ranks | None) -> Curriculum | None:
+    if not cfg.env.curriculum:
+        return None
+    if ranks is not None:
+        raise ConfigError(
+            "env.curriculum: not supported in a distributed (torchrun) run yet; "
+            "rank 0 alone evaluates, and evaluations drive the promotions"
+        )
+    return Curriculum(cfg.env)
+
+
+def _rank_config(cfg: Config, world: World) -> Config:
+    """The config a rank's env is built with: rank r's envs are seeded with seed + r
+    (rank 0, and a single process, keep `run.seed`)."""
+    if not world.rank:
+        return cfg
+    run = cfg.run.model_copy(update={"seed": cfg.run.seed + world.rank})
+    return cfg.model_copy(update={"run": run})
+
+
+def _shared_rollback(ranks: Ranks, checkpoints: CheckpointDir, learner: Learner) -> Path:
+    """Rollback in a distributed run: rank 0 loads its newest checkpoint's learner state
+    and every other rank gets the same state (or rank 0's error) from it."""
+    if ranks.world.leader:
+        try:
+            path = resume.load_learner(checkpoints, learner)
+        except Exception as err:
+            ranks.share_learner_state(None, str(err))
+            raise
+        ranks.share_learner_state((str(path), learner_state(learner)), None)
+        return path
+    path_name, state = ranks.share_learner_state(None, None)
+    restore_learner(learner, state, counters=False)
+    return Path(path_name)
+
+
+async def _no_export(deadline: float) -> None:
+    """A rank other than 0 exports nothing: rank 0's policy is the same."""
 
 
 def _eval_scores(results: Path) -> dict[int, float]:

@@ -25,6 +25,21 @@ class _CurrentStderr:
         return _isatty(sys.stderr)
 
 
+# Fields every line of this process carries, from any thread (the rank of a distributed
+# run); contextvars would not reach threads that were started before they were bound.
+_PROCESS_FIELDS: dict[str, Any] = {}
+
+
+def bind_process_fields(**fields: Any) -> None:
+    _PROCESS_FIELDS.update(fields)
+
+
+def _add_process_fields(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any]:
+    for key, value in _PROCESS_FIELDS.items():
+        event.setdefault(key, value)
+    return event
+
+
 def configure_logging(cfg: LogConfig, *, stream: Any = None) -> None:
     stream = stream or _CurrentStderr()
     fmt = cfg.format
@@ -38,6 +53,7 @@ def configure_logging(cfg: LogConfig, *, stream: Any = None) -> None:
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
+            _add_process_fields,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.StackInfoRenderer(),
@@ -47,7 +63,9 @@ def configure_logging(cfg: LogConfig, *, stream: Any = None) -> None:
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[cfg.level.upper()]
         ),
-        logger_factory=structlog.PrintLoggerFactory(file=stream),
+        # One write per line (message and newline together): ranks of a distributed run
+        # share the launcher's stderr, and a pipe keeps writes under PIPE_BUF whole.
+        logger_factory=structlog.WriteLoggerFactory(file=stream),
         cache_logger_on_first_use=False,
     )
 

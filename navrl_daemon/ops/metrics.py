@@ -41,7 +41,13 @@ SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2
 POLICY_LAG_BUCKETS = (0, 1, 2, 4, 8)
 
 # PPO's loss dict (rl/ppo.py STAT_NAMES) → (metric, label value).
-_LOSS_TERMS = {"actor_loss": "actor", "critic_loss": "critic", "entropy": "entropy"}
+# "bc": the behaviour-cloning loss of an offline objective (x bc_coef under "ppo+bc").
+_LOSS_TERMS = {
+    "actor_loss": "actor",
+    "critic_loss": "critic",
+    "entropy": "entropy",
+    "bc_loss": "bc",
+}
 _GRAD_GROUPS = {"actor_grad_norm": "actor", "critic_grad_norm": "critic"}
 # Episode stats (env STAT_KEYS) → (training metric, evaluation metric, what it says).
 _EPISODE_STATS = {
@@ -124,7 +130,8 @@ class Metrics:
         }
         self.loss = Gauge(
             "navrl_loss",
-            "Mean PPO loss term of the last update; NaN before the first.",
+            "Mean loss term (PPO's, or bc: behaviour cloning) of the last update or offline "
+            "step; NaN before the first.",
             ["term"],
             registry=r,
         )
@@ -239,6 +246,11 @@ class Metrics:
             for key, (_, name, what) in _EPISODE_STATS.items()
         }
         self.evaluations_total = Counter("navrl_evaluations", "Evaluations completed.", registry=r)
+        self.curriculum_stage_gauge = Gauge(
+            "navrl_curriculum_stage",
+            "Index of the env.curriculum stage the training env is at (0 without one).",
+            registry=r,
+        )
 
         # process
         ProcessCollector(registry=r)
@@ -363,6 +375,9 @@ class Metrics:
         """One finished evaluation (`rl.evaluate.evaluate`'s result)."""
         _set_means(self.eval, result)
         self.evaluations_total.inc()
+
+    def curriculum_stage(self, stage: int) -> None:
+        self.curriculum_stage_gauge.set(stage)
 
     # exposition
 

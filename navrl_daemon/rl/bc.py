@@ -13,6 +13,9 @@ Two policies, two losses, one step:
   normalised actions under its Beta distribution; this is the term `ppo+bc` adds to the
   PPO loss with weight `offline.bc_coef`.
 - `bc_step`: one gradient step of any such loss, with gradient clipping.
+- `BCLearner`: the trained policy of a purely offline ("bc") run with its optimiser and
+  step count; `step(batch)` is one gradient step, `state()` / `load()` what a checkpoint
+  holds of it.
 
 Pure compute: no files, no processes, no asyncio.
 """
@@ -20,6 +23,8 @@ Pure compute: no files, no processes, no asyncio.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import torch
 import torch.nn as nn
@@ -30,6 +35,8 @@ from torch.nn.utils import clip_grad_norm_
 from navrl_daemon.rl.policy import NavRLPolicy
 
 CAMERAS = 3
+# Where a rollout (archive) batch holds the recorded actions, normalised to (0, 1)³.
+ACTION_KEY = ("agents", "action_normalized")
 # Keeps Beta log-probs finite for recorded actions that sit on the (0, 1) boundary.
 BETA_EPS = 1e-4
 
@@ -113,3 +120,94 @@ def bc_step(
     grad_norm = clip_grad_norm_(parameters, max_grad_norm)
     optimizer.step()
     return {"bc_loss": float(loss.detach()), "grad_norm": float(grad_norm), "skipped": 0.0}
+
+
+PolicyKind = Literal["navigation", "image_joint"]
+
+
+class NonFiniteBC(RuntimeError):
+    """Too many consecutive BC steps had a non-finite loss."""
+
+
+@dataclass
+class BCLearner:
+    """The policy of a purely offline run, its Adam, and how many steps it has taken.
+
+    `kind` says which policy and loss: "navigation" (NavRLPolicy, `beta_bc_loss` on
+    rollout-archive batches) or "image_joint" (ImageJointPolicy, `mse_bc_loss` on
+    multimodal batches). A step with a non-finite loss is skipped but counted; more than
+    `max_nonfinite` in a row raise `NonFiniteBC`.
+    """
+
+    kind: PolicyKind
+    policy: nn.Module
+    optimizer: torch.optim.Optimizer
+    device: torch.device
+    max_grad_norm: float
+    max_nonfinite: int
+    steps: int = 0
+    nonfinite_streak: int = 0
+    _parameters: list[nn.Parameter] = field(default_factory=list, repr=False)
+
+    @classmethod
+    def build(
+        cls,
+        kind: PolicyKind,
+        policy: nn.Module,
+        *,
+        lr: float,
+        max_grad_norm: float,
+        max_nonfinite: int,
+        device: torch.device,
+    ) -> BCLearner:
+        optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
+        return cls(kind, policy, optimizer, device, max_grad_norm, max_nonfinite)
+
+    def loss(self, batch: TensorDictBase) -> torch.Tensor:
+        if self.kind == "navigation":
+            return beta_bc_loss(self.policy, batch, ACTION_KEY)  # type: ignore[arg-type]
+        return mse_bc_loss(self.policy, batch)  # type: ignore[arg-type]
+
+    def step(self, batch: TensorDictBase) -> dict[str, float]:
+        """One gradient step on a batch (moved to the device first)."""
+        if not self._parameters:
+            self._parameters = list(self.policy.parameters())
+        on_device = batch.to(self.device, non_blocking=True)
+        stats = bc_step(
+            lambda: self.loss(on_device), self._parameters, self.optimizer, self.max_grad_norm
+        )
+        self.steps += 1
+        self.nonfinite_streak = self.nonfinite_streak + 1 if stats["skipped"] else 0
+        if self.nonfinite_streak > self.max_nonfinite:
+            raise NonFiniteBC(
+                f"{self.nonfinite_streak} consecutive BC steps had a non-finite loss "
+                f"(ppo.max_nonfinite_updates = {self.max_nonfinite})"
+            )
+        return stats
+
+    def state(self) -> dict[str, Any]:
+        """References, not copies (stage them before the next step). A navigation policy
+        also goes under `learner.policy`, where `checkpoints export` and `eval` look."""
+        offline: dict[str, Any] = {
+            "kind": self.kind,
+            "optimizer": self.optimizer.state_dict(),
+            "steps": self.steps,
+        }
+        if self.kind == "navigation":
+            return {"learner": {"policy": self.policy.state_dict()}, "offline": offline}
+        return {"offline": {**offline, "policy": self.policy.state_dict()}}
+
+    def load(self, state: dict[str, Any]) -> None:
+        """The inverse of `state()`; KeyError/ValueError/RuntimeError when it does not fit.
+        The learning rate comes from the config, not the file."""
+        offline = state["offline"]
+        if offline["kind"] != self.kind:
+            raise ValueError(f"it trained a {offline['kind']} policy, this run a {self.kind} one")
+        policy = state["learner"]["policy"] if self.kind == "navigation" else offline["policy"]
+        self.policy.load_state_dict(policy)
+        lrs = [group["lr"] for group in self.optimizer.param_groups]
+        self.optimizer.load_state_dict(offline["optimizer"])
+        for group, lr in zip(self.optimizer.param_groups, lrs, strict=True):
+            group["lr"] = lr
+        self.steps = int(offline["steps"])
+        self.nonfinite_streak = 0

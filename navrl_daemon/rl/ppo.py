@@ -9,6 +9,7 @@ actor's, and the feature extractor's gradients are not clipped.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +17,7 @@ from tensordict import TensorDictBase
 from torch.nn.utils import clip_grad_norm_
 
 from navrl_daemon.config import PPOConfig
+from navrl_daemon.rl.data_parallel import DataParallel
 from navrl_daemon.rl.gae import compute_gae
 from navrl_daemon.rl.policy import ACTION_DIM, OBS_KEY, NavRLPolicy
 
@@ -77,14 +79,18 @@ def critic_loss(
     target: torch.Tensor,
     value_clip: float,
     huber_delta: float,
+    reducer: DataParallel | None = None,
 ) -> torch.Tensor:
     """max(Huber(target, v_clipped), Huber(target, v)): a max of two means, as NavRL.
 
-    v_clipped = v_old + clip(v − v_old, ±value_clip), all in normalised units.
+    v_clipped = v_old + clip(v − v_old, ±value_clip), all in normalised units. With a
+    `reducer` the means are over every rank's minibatch (this rank's share is returned).
     """
     clipped = old_value + (value - old_value).clamp(-value_clip, value_clip)
     loss_clipped = F.huber_loss(clipped, target, delta=huber_delta)
     loss_plain = F.huber_loss(value, target, delta=huber_delta)
+    if reducer is not None:
+        return reducer.max_of_means(loss_clipped, loss_plain)
     return torch.max(loss_clipped, loss_plain)
 
 
@@ -101,13 +107,17 @@ def explained_variance(value: torch.Tensor, target: torch.Tensor) -> torch.Tenso
 
 @torch.no_grad()
 def advantages_and_targets(
-    policy: NavRLPolicy, batch: TensorDictBase, cfg: PPOConfig
+    policy: NavRLPolicy,
+    batch: TensorDictBase,
+    cfg: PPOConfig,
+    reducer: DataParallel | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Normalised advantages and normalised value targets for a [N, T] batch.
 
     Updates the policy's ValueNorm with this batch's returns, as NavRL does once per
     iteration; a batch with a non-finite return leaves it alone, because one NaN there would
-    poison every later value target.
+    poison every later value target. With a `reducer`, the normalisation and the ValueNorm
+    update use the statistics of every rank's batch.
     """
     value_norm = policy.value_norm
     next_value = policy.value(policy.observe(batch.get("next")))
@@ -121,6 +131,11 @@ def advantages_and_targets(
         lmbda=cfg.lmbda,
         cut_truncation=cfg.gae_cut_truncation,
     )
+    if reducer is not None:
+        advantages = reducer.normalize(advantages)
+        if reducer.all_finite(returns):
+            value_norm.update(returns, moments=reducer.mean_and_mean_sq(returns))
+        return advantages, value_norm.normalize(returns)
     advantages = (advantages - advantages.mean()) / advantages.std().clamp(min=1e-7)
     if bool(torch.isfinite(returns).all()):  # one host sync per update
         value_norm.update(returns)
@@ -151,8 +166,19 @@ def update(
     cfg: PPOConfig,
     generator: torch.Generator | None = None,
     abort: threading.Event | None = None,
+    reducer: DataParallel | None = None,
+    aux_loss: Callable[[NavRLPolicy], dict[str, torch.Tensor]] | None = None,
 ) -> dict[str, float]:
     """cfg.epochs × cfg.minibatches gradient steps on one [N, T] rollout.
+
+    `aux_loss(policy)`, called once per minibatch, returns extra named scalar terms that
+    are added to the loss (the BC term of `offline.objective = "ppo+bc"`); each is
+    reported by name, averaged over the applied steps (this rank's).
+
+    With a `reducer` (torch.distributed data parallelism, rl/data_parallel.py) this rank's
+    rollout is its share of one global batch: batch statistics, the critic loss's max and
+    the gradients of every minibatch are reduced over ranks, so N ranks compute the update
+    one process would compute on all their rollouts.
 
     `abort`, once set (a forced shutdown), ends the update at the next minibatch boundary,
     so the weights are never left half-stepped.
@@ -161,7 +187,7 @@ def update(
     `minibatch_updates` (applied) and `nonfinite_updates` (skipped because the loss or a
     clipped gradient norm was not finite; Adam's state is then left untouched).
     """
-    advantages, targets = advantages_and_targets(policy, batch, cfg)
+    advantages, targets = advantages_and_targets(policy, batch, cfg, reducer)
     keys = [(*OBS_KEY, k) for k in ("state", "lidar", "dynamic_obstacle")]
     data = batch.select(*keys, ("agents", "action_normalized"), "sample_log_prob", "state_value")
     data.set("advantage", advantages)
@@ -169,7 +195,9 @@ def update(
     data = data.reshape(-1)
 
     device = advantages.device
+    params = [p for p in policy.parameters() if p.requires_grad]
     sums = torch.zeros(len(STAT_NAMES), device=device)
+    aux_sums: dict[str, torch.Tensor] = {}
     applied = skipped = 0
     for _ in range(cfg.epochs):
         for idx in minibatch_indices(data.shape[0], cfg.minibatches, generator, device):
@@ -185,13 +213,21 @@ def update(
             )
             l_entropy = entropy_loss(dist.entropy(), cfg.entropy_coef)
             l_critic = critic_loss(
-                value, mb.get("state_value"), mb.get("target"), cfg.value_clip, cfg.huber_delta
+                value,
+                mb.get("state_value"),
+                mb.get("target"),
+                cfg.value_clip,
+                cfg.huber_delta,
+                reducer,
             )
-            loss = l_actor + l_entropy + l_critic
+            aux = aux_loss(policy) if aux_loss is not None else {}
+            loss = l_actor + l_entropy + l_critic + sum(aux.values())
 
             for opt in optimizers.values():
                 opt.zero_grad()
             loss.backward()
+            if reducer is not None:
+                reducer.average_gradients(params, loss)
             actor_norm = clip_grad_norm_(policy.actor.parameters(), cfg.max_grad_norm)
             critic_norm = clip_grad_norm_(policy.critic.parameters(), cfg.max_grad_norm)
             # One host sync per minibatch: a skipped step must not move Adam's moments.
@@ -206,12 +242,17 @@ def update(
                 sums += torch.stack(
                     [l_actor, l_critic, l_entropy, actor_norm, critic_norm, explained_var]
                 )
+                for name, term in aux.items():
+                    aux_sums[name] = aux_sums.get(name, 0.0) + term.detach()
 
     for opt in optimizers.values():
         opt.zero_grad()
+    if reducer is not None:  # applied is the same on every rank
+        sums = reducer.sum(sums) / reducer.world_size
     means = (sums / applied).tolist() if applied else [float("nan")] * len(STAT_NAMES)
     return {
         **dict(zip(STAT_NAMES, means, strict=True)),
+        **{name: float(total) / applied for name, total in aux_sums.items()},
         "minibatch_updates": applied,
         "nonfinite_updates": skipped,
     }

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,7 @@ from torchrl.envs import EnvBase
 from navrl_daemon.config import Config
 from navrl_daemon.env import check_backend, make_env
 from navrl_daemon.rl import ppo
+from navrl_daemon.rl.data_parallel import DataParallel
 from navrl_daemon.rl.evaluate import evaluate
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.rl.rollout import EpisodeStats, collect, first_step, make_rollout_buffer
@@ -76,6 +78,12 @@ class Learner:
     # Number of updates applied: the version of the weights in `policy`.
     version: int = 0
     nonfinite_streak: int = 0
+    # Data parallelism over torch.distributed ranks (None: this process alone), and every
+    # how many updates the ranks compare parameter checksums (0: never).
+    reducer: DataParallel | None = None
+    check_interval: int = 0
+    # Extra loss terms per minibatch (ppo.update's `aux_loss`): the BC term of "ppo+bc".
+    aux_loss: Callable[[NavRLPolicy], dict[str, torch.Tensor]] | None = None
 
     @classmethod
     def build(cls, cfg: Config, policy: NavRLPolicy, device: torch.device | str) -> Learner:
@@ -88,10 +96,20 @@ class Learner:
     ) -> dict[str, float]:
         """PPO on one rollout. `abort` set → stop at the next minibatch boundary."""
         losses = ppo.update(
-            self.policy, self.optimizers, buffer, self.cfg.ppo, self.generator, abort=abort
+            self.policy,
+            self.optimizers,
+            buffer,
+            self.cfg.ppo,
+            self.generator,
+            abort=abort,
+            reducer=self.reducer,
+            aux_loss=self.aux_loss,
         )
         self._check_finite(losses)
         self.version += 1
+        every = self.check_interval
+        if self.reducer is not None and every and self.version % every == 0:
+            self.reducer.check_same(self.policy)
         return losses
 
     def weights(self) -> dict[str, torch.Tensor]:

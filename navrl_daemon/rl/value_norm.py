@@ -26,11 +26,16 @@ class ValueNorm(nn.Module):
         self.register_buffer("debiasing_term", torch.zeros(()))
 
     @torch.no_grad()
-    def update(self, x: torch.Tensor) -> None:
-        """Fold in one batch of returns ([..., 1]); every element weighs the same."""
+    def update(
+        self, x: torch.Tensor, moments: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> None:
+        """Fold in one batch of returns ([..., 1]); every element weighs the same.
+
+        `moments` = (mean(x), mean(x²)) of a larger batch x is part of (data parallelism)."""
         w = self.beta
-        self.running_mean.mul_(w).add_((1.0 - w) * x.mean())
-        self.running_mean_sq.mul_(w).add_((1.0 - w) * x.square().mean())
+        mean, mean_sq = moments if moments is not None else (x.mean(), x.square().mean())
+        self.running_mean.mul_(w).add_((1.0 - w) * mean)
+        self.running_mean_sq.mul_(w).add_((1.0 - w) * mean_sq)
         self.debiasing_term.mul_(w).add_(1.0 - w)
 
     def mean_var(self) -> tuple[torch.Tensor, torch.Tensor]:

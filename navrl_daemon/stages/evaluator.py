@@ -5,20 +5,30 @@ compute thread it is given (on CPU the one training uses, so evaluation costs tr
 exactly its own compute); its input channel coalesces, so a slow evaluation skips versions instead
 of slowing the trainer. Results go to `eval/results.jsonl` (one fsynced line each), the
 log, and an optional output channel (the checkpoint writer's keep-best).
+
+With a curriculum (env/curriculum.py) it evaluates at the curriculum's current stage
+(`StageEvaluation` rebuilds the eval env when the stage changes; `eval.layout` still
+chooses the spawn rule), and feeds every result to the curriculum, which decides
+promotions; the producer applies them between rollouts.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import structlog
+from torchrl.envs import EnvBase
 
+from navrl_daemon.config import Config
+from navrl_daemon.env.curriculum import Curriculum
+from navrl_daemon.rl.evaluate import evaluate
 from navrl_daemon.rl.policy import NavRLPolicy
+from navrl_daemon.rl.training import eval_steps, make_eval_env
 from navrl_daemon.runtime.channels import Receiver, Sender
 from navrl_daemon.runtime.compute import ComputeThread
 from navrl_daemon.runtime.supervisor import Shutdown
@@ -42,6 +52,7 @@ class Evaluator:
         compute: ComputeThread,
         results: Sender[dict[str, Any]] | None = None,
         on_result: Callable[[dict[str, Any]], None] = lambda _: None,
+        curriculum: Curriculum | None = None,
     ) -> None:
         self.policy = policy
         self.evaluate = evaluate
@@ -51,6 +62,7 @@ class Evaluator:
         self.on_result = on_result
         self.shutdown = shutdown
         self.compute = compute
+        self.curriculum = curriculum
 
     async def run(self) -> None:
         try:
@@ -63,6 +75,8 @@ class Evaluator:
                 record = await self.compute.run(self._evaluate, weights)
                 await anyio.to_thread.run_sync(append_line, self.results_path, json.dumps(record))
                 log.info("evaluation", **record)
+                if self.curriculum is not None:
+                    self._promote(self.curriculum, record)
                 self.on_result(record)
                 if self.results is not None:
                     await self.results.send(record)
@@ -83,5 +97,54 @@ class Evaluator:
             **results,
         }
 
+    def _promote(self, curriculum: Curriculum, record: dict[str, Any]) -> None:
+        promotion = curriculum.observe(record)
+        if promotion is None:
+            return
+        rule = curriculum.stages[promotion.from_stage].promote
+        log.info(
+            "curriculum promotion",
+            from_stage=promotion.from_stage,
+            to_stage=promotion.to_stage,
+            name=curriculum.name(promotion.to_stage),
+            rule=rule.model_dump() if rule else None,
+            **promotion.result,
+        )
+
     async def flush(self, deadline: float) -> None:
         """Every result is appended and fsynced as it is made: nothing left to write."""
+
+
+class StageEvaluation:
+    """`evaluate` at the curriculum's current stage, on an eval env rebuilt when the stage
+    changes; the result says which stage it was (`curriculum_stage`)."""
+
+    def __init__(self, cfg: Config, curriculum: Curriculum, device: Any) -> None:
+        self.cfg = cfg
+        self.curriculum = curriculum
+        self.device = device
+        self._env: tuple[int, EnvBase, int] | None = None  # stage, env, max steps
+
+    def __call__(self, policy: NavRLPolicy) -> dict[str, Any]:
+        stage = self.curriculum.stage
+        if self._env is None or self._env[0] != stage:
+            cfg = self.cfg.model_copy(update={"env": self.curriculum.env_config(stage)})
+            self._env = (stage, make_eval_env(cfg, self.device), eval_steps(cfg))
+        _, env, max_steps = self._env
+        results = evaluate(env, policy, seed=self.cfg.eval.seed, max_steps=max_steps)
+        return {**results, "curriculum_stage": stage}
+
+
+def read_results(path: Path) -> Iterator[dict[str, Any]]:
+    """The rows of `eval/results.jsonl` in order, skipping a torn last line (kill -9)."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and "iteration" in row:
+            yield row

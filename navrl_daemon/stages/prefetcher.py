@@ -16,19 +16,15 @@ the navigation policy, `rl.bc.beta_bc_loss`): uniform transitions from `ArchiveR
 decoded in a thread pool (pread + LZ4, no h5py lock to dodge), each an owned TensorDict
 under a lease from a pool of `depth + 1`.
 
-The batch sequence is deterministic given `prefetch.seed` (per-epoch permutations). On
+The batch sequence is deterministic given `prefetch.seed`, and batch k is a function of
+k alone (per-epoch permutations; for archives a generator seeded with (seed, k)), so a
+resumed run asks for `first_batch` = the batches it has used and goes on with the ones it
+had not seen. The daemon checks and loads the files at start-up and hands them in
+(`data`), so bad data stops it before any stage runs. On
 shutdown the stage stops at the next batch boundary, closes the channel, and stops its
 workers; a killed daemon's workers notice on their own (storage/prefetch.py).
 
-Wiring (daemon.py), only when `cfg.offline.objective != "none"`:
-
-```
-batches = Channel("batches", cfg.prefetch.depth, Overflow.BLOCK)
-HDF5Prefetcher(cfg.prefetch, cfg.offline, batches.sender(), shutdown=shutdown,
-               on_batch=metrics.prefetch_batch)
-# the trainer gets batches.receiver(), and the dataset's action statistics from
-# `prefetcher.ready` (an anyio.Event) / `prefetcher.action_stats`
-```
+Wiring: navrl_daemon/offline_run.py, when `offline.objective != "none"`.
 """
 
 from __future__ import annotations
@@ -66,7 +62,10 @@ class HDF5Prefetcher:
         shutdown: Shutdown,
         on_batch: Callable[[float], None] = lambda wait_s: None,
         first_batch: int = 0,
+        data: MultimodalDataset | ArchiveReader | None = None,
     ) -> None:
+        """`data`: the files already checked and loaded (`load_offline_data`); None loads
+        them when the stage starts. The stage closes it."""
         if not cfg.paths:
             raise ConfigError("prefetch.paths: at least one file or glob for an offline objective")
         self.cfg = cfg
@@ -79,7 +78,8 @@ class HDF5Prefetcher:
         self.first_batch = first_batch  # a resumed run's batches go on where they stopped
         self.sent = 0
         self._prefetcher: Prefetcher | None = None
-        self._archive: ArchiveReader | None = None
+        self._data = data if isinstance(data, MultimodalDataset) else None
+        self._archive = data if isinstance(data, ArchiveReader) else None
         self._thread = anyio.CapacityLimiter(1)  # one thread at a time talks to the workers
 
     async def run(self) -> None:
@@ -110,13 +110,10 @@ class HDF5Prefetcher:
     async def _start(self) -> Prefetcher:
         """Check the files, load their low-dim data, start the workers."""
         cfg = self.cfg
-        data = await anyio.to_thread.run_sync(
-            lambda: MultimodalDataset.load(
-                expand_paths(cfg.paths),
-                layout=cfg.layout,  # type: ignore[arg-type]  # "archive" served apart
-                max_samples=self.offline.max_samples,
-            )
-        )
+        data = self._data
+        if data is None:
+            data = await anyio.to_thread.run_sync(load_offline_data, cfg, self.offline)
+        assert isinstance(data, MultimodalDataset)
         self.action_stats = (data.action_mean, data.action_std)
         pf = Prefetcher(
             data,
@@ -176,13 +173,13 @@ class HDF5Prefetcher:
         Each batch is an owned TensorDict, lent under a lease from a pool of `depth + 1`
         so the memory stays bounded the same way. `offline.max_samples` is not applied."""
         cfg = self.cfg
-        reader = await anyio.to_thread.run_sync(
-            lambda: ArchiveReader(expand_paths(cfg.paths), workers=cfg.workers)
-        )
-        self._archive = reader
+        reader = self._archive
+        if reader is None:
+            reader = await anyio.to_thread.run_sync(load_offline_data, cfg, self.offline)
+            assert isinstance(reader, ArchiveReader)
+            self._archive = reader
         log.info("prefetching from archives", files=len(reader.files), frames=reader.frames)
         self.ready.set()
-        rng = np.random.default_rng(cfg.seed)
         pool: LeasePool[int] = LeasePool(list(range(cfg.depth + 1)), name="prefetch")
 
         async def serve() -> None:
@@ -190,12 +187,14 @@ class HDF5Prefetcher:
                 lease = await pool.acquire()
                 try:
                     t0 = time.perf_counter()
+                    seq = self.first_batch + self.sent
+                    rng = np.random.default_rng([cfg.seed, seq])
                     batch = await anyio.to_thread.run_sync(
                         reader.sample, cfg.batch_size, rng, limiter=self._thread
                     )
                     self.on_batch(time.perf_counter() - t0)
                     lease.meta["batch"] = batch
-                    lease.meta["seq"] = self.sent
+                    lease.meta["seq"] = seq
                 except BaseException:
                     lease.release()
                     raise
@@ -227,3 +226,15 @@ class HDF5Prefetcher:
     async def flush(self, deadline: float) -> None:
         """Nothing to write; the workers are stopped when `run` ends."""
         await self._close()
+
+
+def load_offline_data(
+    cfg: PrefetchConfig, offline: OfflineConfig
+) -> MultimodalDataset | ArchiveReader:
+    """Check the files of `prefetch.paths` and load what stays in RAM: a `MultimodalDataset`
+    (layouts A/B) or an open `ArchiveReader`. DataError (exit 65) naming file, key,
+    expected and found when one is bad."""
+    paths = expand_paths(cfg.paths)
+    if cfg.layout == "archive":
+        return ArchiveReader(paths, workers=cfg.workers)
+    return MultimodalDataset.load(paths, layout=cfg.layout, max_samples=offline.max_samples)

@@ -10,19 +10,28 @@ After each rollout whose update will be checkpointed it also captures the collec
 state (env, running TensorDict, RNGs) into the lease's meta: a checkpoint must pair the
 learner after update i with the collector right after rollout i, and only here is that
 moment known.
+
+With a curriculum (`env.curriculum`, env/curriculum.py) it also checks, before each
+rollout, whether the evaluator has promoted training to another stage; if so it builds
+that stage's env and resets it, so the rollout starts fresh episodes there (the episodes
+running in the old env are dropped, their stats never counted). The stage travels in
+the collector state, so a resumed run trains at the stage it stopped at.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import anyio
 import structlog
 
+from navrl_daemon.env.curriculum import Curriculum
 from navrl_daemon.rl.snapshot import collector_state
 from navrl_daemon.rl.training import Collector
 from navrl_daemon.runtime.channels import Receiver, Sender
 from navrl_daemon.runtime.compute import ComputeThread
+from navrl_daemon.runtime.distributed import Ranks
 from navrl_daemon.runtime.leases import LeasePool
 from navrl_daemon.runtime.supervisor import Shutdown
 from navrl_daemon.stages.messages import PolicyWeights
@@ -50,6 +59,9 @@ class RolloutProducer:
         checkpoint_interval: int = 0,
         archive: Sender | None = None,
         archive_interval: int = 0,
+        curriculum: Curriculum | None = None,
+        on_stage: Callable[[int], None] = lambda _: None,
+        ranks: Ranks | None = None,
     ) -> None:
         self.collector = collector
         self.pool = pool
@@ -66,16 +78,27 @@ class RolloutProducer:
         self.archive = archive
         self.archive_interval = archive_interval
         self.compute = compute
+        self.curriculum = curriculum
+        self.on_stage = on_stage
+        # A distributed run (runtime/distributed.py): the ranks vote before every rollout
+        # whether to go on, sum their episode stats, and gather their env states to rank 0
+        # for checkpoints; `final_state` is that gathered state once the producers stopped.
+        self.ranks = ranks
+        self.final_state: dict[str, Any] | None = None
 
     async def run(self) -> None:
+        agreed_end = False  # every rank ends here together: out of frames, or it voted so
         try:
-            while not self.shutdown.stopping and self._frames_left():
+            while (self.ranks is not None or not self.shutdown.stopping) and self._frames_left():
                 if not await self._catch_up():
                     break  # the trainer has gone: nothing more to collect for
                 lease = await self.pool.acquire()
-                if self.shutdown.stopping:  # the wait for a free buffer may have been long
+                if await self._stop_now():  # the wait for a free buffer may have been long
                     lease.release()
+                    agreed_end = True
                     break
+                if self.curriculum is not None:
+                    await self._follow_curriculum(self.curriculum)
                 lease.meta.update(iteration=self.iteration, policy_version=self.version)
                 structlog.contextvars.bind_contextvars(
                     iteration=self.iteration, policy_version=self.version
@@ -87,14 +110,23 @@ class RolloutProducer:
                     lease.release()
                     raise
                 lease.meta["collect_s"] = seconds
+                if self.ranks is not None and self._checkpoint_due():
+                    state = await anyio.to_thread.run_sync(self.ranks.gather_collectors, state)
                 if state is not None:
                     lease.meta["collector_state"] = state
-                lease.meta["episodes"] = self.collector.episodes.take_sums()
+                episodes = self.collector.episodes.take_sums()
+                if self.ranks is not None:
+                    episodes = await anyio.to_thread.run_sync(self.ranks.sum_episodes, episodes)
+                lease.meta["episodes"] = episodes
                 targets = [*self.outputs, *self._archive_if_due()]
                 for out, handle in zip(targets, lease.share(len(targets)), strict=True):
                     await out.send(handle)
                 self.iteration += 1
                 self.frames += self.frames_per_rollout
+            else:
+                agreed_end = True
+            if self.ranks is not None and agreed_end:
+                await self._gather_final_state()
         finally:
             for out in [*self.outputs, *([self.archive] if self.archive else [])]:
                 out.close()  # receivers drain what was sent, then end
@@ -105,8 +137,47 @@ class RolloutProducer:
 
     def _collect(self, buffer: object) -> tuple[float, dict | None]:
         seconds = self.collector.collect(buffer)  # type: ignore[arg-type]
-        due = self.checkpoint_interval and (self.iteration + 1) % self.checkpoint_interval == 0
-        return seconds, collector_state(self.collector) if due else None
+        return seconds, self.collector_state() if self._checkpoint_due() else None
+
+    def _checkpoint_due(self) -> bool:
+        """Whether the update on the rollout being collected will be checkpointed."""
+        interval = self.checkpoint_interval
+        return bool(interval) and (self.iteration + 1) % interval == 0
+
+    async def _stop_now(self) -> bool:
+        """Whether to stop before this rollout; in a distributed run, whether any rank
+        wants to, so every rank stops after the same rollout."""
+        if self.ranks is None:
+            return self.shutdown.stopping
+        return await anyio.to_thread.run_sync(self.ranks.agree_to_stop, self.shutdown.stopping)
+
+    async def _gather_final_state(self) -> None:
+        """Every rank's collector state after its last rollout, onto rank 0 (the final
+        checkpoint). Reached by every rank together: they stopped at the same rollout."""
+        state = await self.compute.run(self.collector_state)
+        assert self.ranks is not None
+        self.final_state = await anyio.to_thread.run_sync(self.ranks.gather_collectors, state)
+
+    def collector_state(self) -> dict[str, Any] | None:
+        """The collector's state for a checkpoint, with the curriculum's progress."""
+        state = collector_state(self.collector)
+        if state is not None and self.curriculum is not None:
+            state["curriculum"] = self.curriculum.state_dict()
+        return state
+
+    async def _follow_curriculum(self, curriculum: Curriculum) -> None:
+        stage = curriculum.stage
+        if stage == curriculum.applied:
+            return
+        await self.compute.run(use_stage, self.collector, curriculum, stage)
+        log.info(
+            "curriculum stage applied",
+            iteration=self.iteration,  # the first rollout at the new stage
+            stage=stage,
+            name=curriculum.name(stage),
+            env=curriculum.stages[stage].env_overrides(),
+        )
+        self.on_stage(stage)
 
     def _frames_left(self) -> bool:
         return self.frames < self.total_frames
@@ -135,3 +206,10 @@ class RolloutProducer:
 
     async def flush(self, deadline: float) -> None:
         """Nothing of its own to persist: rollouts in flight belong to their consumers."""
+
+
+def use_stage(collector: Collector, curriculum: Curriculum, stage: int) -> None:
+    """Put the collector on a fresh, reset env of curriculum `stage`."""
+    env = curriculum.build_env(stage, device=collector.env.device, seed=collector.cfg.run.seed)
+    collector.env, collector.td = env, env.reset()
+    curriculum.applied = stage

@@ -5,6 +5,8 @@ holds the learner (policy with ValueNorm, optimisers, minibatch RNG, version) an
 it is a warm start imported from a NavRL policy, the collector (env state, running
 TensorDict, episode stats, process RNGs). The collector half is restored only when the
 env config and seed are the ones it was saved with; otherwise new episodes start.
+With a curriculum, the collector state also holds its progress: the training env is
+rebuilt at the stage it was saved at before the env state is put back.
 """
 
 from __future__ import annotations
@@ -20,9 +22,12 @@ import torch
 
 from navrl_daemon import __version__
 from navrl_daemon.config import Config
+from navrl_daemon.env.curriculum import Curriculum
 from navrl_daemon.errors import DataError
 from navrl_daemon.rl.snapshot import SNAPSHOT_VERSION, restore_collector, restore_learner
 from navrl_daemon.rl.training import Collector, Learner
+from navrl_daemon.stages.evaluator import read_results
+from navrl_daemon.stages.producer import use_stage
 from navrl_daemon.storage.checkpoint import CheckpointDir, CheckpointHeader
 
 log = structlog.get_logger("resume")
@@ -95,6 +100,7 @@ def restore(
     state: dict[str, Any],
     learner: Learner,
     collector: Collector,
+    curriculum: Curriculum | None = None,
 ) -> Resumed:
     """Put `state` into learner and collector; DataError when it does not fit."""
     kind = state.get("kind")
@@ -118,11 +124,17 @@ def restore(
     env_restored = False
     saved = state.get("config", {})
     collected = state.get("collector")
-    same_env = saved.get("env") == cfg.env.model_dump() and (
+    # Checkpoints from before env.curriculum existed were saved without the key.
+    saved_env = {"curriculum": [], **saved.get("env", {})}
+    same_env = saved_env == cfg.env.model_dump() and (
         saved.get("run", {}).get("seed") == cfg.run.seed
     )
     if collected is not None and same_env:
         try:
+            if curriculum is not None and "curriculum" in collected:
+                curriculum.load_state_dict(collected["curriculum"])
+                if curriculum.applied != 0:
+                    use_stage(collector, curriculum, curriculum.applied)
             restore_collector(collector, collected)
             env_restored = True
         except (KeyError, RuntimeError, ValueError) as err:
@@ -142,3 +154,17 @@ def load_learner(directory: CheckpointDir, learner: Learner) -> Path:
         raise DataError(f"checkpoint {path}: a warm start holds no optimiser state")
     restore_learner(learner, state["learner"], counters=False)
     return path
+
+
+def replay_evaluations(curriculum: Curriculum, results: Path, resumed: Resumed) -> None:
+    """Count the evaluations up to the checkpoint that finished after it was taken (they
+    are in `results`, not in its curriculum progress), and log where the curriculum is."""
+    promotions = curriculum.replay(read_results(results), upto=resumed.iteration)
+    log.info(
+        "curriculum resumed",
+        stage=curriculum.stage,
+        name=curriculum.name(curriculum.stage),
+        streak=curriculum.progress.streak,
+        applied=curriculum.applied,
+        replayed_promotions=len(promotions),
+    )

@@ -88,6 +88,7 @@ class Trainer:
         eval_interval: int = 0,
         start_frames: int = 0,
         checkpoints: Checkpointing | None = None,
+        rollback: Callable[[Learner], Path] | None = None,
     ) -> None:
         self.learner = learner
         self.rollouts = rollouts
@@ -100,6 +101,9 @@ class Trainer:
         self.export_path = export_path
         self.on_iteration = on_iteration
         self.checkpoints = checkpoints
+        # Where the learner goes back to after too many non-finite updates: the writer's
+        # newest checkpoint (a rank without a writer gets rank 0's; runtime/distributed.py).
+        self.rollback = rollback or (checkpoints.rollback if checkpoints else None)
         self._rollbacks: dict[Path, int] = {}
         # Held while the weights change, so a flush never reads a half-stepped policy.
         self._weights_lock = threading.Lock()
@@ -168,7 +172,7 @@ class Trainer:
             try:
                 return self.learner.update(buffer, abort=self.shutdown.abort)  # type: ignore[arg-type]
             except NonFiniteTraining as err:
-                rollback = self.checkpoints and self.checkpoints.rollback
+                rollback = self.rollback
                 if not rollback:
                     raise
                 return self._roll_back(rollback, err)

@@ -73,6 +73,7 @@ METRICS: dict[str, str] = {
     "navrl_eval_return": GAUGE,
     "navrl_eval_episode_length_steps": GAUGE,
     "navrl_evaluations_total": COUNTER,
+    "navrl_curriculum_stage": GAUGE,
     # process: prometheus_client's process collector, and ours
     "process_resident_memory_bytes": GAUGE,
     "process_virtual_memory_bytes": GAUGE,

@@ -126,3 +126,73 @@ def test_non_finite_loss_skips_the_step() -> None:
     stats = bc_step(lambda: layer(torch.tensor([[float("nan"), 1.0]])).sum(),
                     list(layer.parameters()), optimizer, 1.0)  # fmt: skip
     assert stats["skipped"] == 1.0 and torch.equal(layer.weight, before)
+
+
+def test_ppo_update_adds_and_reports_aux_terms() -> None:
+    """`aux_loss` terms join the PPO loss of every minibatch and come back by name: a
+    constant term changes no weight, one with a gradient does."""
+    import copy
+
+    from navrl_daemon.config import load_config
+    from navrl_daemon.rl import ppo
+    from navrl_daemon.rl.training import Training
+    from tests.conftest import TINY
+
+    training = Training.build(load_config(None, TINY), "cpu")
+    training.collector.collect(training.buffer)
+    cfg = training.cfg.ppo
+
+    def updated(aux) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        policy = copy.deepcopy(training.policy)
+        optimizers = ppo.make_optimizers(policy, cfg)
+        g = torch.Generator().manual_seed(0)
+        stats = ppo.update(policy, optimizers, training.buffer, cfg, g, aux_loss=aux)
+        return policy.state_dict(), stats
+
+    plain, plain_stats = updated(None)
+    same, stats = updated(lambda p: {"bc_loss": torch.tensor(2.5)})
+    assert "bc_loss" not in plain_stats and stats["bc_loss"] == 2.5
+    assert all(torch.equal(plain[k], same[k]) for k in plain)
+    pulled, _ = updated(lambda p: {"bc_loss": 10.0 * p.beta_head.alpha_layer.bias.square().sum()})
+    key = "actor.module.0.module.alpha_layer.bias"
+    assert not torch.equal(plain[key], pulled[key])
+
+
+def test_bc_learner_state_round_trip_continues_identically(
+    train_test: tuple[TensorDict, TensorDict, MultimodalDataset],
+) -> None:
+    """What a checkpoint holds of a BC learner (policy, Adam, steps) continues bit for bit."""
+    from navrl_daemon.rl.bc import BCLearner
+
+    train, _, data = train_test
+    mean, std = torch.from_numpy(data.action_mean), torch.from_numpy(data.action_std)
+
+    def learner() -> BCLearner:
+        torch.manual_seed(0)
+        policy = ImageJointPolicy(16, 4, mean, std)
+        return BCLearner.build("image_joint", policy, lr=2e-3, max_grad_norm=5.0,
+                               max_nonfinite=3, device=torch.device("cpu"))  # fmt: skip
+
+    batches = [train[i * 32 : (i + 1) * 32] for i in range(6)]
+    a, b = learner(), learner()
+    for batch in batches[:3]:
+        a.step(batch)
+    b.load(copy_state(a.state()))
+    for batch in batches[3:]:
+        a.step(batch)
+        b.step(batch)
+    assert a.steps == b.steps == 6
+    sa, sb = a.policy.state_dict(), b.policy.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    with pytest.raises(ValueError, match="navigation"):
+        a.load({**a.state(), "offline": {**a.state()["offline"], "kind": "navigation"}})
+
+
+def copy_state(state: object) -> object:
+    """A deep copy through torch.save, as a checkpoint round trip makes it."""
+    import io
+
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)

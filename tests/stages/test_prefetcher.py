@@ -130,11 +130,15 @@ async def test_offline_bc_fed_by_the_stage_learns(dataset: Path) -> None:
     assert np.mean(losses[-20:]) < 0.3 * np.mean(losses[:5])
 
 
-def test_offline_objectives_are_refused_until_the_daemon_wires_them() -> None:
-    with pytest.raises(ConfigError, match=r'offline\.objective: "bc" is not wired'):
+def test_offline_objectives_need_data_and_ppo_plus_bc_needs_archives() -> None:
+    with pytest.raises(ConfigError, match=r"prefetch\.paths: .* needs at least one"):
         load_config(overrides=["offline.objective=bc"])
+    with pytest.raises(ConfigError, match=r'prefetch\.layout: .* needs "archive"'):
+        load_config(overrides=["offline.objective=ppo+bc", 'prefetch.paths=["a.h5"]'])
     cfg = load_config(overrides=['prefetch.paths=["a.h5", "b/*.h5"]', "prefetch.depth=3"])
     assert cfg.prefetch.paths == ["a.h5", "b/*.h5"] and cfg.offline.objective == "none"
+    cfg = load_config(overrides=["offline.objective=bc", 'prefetch.paths=["a.h5"]'])
+    assert cfg.offline.objective == "bc"
 
 
 @pytest.mark.anyio

@@ -1,0 +1,231 @@
+"""Learning benchmark (issue #13): how good a policy `navrl-daemon run` trains in a budget,
+next to NavRL's published checkpoint on the same eval, as JSON and a PNG curve.
+
+Runs the real daemon (`python -m navrl_daemon run`, a subprocess on a fresh state dir)
+with evaluations every `--eval-every` iterations, and stops it with SIGTERM once
+`--budget-s` seconds of wall clock have passed since its launch (or at `--frames`,
+whichever comes first). Its evaluation rows (`eval/results.jsonl`: frames, reach_goal,
+collision, return, ...) become the curve, each with the wall seconds since launch. Then,
+in this process and after the daemon has stopped (so they take no CPU from it), the same
+evaluation is run on: the untrained policy (the daemon's initial weights: frames 0), the
+daemon's final exported policy and NavRL's published checkpoint. With `env.curriculum` the
+daemon evaluates at its current stage; these three evaluate the env section itself (the
+curriculum's target), so the last two compare like with like.
+
+The machine's load average goes into the JSON: on a shared CPU the curve per second
+depends on it; the curve per frame does not (the run is deterministic under its seed up
+to the SIGTERM point and the evaluations it skipped).
+
+Run: `.venv/bin/python benchmarks/learning.py --budget-s 600 [--config F] [KEY=VALUE ...]`
+(GPU: `--config config/navrl.toml run.device=cuda`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from navrl_daemon.config import Config, load_config
+from navrl_daemon.ops.plots import Series, curves_plot, write_png
+from navrl_daemon.rl.evaluate import evaluate
+from navrl_daemon.rl.training import eval_steps, make_eval_env, make_policy
+from navrl_daemon.stages.evaluator import read_results
+from navrl_daemon.storage.policy_file import check_policy_layout, load_any_policy_state
+
+REPO = Path(__file__).resolve().parents[1]
+NAVRL_CHECKPOINT = REPO.parent / "shared" / "reference" / "navrl" / "navrl_checkpoint.pt"
+CURVE_KEYS = ("reach_goal", "collision", "return", "episode_len", "truncated")
+
+
+def train(
+    cfg_path: Path, overrides: list[str], state: Path, budget_s: float, frames: int | None
+) -> dict[str, Any]:
+    """The daemon, until the budget; returns its exit code, wall seconds and why it ended."""
+    args = [sys.executable, "-m", "navrl_daemon", "run", "--config", str(cfg_path)]
+    args += ["--state-dir", str(state), *overrides]
+    if frames is not None:
+        args.append(f"run.total_frames={frames}")
+    log_path = state.parent / "daemon.log"
+    t0 = time.time()
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(args, cwd=REPO, stderr=log, stdout=subprocess.DEVNULL)
+        while proc.poll() is None and time.time() - t0 < budget_s:
+            time.sleep(0.2)
+        ended = "frames" if proc.poll() is not None else "budget"
+        stop_s = time.time() - t0
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=600)
+    if code != 0:
+        tail = log_path.read_text()[-3000:]
+        raise SystemExit(f"daemon exited with {code}:\n{tail}")
+    return {
+        "launched": t0,
+        "stop_s": round(stop_s, 1),
+        "wall_s": round(time.time() - t0, 1),
+        "ended_by": ended,
+        "log": str(log_path),
+    }
+
+
+def evaluate_policy(cfg: Config, state: dict[str, torch.Tensor] | None) -> dict[str, Any]:
+    """The daemon's evaluation (same env, layout, seed and step cap) of `state`, or of the
+    daemon's initial weights when None."""
+    device = torch.device(cfg.run.device if cfg.run.device != "auto" else "cpu")
+    torch.manual_seed(cfg.run.seed)  # as the daemon does before building its policy
+    policy = make_policy(cfg, device)
+    if state is not None:
+        check_policy_layout(state, policy.state_dict(), Path("policy"))
+        policy.load_state_dict(state)
+    env = make_eval_env(cfg, device)
+    t0 = time.perf_counter()
+    result = evaluate(env, policy, seed=cfg.eval.seed, max_steps=eval_steps(cfg))
+    return {**_round(result), "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def _round(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}
+
+
+def load_average() -> dict[str, float]:
+    one, five, fifteen = os.getloadavg()
+    return {"1m": one, "5m": five, "15m": fifteen}
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    curve = result["curve"]
+    frames = [row["frames"] for row in curve]
+    right = max([*frames, (result.get("final") or {}).get("frames", 0)])
+    panels = []
+    for key, title in (
+        ("reach_goal", "eval reach_goal"),
+        ("collision", "eval collision"),
+        ("return", "eval return"),
+    ):
+        series = [Series("navrl-daemon", frames, [row[key] for row in curve], markers=True)]
+        final = result.get("final")
+        if final is not None:
+            series.append(Series("final export", [final["frames"]], [final[key]], markers=True))
+        navrl = result.get("navrl_checkpoint")
+        if navrl is not None:
+            series.append(Series("NavRL checkpoint", [0, right], [navrl[key], navrl[key]]))
+        panels.append((title, series))
+    budget = result["budget"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_png(path, curves_plot(panels, xlabel=f"frames ({budget['wall_s']:.0f} s wall)"))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", type=Path, default=REPO / "config" / "default.toml")
+    p.add_argument("--budget-s", type=float, default=300.0, help="wall clock of the daemon")
+    p.add_argument("--frames", type=int, help="also stop at this many frames")
+    p.add_argument("--eval-every", type=int, default=10, help="iterations between evals")
+    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "learning.json")
+    p.add_argument("--navrl-checkpoint", type=Path, default=NAVRL_CHECKPOINT)
+    p.add_argument("overrides", nargs="*", help="KEY=VALUE config overrides")
+    args = p.parse_args()
+    overrides = [*args.overrides, f"eval.interval={args.eval_every}", "metrics.port=0"]
+    cfg = load_config(args.config, overrides, environ={})  # a bad config fails here, not later
+    if cfg.run.torch_threads:  # the evaluations here run as the daemon's do
+        torch.set_num_threads(cfg.run.torch_threads)
+    load_before = load_average()
+    with tempfile.TemporaryDirectory(prefix="navrl-learning-") as tmp:
+        state = Path(tmp) / "state"
+        budget = train(args.config, overrides, state, args.budget_s, args.frames)
+        load_after = load_average()
+        log_copy = args.out.with_suffix(".daemon.log")
+        log_copy.parent.mkdir(parents=True, exist_ok=True)
+        log_copy.write_text(Path(budget.pop("log")).read_text())
+        rows = list(read_results(state / "eval" / "results.jsonl"))
+        launched = budget.pop("launched")
+        exported = state / "export" / "policy.pt"
+        final = None
+        if exported.exists():
+            final = {
+                **exported_at(log_copy),
+                **evaluate_policy(cfg, load_any_policy_state(exported)),
+            }
+    untrained = evaluate_policy(cfg, None)
+    navrl = None
+    if args.navrl_checkpoint.exists():
+        navrl = evaluate_policy(cfg, load_any_policy_state(args.navrl_checkpoint))
+    curve = [{"frames": 0, "iteration": 0, "seconds": 0.0, **_pick(untrained)}]
+    curve += [
+        {
+            "frames": row["frames"],
+            "iteration": row["iteration"],
+            "seconds": round(row["time"] - launched, 1),
+            **_pick(row),
+            **({"curriculum_stage": row["curriculum_stage"]} if "curriculum_stage" in row else {}),
+        }
+        for row in rows
+    ]
+    result = {
+        "benchmark": "learning",
+        "config": str(args.config),
+        "overrides": overrides,
+        "env": {
+            "num_envs": cfg.env.num_envs,
+            "num_obstacles": cfg.env.num_obstacles,
+            "num_dynamic_obstacles": cfg.env.num_dynamic_obstacles,
+            "curriculum_stages": len(cfg.env.curriculum),
+        },
+        "eval": {
+            "layout": cfg.eval.layout,
+            "episodes": cfg.eval.num_envs,
+            "max_steps": eval_steps(cfg),
+            "seed": cfg.eval.seed,
+        },
+        "budget": {"budget_s": args.budget_s, "frames": args.frames, **budget},
+        "curve": curve,
+        "final": final,
+        "navrl_checkpoint": navrl,
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
+            "device": cfg.run.device,
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+            "load_average_before": load_before,
+            "load_average_after": load_after,
+        },
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    plot(result, args.out.with_suffix(".png"))
+    print(json.dumps({k: result[k] for k in ("budget", "final", "navrl_checkpoint")}, indent=1))
+    print(
+        json.dumps(
+            [{k: r.get(k) for k in ("frames", "seconds", "reach_goal", "collision")} for r in curve]
+        )
+    )
+
+
+def exported_at(log: Path) -> dict[str, Any]:
+    """Iteration and frames of the daemon's final export, from its log."""
+    for line in reversed(log.read_text().splitlines()):
+        if '"policy exported"' in line:
+            event = json.loads(line)
+            return {"iteration": event["iteration"], "frames": event["frames"]}
+    return {"iteration": None, "frames": None}
+
+
+def _pick(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: round(float(row[k]), 4) for k in CURVE_KEYS if k in row}
+
+
+if __name__ == "__main__":
+    main()

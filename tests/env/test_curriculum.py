@@ -1,0 +1,187 @@
+"""env.curriculum: the config's validation and the promotion rule (env/curriculum.py)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from navrl_daemon.config import Config, load_config, to_toml
+from navrl_daemon.env.curriculum import Curriculum, Progress
+from navrl_daemon.errors import ConfigError
+from tests.conftest import TINY, navrl_cli
+
+STAGES = (
+    'env.curriculum=[{name = "open", num_obstacles = 0, num_dynamic_obstacles = 0,'
+    " goal_distance = [1.0, 2.0], promote = {reach_goal = 0.8, collision = 0.1, evals = 2}},"
+    ' {name = "slow", dynamic_speed_range = [0.2, 0.5], promote = {reach_goal = 0.5}},'
+    ' {name = "full"}]'
+)
+
+
+def config(*overrides: str) -> Config:
+    return load_config(None, [*TINY, *overrides], environ={})
+
+
+def result(iteration: int, reach: float, collision: float = 0.0, stage: int = 0) -> dict:
+    return {
+        "iteration": iteration,
+        "reach_goal": reach,
+        "collision": collision,
+        "curriculum_stage": stage,
+    }
+
+
+# ------------------------------------------------------------------------------ config
+
+
+def test_stages_replace_only_their_keys_and_round_trip_through_toml(tmp_path: Path) -> None:
+    cfg = config(STAGES)
+    open_field, slow, full = (cfg.env.stage_env(i) for i in range(3))
+    assert (open_field.num_obstacles, open_field.num_dynamic_obstacles) == (0, 0)
+    assert open_field.goal_distance == [1.0, 2.0]
+    assert open_field.field_size == cfg.env.field_size  # not a stage key: the section's
+    assert slow.dynamic_speed_range == [0.2, 0.5] and slow.num_obstacles == 4
+    assert full == cfg.env.model_copy(update={"curriculum": []})
+    # The second stage's rule takes the defaults it left out.
+    assert cfg.env.curriculum[1].promote is not None
+    assert cfg.env.curriculum[1].promote.evals == 2
+    path = tmp_path / "resolved.toml"
+    path.write_text(to_toml(cfg))
+    assert load_config(path, environ={}) == cfg
+
+
+def test_no_curriculum_is_an_empty_list_and_the_default() -> None:
+    assert config().env.curriculum == []
+    assert "curriculum = []" in to_toml(config())
+
+
+@pytest.mark.parametrize(
+    ("stages", "message"),
+    [
+        ("[{num_obstacles = 0}, {}]", "curriculum[0]: needs a promote rule"),
+        ("[{promote = {}}, {promote = {}}]", "curriculum[1]: the last stage has nowhere"),
+        (
+            "[{name = 'x', num_dynamic_obstacles = 12, promote = {}}, {}]",
+            "curriculum[0] (x): num_dynamic_obstacles: must be a multiple of 8",
+        ),
+        (
+            "[{goal_distance = [3.0, 1.0], promote = {}}, {}]",
+            "goal_distance: [min, max] with min <= max",
+        ),
+        ("[{num_envs = 4}]", "env.curriculum[0].num_envs: unknown key; allowed here: name,"),
+        (
+            "[{promote = {reach_goal = 1.5}}, {}]",
+            "env.curriculum[0].promote.reach_goal: Input should be less than or equal to 1",
+        ),
+        ("[{promote = {evals = 0}}, {}]", "env.curriculum[0].promote.evals"),
+        ("[{max_episode_length = 0}]", "max_episode_length: Input should be greater"),
+    ],
+)
+def test_a_bad_curriculum_is_a_config_error_naming_the_stage(stages: str, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        config(f"env.curriculum={stages}")
+    assert message in str(err.value)
+
+
+def test_a_bad_curriculum_exits_78_on_the_command_line() -> None:
+    proc = navrl_cli("config", "show", "env.curriculum=[{num_obstacles = 0}, {}]")
+    assert proc.returncode == 78
+    assert "env: curriculum[0]: needs a promote rule" in proc.stderr
+
+
+# ------------------------------------------------------------------------------ the rule
+
+
+def test_promotes_after_the_evals_in_a_row_and_a_failure_resets_the_count() -> None:
+    c = Curriculum(config(STAGES).env)  # stage 0: reach >= 0.8, collision <= 0.1, 2 in a row
+    assert c.observe(result(10, 0.9)) is None
+    assert c.progress == Progress(stage=0, streak=1, last_eval=10)
+    assert c.observe(result(20, 0.9, collision=0.2)) is None  # too many collisions
+    assert c.progress.streak == 0
+    assert c.observe(result(30, 0.8)) is None  # the bounds are inclusive
+    promotion = c.observe(result(40, 1.0, collision=0.1))
+    assert promotion is not None
+    assert (promotion.iteration, promotion.from_stage, promotion.to_stage) == (40, 0, 1)
+    assert promotion.result == {"reach_goal": 1.0, "collision": 0.1}
+    assert c.progress == Progress(stage=1, streak=0, last_eval=40)
+    assert c.applied == 0  # the producer applies it
+
+
+def test_holds_while_the_rule_is_not_met() -> None:
+    c = Curriculum(config(STAGES).env)
+    for i in range(1, 50):
+        assert c.observe(result(i, 0.79)) is None
+    assert c.progress == Progress(stage=0, streak=0, last_eval=49)
+
+
+def test_nan_results_fail_the_rule() -> None:
+    c = Curriculum(config(STAGES).env)
+    c.observe(result(1, 0.9))
+    c.observe(result(2, math.nan))
+    assert c.progress.streak == 0
+
+
+def test_results_from_another_stage_or_seen_before_do_not_count() -> None:
+    c = Curriculum(config(STAGES).env)
+    c.observe(result(1, 1.0))
+    c.observe(result(1, 1.0))  # the same evaluation again
+    assert c.progress.streak == 1
+    c.observe(result(2, 1.0, stage=1))  # evaluated before a promotion was known, say
+    assert c.progress == Progress(stage=0, streak=1, last_eval=2)
+    assert c.observe(result(3, 1.0)) is not None
+
+
+def test_the_last_stage_never_promotes() -> None:
+    c = Curriculum(config(STAGES).env)
+    c.load_state_dict({"stage": 2, "streak": 0, "last_eval": 0, "applied": 2})
+    for i in range(1, 5):
+        assert c.observe(result(i, 1.0, stage=2)) is None
+    assert c.stage == 2
+
+
+def test_replay_counts_results_up_to_the_checkpoint_the_last_of_each_iteration() -> None:
+    c = Curriculum(config(STAGES).env)
+    c.observe(result(10, 0.9))  # counted before the checkpoint
+    rows = [
+        result(10, 0.9),  # already counted
+        result(20, 0.1),  # a crashed run's evaluation of iteration 20 ...
+        result(30, 0.9),  # ... and of 30, past the checkpoint: not counted
+        result(20, 0.95),  # the resumed run's evaluation of 20: this one counts
+    ]
+    promotions = c.replay(rows, upto=20)
+    assert [p.to_stage for p in promotions] == [1]
+    assert c.progress == Progress(stage=1, streak=0, last_eval=20)
+
+
+def test_state_round_trips_and_a_shortened_curriculum_clamps() -> None:
+    c = Curriculum(config(STAGES).env)
+    c.observe(result(5, 0.9))
+    c.applied = 0
+    state = c.state_dict()
+    assert state == {"stage": 0, "streak": 1, "last_eval": 5, "applied": 0}
+    again = Curriculum(config(STAGES).env)
+    again.load_state_dict(state)
+    assert (again.progress, again.applied) == (c.progress, c.applied)
+    two = Curriculum(config("env.curriculum=[{promote = {}}, {}]").env)
+    two.load_state_dict({"stage": 2, "streak": 1, "last_eval": 9, "applied": 2})
+    assert (two.stage, two.progress.streak, two.applied) == (1, 0, 1)
+
+
+def test_an_empty_curriculum_is_refused() -> None:
+    with pytest.raises(ValueError, match="empty"):
+        Curriculum(config().env)
+
+
+# ------------------------------------------------------------------------------ the env
+
+
+def test_each_stage_builds_its_own_env() -> None:
+    c = Curriculum(config(STAGES).env)
+    open_field = c.build_env(0, device="cpu", seed=0)
+    full = c.build_env(2, device="cpu", seed=0)
+    assert open_field.dynamic.count == 0 and len(open_field.pillars.boxes(0)) == 0  # type: ignore[attr-defined]
+    assert full.dynamic.count == 8 and full.pillars.height.shape[1] == 4  # type: ignore[attr-defined]
+    slow = c.build_env(1, device="cpu", seed=0, num_envs=3, layout="navrl")
+    assert slow.batch_size == (3,) and slow.dynamic.speed_range == (0.2, 0.5)  # type: ignore[attr-defined]

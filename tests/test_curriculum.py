@@ -1,0 +1,120 @@
+"""env.curriculum in a real daemon: it promotes when the rule is met, holds when it is
+not, and a SIGTERM + resume goes on at the same stage with the same progress."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+from pathlib import Path
+
+from navrl_daemon.ops.metrics import Metrics
+from navrl_daemon.storage.checkpoint import CheckpointDir
+from tests.conftest import TINY, navrl_cli
+from tests.daemon_process import Daemon
+
+FRAMES_PER_ITERATION = 64  # TINY: 8 envs x 8 steps
+OPEN = "name = 'open', num_obstacles = 0, num_dynamic_obstacles = 0"
+# Met by every evaluation: promoted after the second one.
+EASY = f"env.curriculum=[{{{OPEN}, promote = {{reach_goal = 0.0, evals = 2}}}}, {{name = 'full'}}]"
+# Every drone at its goal 2-4 m away within 50 steps, and no collision: not early on.
+HARD = (
+    f"env.curriculum=[{{{OPEN}, promote = {{reach_goal = 1.0, collision = 0.0, evals = 1}}}},"
+    " {name = 'full'}]"
+)
+# Promoted at once, then at stage 1 a streak that keeps counting (1000 evals to go).
+COUNTING = (
+    f"env.curriculum=[{{{OPEN}, promote = {{reach_goal = 0.0, evals = 1}}}},"
+    " {name = 'middle', num_obstacles = 2, promote = {reach_goal = 0.0, evals = 1000}},"
+    " {name = 'full'}]"
+)
+
+
+def run(state: Path, *overrides: str) -> list[dict]:
+    proc = navrl_cli("run", "--state-dir", str(state), *TINY, "eval.interval=1", *overrides)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads(x) for x in proc.stderr.splitlines() if x.startswith("{")]
+
+
+def named(events: list[dict], name: str) -> list[dict]:
+    return [e for e in events if e["event"] == name]
+
+
+def saved_curriculum(state: Path) -> tuple[int, dict]:
+    found = CheckpointDir(state / "checkpoints").newest_valid()
+    assert found is not None
+    _, header, payload = found
+    return header.iteration, payload["collector"]["curriculum"]
+
+
+def rows(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def test_promotes_when_the_rule_is_met(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    events = run(state, EASY, "checkpoint.interval=2", f"run.total_frames={8 * 64}")
+    [promotion] = named(events, "curriculum promotion")
+    assert (promotion["from_stage"], promotion["to_stage"], promotion["name"]) == (0, 1, "full")
+    assert promotion["iteration"] == 2  # the second evaluation
+    [applied] = named(events, "curriculum stage applied")
+    # Applied before a later rollout (rollouts count from 0): the first after the decision.
+    assert applied["stage"] == 1 and applied["iteration"] >= 2
+    stages = [r["curriculum_stage"] for r in rows(state / "eval" / "results.jsonl")]
+    assert stages[:2] == [0, 0] and stages[-1] == 1 and stages == sorted(stages)
+    iteration, saved = saved_curriculum(state)
+    # The final snapshot may be taken before the evaluation of its own iteration is done.
+    assert saved.pop("last_eval") in (7, 8)
+    assert (iteration, saved) == (8, {"stage": 1, "streak": 0, "applied": 1})
+    history = rows(state / "history.jsonl")
+    assert history[0]["curriculum_stage"] == 0 and history[-1]["curriculum_stage"] == 1
+
+
+def test_holds_while_the_rule_is_not_met(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    events = run(state, HARD, "checkpoint.interval=2", f"run.total_frames={6 * 64}")
+    assert not named(events, "curriculum promotion")
+    assert not named(events, "curriculum stage applied")
+    results = rows(state / "eval" / "results.jsonl")
+    assert len(results) == 6 and {r["curriculum_stage"] for r in results} == {0}
+    assert max(r["reach_goal"] for r in results) < 1.0
+    iteration, saved = saved_curriculum(state)
+    assert saved.pop("last_eval") in (5, 6)
+    assert (iteration, saved) == (6, {"stage": 0, "streak": 0, "applied": 0})
+
+
+def test_sigterm_and_resume_keep_the_stage_and_its_progress(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    d = Daemon(state, COUNTING, "eval.interval=1", "checkpoint.interval=3")
+    d.wait_for("curriculum stage applied")
+    d.wait_for("evaluation", count=3)
+    d.proc.send_signal(signal.SIGTERM)
+    code, _ = d.finish()
+    assert code == 0
+    assert [e["to_stage"] for e in named(d.events, "curriculum promotion")] == [1]
+    stopped_at, saved = saved_curriculum(state)
+    assert (saved["stage"], saved["applied"]) == (1, 1)
+    assert saved["streak"] >= 2  # the stage-1 evaluations so far, every one passed
+
+    resumed = run(state, COUNTING, f"run.total_frames={(stopped_at + 3) * 64}")
+    [start] = named(resumed, "resumed from checkpoint")
+    assert (start["iteration"], start["env_restored"]) == (stopped_at, True)
+    [curriculum] = named(resumed, "curriculum resumed")
+    assert (curriculum["stage"], curriculum["applied"], curriculum["name"]) == (1, 1, "middle")
+    # Evaluations that finished after the final snapshot are counted from results.jsonl.
+    evaluated = [r for r in rows(state / "eval" / "results.jsonl") if r["iteration"] <= stopped_at]
+    assert curriculum["streak"] == sum(r["curriculum_stage"] == 1 for r in evaluated)
+    assert not named(resumed, "curriculum stage applied")  # built at stage 1 from the start
+    assert {e["curriculum_stage"] for e in named(resumed, "evaluation")} == {1}
+    iteration, final = saved_curriculum(state)
+    assert iteration == stopped_at + 3
+    # Three more passes (the last one perhaps after the final snapshot).
+    assert final["stage"] == 1 and final["streak"] - curriculum["streak"] in (2, 3)
+
+
+def test_the_stage_is_a_prometheus_gauge() -> None:
+    m = Metrics(version="0", torch_version="0", device="cpu")
+    assert m.registry.get_sample_value("navrl_curriculum_stage") == 0.0
+    m.curriculum_stage(2)
+    assert m.registry.get_sample_value("navrl_curriculum_stage") == 2.0
+    assert not math.isnan(m.registry.get_sample_value("navrl_curriculum_stage"))
