@@ -32,7 +32,7 @@ import torch
 from navrl_daemon import __version__, offline_run
 from navrl_daemon.config import Config, resolve_device, to_toml
 from navrl_daemon.env.curriculum import Curriculum
-from navrl_daemon.errors import ConfigError, DataError, StageFailed
+from navrl_daemon.errors import DataError, StageFailed
 from navrl_daemon.ops.http import Health, MetricsServer
 from navrl_daemon.ops.logging import bind_process_fields
 from navrl_daemon.ops.metrics import Metrics
@@ -583,11 +583,6 @@ def _checkpoint_to_resume(
 def _curriculum(cfg: Config, ranks: Ranks | None) -> Curriculum | None:
     if not cfg.env.curriculum:
         return None
-    if ranks is not None:
-        raise ConfigError(
-            "env.curriculum: not supported in a distributed (torchrun) run yet; "
-            "rank 0 alone evaluates, and evaluations drive the promotions"
-        )
     return Curriculum(cfg.env)
 
 

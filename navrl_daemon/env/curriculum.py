@@ -103,6 +103,12 @@ class Curriculum:
         scores = {k: float(result[k]) for k in ("reach_goal", "collision")}
         return Promotion(iteration, p.stage, p.stage + 1, scores)
 
+    def follow(self, stage: int) -> None:
+        """Training moves to `stage` because another rank's evaluator promoted it (a
+        distributed run: rank 0 alone evaluates). Never backwards."""
+        if stage > self.progress.stage:
+            self.progress = Progress(min(stage, self.last), 0, self.progress.last_eval)
+
     def replay(self, results: Iterable[Mapping[str, Any]], *, upto: int) -> list[Promotion]:
         """Count the results of evaluations up to iteration `upto` that a checkpoint's
         progress missed (they finished after it was taken). Where a crash made an

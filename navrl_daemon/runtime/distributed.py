@@ -114,11 +114,13 @@ class Ranks:
 
     # ------------------------------------------------------------------ control (producer)
 
-    def agree_to_stop(self, stopping: bool) -> bool:
-        """True on every rank when any rank wants to stop (one vote per rollout)."""
-        flag = torch.tensor([int(stopping)])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.control)
-        return bool(flag.item())
+    def agree(self, stopping: bool, stage: int = 0) -> tuple[bool, int]:
+        """One vote per rollout: stop if any rank wants to, and train at the highest
+        curriculum stage any rank has reached (only rank 0 evaluates, so only its stage
+        moves; the others follow it here, at the same rollout)."""
+        votes = torch.tensor([int(stopping), stage])
+        dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=self.control)
+        return bool(votes[0]), int(votes[1])
 
     def sum_episodes(
         self, sums_count: tuple[torch.Tensor, torch.Tensor]

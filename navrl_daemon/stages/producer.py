@@ -85,6 +85,7 @@ class RolloutProducer:
         # for checkpoints; `final_state` is that gathered state once the producers stopped.
         self.ranks = ranks
         self.final_state: dict[str, Any] | None = None
+        self._agreed_stage: int | None = None  # the curriculum stage the ranks voted for
 
     async def run(self) -> None:
         agreed_end = False  # every rank ends here together: out of frames, or it voted so
@@ -149,7 +150,12 @@ class RolloutProducer:
         wants to, so every rank stops after the same rollout."""
         if self.ranks is None:
             return self.shutdown.stopping
-        return await anyio.to_thread.run_sync(self.ranks.agree_to_stop, self.shutdown.stopping)
+        mine = self.curriculum.stage if self.curriculum is not None else 0
+        stop, stage = await anyio.to_thread.run_sync(self.ranks.agree, self.shutdown.stopping, mine)
+        self._agreed_stage = stage
+        if self.curriculum is not None:
+            self.curriculum.follow(stage)
+        return stop
 
     async def _gather_final_state(self) -> None:
         """Every rank's collector state after its last rollout, onto rank 0 (the final
@@ -166,7 +172,9 @@ class RolloutProducer:
         return state
 
     async def _follow_curriculum(self, curriculum: Curriculum) -> None:
-        stage = curriculum.stage
+        # In a distributed run every rank applies the stage they voted for at this
+        # rollout, not rank 0's newest (its evaluator may have promoted since the vote).
+        stage = curriculum.stage if self._agreed_stage is None else self._agreed_stage
         if stage == curriculum.applied:
             return
         await self.compute.run(use_stage, self.collector, curriculum, stage)

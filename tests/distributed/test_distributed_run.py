@@ -168,3 +168,26 @@ def test_a_killed_rank_makes_the_survivor_exit_nonzero_in_time(
     events = [json.loads(x) for x in text.splitlines() if x[:1] == "{"]
     assert not [e for e in events if e["event"] == "stopped"]  # not a clean stop
     print(f"{sig.name}: rank 0 exited {code} after {waited:.1f} s: {text.splitlines()[-1]}")
+
+
+def test_rank_0s_curriculum_promotion_reaches_every_rank_at_the_same_rollout(
+    tmp_path: Path,
+) -> None:
+    """Only rank 0 evaluates; the ranks' stop vote carries the stage, so all apply it."""
+    open_stage = "name = 'open', num_obstacles = 0, num_dynamic_obstacles = 0"
+    curriculum = (
+        f"env.curriculum=[{{{open_stage}, promote = {{reach_goal = 0.0, evals = 2}}}},"
+        " {name = 'full'}]"
+    )
+    total = f"run.total_frames={10 * FRAMES_PER_ITERATION}"
+    run = Launched(tmp_path / "c", curriculum, "eval.interval=1", "checkpoint.interval=5", total)
+    assert run.finish() == 0, run.events[-10:]
+    assert sorted(run.by_rank("curriculum promotion")) == [0]
+    applied = run.by_rank("curriculum stage applied")
+    assert sorted(applied) == [0, 1]
+    assert [e["stage"] for e in applied[0]] == [e["stage"] for e in applied[1]] == [1]
+    assert applied[0][0]["iteration"] == applied[1][0]["iteration"]
+    _, _, state = CheckpointDir(tmp_path / "c" / "checkpoints").newest_valid()
+    stages = [state["collector"]["curriculum"]["stage"]]
+    stages += [peer["curriculum"]["stage"] for peer in state["collector"]["peers"]]
+    assert stages == [1, 1]

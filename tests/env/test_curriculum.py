@@ -109,6 +109,18 @@ def test_promotes_after_the_evals_in_a_row_and_a_failure_resets_the_count() -> N
     assert c.applied == 0  # the producer applies it
 
 
+def test_a_rank_follows_rank_0s_stage_forward_only() -> None:
+    c = Curriculum(config(STAGES).env)
+    c.observe(result(10, 0.9))
+    c.follow(0)
+    assert c.progress == Progress(stage=0, streak=1, last_eval=10)  # nothing to follow
+    c.follow(1)
+    assert c.progress == Progress(stage=1, streak=0, last_eval=10)
+    c.follow(0)  # never backwards
+    c.follow(99)  # never past the last stage
+    assert c.stage == c.last
+
+
 def test_holds_while_the_rule_is_not_met() -> None:
     c = Curriculum(config(STAGES).env)
     for i in range(1, 50):
