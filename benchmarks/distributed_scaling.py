@@ -28,8 +28,7 @@ import time
 from pathlib import Path
 
 import torch
-
-REPO = Path(__file__).resolve().parents[1]
+from pipeline_overhead import REPO, summary
 
 
 def run_once(
@@ -64,14 +63,6 @@ def run_once(
     rows = [json.loads(x) for x in (state / "history.jsonl").read_text().splitlines()]
     fps = [r["frames_per_second"] for r in rows if "frames_per_second" in r][1:]
     return {"frames_per_second": statistics.median(fps), "rows": len(fps), "wall_s": wall}
-
-
-def summary(values: list[float]) -> dict[str, float]:
-    return {
-        "median": round(statistics.median(values), 1),
-        "min": round(min(values), 1),
-        "max": round(max(values), 1),
-    }
 
 
 def main() -> None:

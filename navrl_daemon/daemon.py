@@ -22,6 +22,7 @@ import json
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from navrl_daemon.ops.http import Health, MetricsServer
 from navrl_daemon.ops.logging import bind_process_fields
 from navrl_daemon.ops.metrics import Metrics
 from navrl_daemon.rl.evaluate import evaluate
+from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.rl.snapshot import learner_state, restore_learner
 from navrl_daemon.rl.training import (
     Collector,
@@ -46,7 +48,7 @@ from navrl_daemon.rl.training import (
     make_eval_env,
     make_policy,
 )
-from navrl_daemon.runtime.channels import Channel, Overflow
+from navrl_daemon.runtime.channels import Channel, Overflow, Sender
 from navrl_daemon.runtime.compute import ComputeThread
 from navrl_daemon.runtime.distributed import Ranks, World, collector_for_rank
 from navrl_daemon.runtime.leases import LeasePool
@@ -440,27 +442,88 @@ def build_stages(
         on_stage=telemetry.curriculum_stage,
         ranks=ranks,
     )
-    stages: list[Any] = [producer]
-    if not world.leader:
-        trainer = Trainer(
-            learner,
-            rollouts.receiver(),
-            [weights.sender()],
-            frames_per_iteration=frames_per_iteration,
-            shutdown=shutdown,
-            compute=threads.trainer,
-            export_path=state_dir / "export" / "policy.pt",
-            on_iteration=telemetry.iteration,
-            start_frames=start_frames,
-            rollback=functools.partial(_shared_rollback, ranks, checkpoints),
+    if ranks is None:
+        rollback = functools.partial(resume.load_learner, checkpoints)
+    else:  # rank 0 loads it, every rank gets it
+        rollback = functools.partial(_shared_rollback, ranks, checkpoints)
+    owned = (
+        _state_dir_stages(
+            cfg,
+            state_dir,
+            device,
+            shutdown,
+            threads,
+            telemetry,
+            channels,
+            checkpoints,
+            producer,
+            policy,
+            curriculum,
+            rollback,
+            distributed=ranks is not None,
         )
+        if world.leader
+        else None
+    )
+    trainer = Trainer(
+        learner,
+        rollouts.receiver(),
+        [weights.sender()],
+        frames_per_iteration=frames_per_iteration,
+        shutdown=shutdown,
+        compute=threads.trainer,
+        export_path=state_dir / "export" / "policy.pt",
+        on_iteration=telemetry.iteration,
+        evaluations=owned.evaluations if owned else None,
+        eval_interval=cfg.eval.interval,
+        start_frames=start_frames,
+        checkpoints=owned.checkpointing if owned else None,
+        rollback=rollback,
+    )
+    if owned is None:
         trainer.flush = _no_export  # type: ignore[method-assign]  # rank 0 exports
-        stages.insert(1, trainer)
-        for channel in channels:
-            telemetry.metrics.watch_channel(channel)
-        telemetry.metrics.watch_pool(pool)
-        return stages
+    stages: list[Any] = [producer, trainer, *(owned.stages if owned else [])]
+    if cfg.offline.objective == "ppo+bc":  # + a BC term from prefetched archive batches
+        stages[1], prefetcher = offline_run.with_bc_term(cfg, trainer, device, shutdown, telemetry)
+        stages.append(prefetcher)
+    if owned is not None:
+        stages.append(owned.writer)
+    for channel in channels:
+        telemetry.metrics.watch_channel(channel)
+    telemetry.metrics.watch_pool(pool)
+    return stages
 
+
+@dataclass
+class StateDirStages:
+    """What the process that owns the state dir (rank 0, or the only one) runs besides
+    producer and trainer, and the trainer's ends of it."""
+
+    stages: list[Any]  # archiver, evaluator (as configured)
+    writer: CheckpointWriter
+    evaluations: Sender[PolicyWeights] | None
+    checkpointing: Checkpointing
+
+
+def _state_dir_stages(
+    cfg: Config,
+    state_dir: Path,
+    device: torch.device,
+    shutdown: Shutdown,
+    threads: ComputeThreads,
+    telemetry: Telemetry,
+    channels: list[Channel[Any]],
+    checkpoints: CheckpointDir,
+    producer: RolloutProducer,
+    policy: NavRLPolicy,
+    curriculum: Curriculum | None,
+    rollback: Callable[[Learner], Path],
+    *,
+    distributed: bool,
+) -> StateDirStages:
+    """Archiver, checkpoint writer and evaluator, with their channels (added to
+    `channels`); the producer gets its archive sender."""
+    stages: list[Any] = []
     if cfg.archive.interval:
         archive = archive_channel(cfg.archive, on_dropped=telemetry.metrics.archive_dropped)
         channels.append(archive)
@@ -522,46 +585,18 @@ def build_stages(
             )
         )
 
-    if ranks is None:
-        final_collector = producer.collector_state
-        rollback = functools.partial(resume.load_learner, checkpoints)
-    else:  # every rank's env state, gathered by the producers when they stopped
-
-        def final_collector() -> dict[str, Any] | None:
-            return producer.final_state
-
-        rollback = functools.partial(_shared_rollback, ranks, checkpoints)
-    trainer = Trainer(
-        learner,
-        rollouts.receiver(),
-        [weights.sender()],
-        frames_per_iteration=frames_per_iteration,
-        shutdown=shutdown,
-        compute=threads.trainer,
-        export_path=state_dir / "export" / "policy.pt",
-        on_iteration=telemetry.iteration,
-        evaluations=eval_sender,
-        eval_interval=cfg.eval.interval,
-        start_frames=start_frames,
-        checkpoints=Checkpointing(
-            snapshots.sender(),
-            cfg.checkpoint.interval,
-            SnapshotStaging(cfg.checkpoint.queue_size + 2),
-            collector_state=final_collector,
-            static=resume.static_state(cfg),
-            on_stall=telemetry.metrics.checkpoint_stall,
-            rollback=rollback,
-        ),
+    checkpointing = Checkpointing(
+        snapshots.sender(),
+        cfg.checkpoint.interval,
+        SnapshotStaging(cfg.checkpoint.queue_size + 2),
+        # The final snapshot's env state: in a distributed run every rank's, gathered by
+        # the producers when they stopped together.
+        collector_state=(lambda: producer.final_state) if distributed else producer.collector_state,
+        static=resume.static_state(cfg),
+        on_stall=telemetry.metrics.checkpoint_stall,
+        rollback=rollback,
     )
-    if cfg.offline.objective == "ppo+bc":  # + a BC term from prefetched archive batches
-        trainer, prefetcher = offline_run.with_bc_term(cfg, trainer, device, shutdown, telemetry)
-        stages.append(prefetcher)
-    stages.insert(1, trainer)
-    stages.append(writer)
-    for channel in channels:
-        telemetry.metrics.watch_channel(channel)
-    telemetry.metrics.watch_pool(pool)
-    return stages
+    return StateDirStages(stages, writer, eval_sender, checkpointing)
 
 
 def _checkpoint_to_resume(
