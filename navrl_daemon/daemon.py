@@ -472,7 +472,7 @@ def build_stages(
         frames_per_iteration=frames_per_iteration,
         shutdown=shutdown,
         compute=threads.trainer,
-        export_path=state_dir / "export" / "policy.pt",
+        export_path=state_dir / "export" / "policy.pt" if owned else None,  # rank 0 exports
         on_iteration=telemetry.iteration,
         evaluations=owned.evaluations if owned else None,
         eval_interval=cfg.eval.interval,
@@ -480,8 +480,6 @@ def build_stages(
         checkpoints=owned.checkpointing if owned else None,
         rollback=rollback,
     )
-    if owned is None:
-        trainer.flush = _no_export  # type: ignore[method-assign]  # rank 0 exports
     stages: list[Any] = [producer, trainer, *(owned.stages if owned else [])]
     if cfg.offline.objective == "ppo+bc":  # + a BC term from prefetched archive batches
         stages[1], prefetcher = offline_run.with_bc_term(cfg, trainer, device, shutdown, telemetry)
@@ -644,10 +642,6 @@ def _shared_rollback(ranks: Ranks, checkpoints: CheckpointDir, learner: Learner)
     path_name, state = ranks.share_learner_state(None, None)
     restore_learner(learner, state, counters=False)
     return Path(path_name)
-
-
-async def _no_export(deadline: float) -> None:
-    """A rank other than 0 exports nothing: rank 0's policy is the same."""
 
 
 def _eval_scores(results: Path) -> dict[int, float]:

@@ -82,7 +82,8 @@ class Trainer:
         frames_per_iteration: int,
         shutdown: Shutdown,
         compute: ComputeThread,
-        export_path: Path,
+        # None: export nothing (a rank other than 0, whose policy is rank 0's).
+        export_path: Path | None,
         on_iteration: Callable[[IterationRecord], None] = lambda _: None,
         evaluations: Sender[PolicyWeights] | None = None,
         eval_interval: int = 0,
@@ -216,6 +217,8 @@ class Trainer:
         return await self.compute.run(locked)
 
     async def flush(self, deadline: float) -> None:
+        if self.export_path is None:
+            return
         if self.learner.version == 0:
             log.info("nothing trained: policy not exported", path=str(self.export_path))
             return  # never replace an earlier run's export with untrained weights

@@ -92,6 +92,7 @@ def test_sigterm_to_launcher_then_resume_with_two_ranks_is_exact(tmp_path: Path)
     assert not run.by_rank("stage failed") and not run.by_rank("error")
     trained = {r: max(e["iteration"] for e in es) for r, es in run.by_rank("progress").items()}
     assert trained[0] == trained[1] >= 4  # the same number of updates on both ranks
+    assert sorted(run.by_rank("policy exported")) == [0]  # rank 0 owns the state dir
 
     files = sorted((tmp_path / "a" / "checkpoints").glob("ckpt-*.nrc"))
     assert len(files) == 1
