@@ -7,9 +7,9 @@ prefetcher's resident memory relative to the dataset. Prints JSON.
 The dataset is `navrl-daemon dataset synth` layout A, HWC, 3 cameras of 256x256, written
 fresh (so a dataset smaller than RAM sits in the page cache: then this measures HDF5
 reads, copies and resizing, not the disk). Memory does not grow with the dataset: run
-`--gib 48` (larger than this machine's RAM) to see it against a big one. Repeats interleave the two readers; each prefetch repeat starts a fresh
-prefetcher and consumes `depth + 1` batches before timing (steady state, not a
-pre-filled queue).
+`--gib 48` (larger than this machine's RAM) to see it against a big one. Repeats
+interleave the two readers; each prefetch repeat starts a fresh prefetcher and consumes
+`depth + 1` batches before timing (steady state, not a pre-filled queue).
 Run: `.venv/bin/python benchmarks/prefetch.py [--gib 2] [--repeats 3]`.
 """
 

@@ -26,7 +26,7 @@ from typing import Protocol
 import anyio
 import structlog
 
-from navrl_daemon.errors import StageFailed
+from navrl_daemon.errors import NavrlError, StageFailed
 
 log = structlog.get_logger("supervisor")
 
@@ -125,7 +125,10 @@ class Supervisor:
         self.set_state(State.STOPPED)
         if self.failed:
             name, err = self.failed[0]
-            raise StageFailed(f"stage {name} failed: {type(err).__name__}: {err}") from err
+            failure = StageFailed(f"stage {name} failed: {type(err).__name__}: {err}")
+            if isinstance(err, NavrlError):  # bad data found mid-run is still exit 65
+                failure.exit_code = err.exit_code
+            raise failure from err
         if self.late:
             raise StageFailed(
                 f"stage(s) {', '.join(self.late)} did not stop within "

@@ -10,7 +10,7 @@ import anyio
 import pytest
 import torch
 
-from navrl_daemon.errors import StageFailed
+from navrl_daemon.errors import DataError, StageFailed
 from navrl_daemon.runtime.supervisor import Shutdown, State, Supervisor
 
 
@@ -89,6 +89,21 @@ async def test_crashing_stage_stops_everything_and_names_the_stage() -> None:
         await sup.run()
     assert time.monotonic() - t0 < 5
     assert other.flushed_at is not None  # the healthy stage still flushed
+
+
+@pytest.mark.anyio
+async def test_a_stage_that_finds_bad_data_mid_run_keeps_exit_65() -> None:
+    class BadData(Crashing):
+        async def run(self) -> None:
+            raise DataError("dataset d.h5: key actions: NaN at row 7")
+
+    sup = Supervisor([BadData()], shutdown_timeout_s=5, signals=())
+    with pytest.raises(StageFailed, match="NaN at row 7") as failed:
+        await sup.run()
+    assert failed.value.exit_code == 65
+    with pytest.raises(StageFailed) as crashed:
+        await Supervisor([Crashing()], shutdown_timeout_s=5, signals=()).run()
+    assert crashed.value.exit_code == 1
 
 
 @pytest.mark.anyio
