@@ -58,7 +58,7 @@ from navrl_daemon.runtime.supervisor import Shutdown, State, Supervisor
 from navrl_daemon.stages import resume
 from navrl_daemon.stages.archiver import RolloutArchiver, archive_channel
 from navrl_daemon.stages.checkpoint_writer import CheckpointWriter
-from navrl_daemon.stages.evaluator import Evaluator, StageEvaluation
+from navrl_daemon.stages.evaluator import Evaluator, StageEvaluation, eval_scores
 from navrl_daemon.stages.messages import PolicyWeights, Snapshot
 from navrl_daemon.stages.producer import RolloutProducer
 from navrl_daemon.stages.progress import ProgressLog
@@ -551,7 +551,7 @@ def _state_dir_stages(
         meta={"seed": cfg.run.seed, "device": str(device), "threads": torch.get_num_threads()},
         on_written=telemetry.checkpoint_written,
         on_failed=telemetry.metrics.checkpoint_failed,
-        scores=_eval_scores(state_dir / "eval" / "results.jsonl"),
+        scores=eval_scores(state_dir / "eval" / "results.jsonl"),
     )
 
     def on_eval(record: dict[str, Any]) -> None:
@@ -642,19 +642,3 @@ def _shared_rollback(ranks: Ranks, checkpoints: CheckpointDir, learner: Learner)
     path_name, state = ranks.share_learner_state(None, None)
     restore_learner(learner, state, counters=False)
     return Path(path_name)
-
-
-def _eval_scores(results: Path) -> dict[int, float]:
-    """reach_goal by iteration from earlier evaluations of this state dir (keep_best)."""
-    scores: dict[int, float] = {}
-    try:
-        lines = results.read_text().splitlines()
-    except OSError:
-        return scores
-    for line in lines:
-        try:
-            row = json.loads(line)
-            scores[int(row["iteration"])] = float(row["reach_goal"])
-        except (ValueError, KeyError, TypeError):
-            continue  # a torn last line after kill -9
-    return scores

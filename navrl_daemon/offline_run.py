@@ -41,7 +41,7 @@ from navrl_daemon.runtime.leases import Lease
 from navrl_daemon.runtime.supervisor import Shutdown
 from navrl_daemon.stages import resume
 from navrl_daemon.stages.checkpoint_writer import CheckpointWriter
-from navrl_daemon.stages.evaluator import Evaluator
+from navrl_daemon.stages.evaluator import Evaluator, eval_scores
 from navrl_daemon.stages.messages import PolicyWeights, Snapshot
 from navrl_daemon.stages.offline_trainer import (
     BCTerm,
@@ -157,7 +157,7 @@ def _bc_stages(
         meta={"seed": cfg.run.seed, "device": str(device), "threads": torch.get_num_threads()},
         on_written=telemetry.checkpoint_written,
         on_failed=metrics.checkpoint_failed,
-        scores=_eval_scores(state_dir),
+        scores=eval_scores(state_dir / "eval" / "results.jsonl"),
     )
     stages: list[Any] = [prefetcher]
     eval_sender = None
@@ -253,12 +253,6 @@ def _log_data(data: MultimodalDataset | ArchiveReader, seconds: float) -> None:
             image_bytes=data.image_bytes,
             seconds=round(seconds, 3),
         )
-
-
-def _eval_scores(state_dir: Path) -> dict[int, float]:
-    from navrl_daemon.daemon import _eval_scores  # one reader of eval/results.jsonl
-
-    return _eval_scores(state_dir / "eval" / "results.jsonl")
 
 
 class OfflineProgress:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import structlog
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = REPO.parent / "shared" / "reference" / "navrl"
@@ -60,6 +61,16 @@ def _restore_logging_setup() -> Iterator[None]:
     saved = structlog.get_config()
     yield
     structlog.configure(**saved)
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """One intra-op thread, as the daemon's tests use: on a busy 2-core machine two
+    OpenMP threads make small in-process steps up to 50x slower (measured)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture

@@ -28,12 +28,12 @@ from navrl_daemon.offline_run import OfflineProgress
 from navrl_daemon.rl.bc import ImageJointPolicy, mse_bc_loss
 from navrl_daemon.rl.training import Training
 from navrl_daemon.stages.offline_trainer import StepRecord
-from navrl_daemon.storage.archive import ArchiveWriter, Schema, archive_name, encode_segments
+from navrl_daemon.storage.archive import archive_name
 from navrl_daemon.storage.checkpoint import load_checkpoint
 from navrl_daemon.storage.dataset_synth import SynthSpec, write_synth
 from navrl_daemon.storage.datasets import ImageReader, MultimodalDataset
-from navrl_daemon.storage.episode_store import rollout_arrays
 from tests.conftest import REPO, SUBPROCESS_ENV, TINY
+from tests.stages.test_prefetcher import archive_rollouts
 
 SIZE = 16  # prefetch.image_size
 
@@ -260,17 +260,7 @@ def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Rollouts of the TINY task, archived as the daemon's archiver writes them."""
     path = tmp_path_factory.mktemp("archive") / archive_name(0)
     training = Training.build(load_config(None, TINY), "cpu")
-    writer = None
-    for i in range(4):
-        training.collector.collect(training.buffer)
-        arrays = rollout_arrays(training.buffer, copy=True)
-        if writer is None:
-            schema = Schema.for_rollout(arrays)
-            writer = ArchiveWriter(path, schema)
-        n = next(iter(arrays.values())).shape[0]
-        writer.append(encode_segments(schema, arrays, range(n), iteration=i, policy_version=i))
-    writer.close()  # type: ignore[union-attr]
-    return path
+    return archive_rollouts(training, path)
 
 
 def test_ppo_plus_bc_logs_a_bc_term_and_an_offline_run_refuses_its_state_dir(

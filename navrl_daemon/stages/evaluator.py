@@ -148,3 +148,14 @@ def read_results(path: Path) -> Iterator[dict[str, Any]]:
             continue
         if isinstance(row, dict) and "iteration" in row:
             yield row
+
+
+def eval_scores(path: Path) -> dict[int, float]:
+    """reach_goal by iteration from the earlier evaluations in `path` (keep_best)."""
+    scores: dict[int, float] = {}
+    for row in read_results(path):
+        try:
+            scores[int(row["iteration"])] = float(row["reach_goal"])
+        except (KeyError, TypeError, ValueError):
+            continue
+    return scores

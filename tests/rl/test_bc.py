@@ -5,7 +5,6 @@ the Beta NLL term pulls the NavRL policy's actions towards recorded ones."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -19,17 +18,8 @@ from navrl_daemon.storage.dataset_synth import SynthSpec, write_synth
 from navrl_daemon.storage.datasets import ImageReader, MultimodalDataset
 from tests.rl.conftest import random_observation
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 SIZE = 16
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """One intra-op thread, as the daemon's tests use: on a busy 2-core machine two
-    OpenMP threads make these small steps up to 50x slower (measured)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def load_all(path: Path) -> tuple[MultimodalDataset, TensorDict]:

@@ -5,7 +5,6 @@ DataError and leaves no worker; an offline BC loop fed by the stage learns."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -29,20 +28,12 @@ from tests.conftest import TINY
 from tests.storage.test_datasets import direct_images
 from tests.storage.test_prefetch import children
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
+
 
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """One intra-op thread, as the daemon's tests use: on a busy 2-core machine two
-    OpenMP threads make these small steps up to 50x slower (measured)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -151,16 +142,7 @@ async def test_bc_of_the_navigation_policy_from_rollout_archives(tmp_path: Path)
     with torch.no_grad():  # a recognisable behaviour: axis 0 near 0.8, axis 1 narrow
         collector.beta_head.alpha_layer.bias[:2] = torch.tensor([3.0, 4.0])
         collector.beta_head.beta_layer.bias[:2] = torch.tensor([-3.0, 4.0])
-    writer = None
-    for i in range(4):
-        training.collector.collect(training.buffer)
-        arrays = rollout_arrays(training.buffer, copy=True)
-        if writer is None:
-            schema = Schema.for_rollout(arrays)
-            writer = ArchiveWriter(tmp_path / archive_name(0), schema)
-        n = next(iter(arrays.values())).shape[0]
-        writer.append(encode_segments(schema, arrays, range(n), iteration=i, policy_version=i))
-    writer.close()  # type: ignore[union-attr]
+    archive_rollouts(training, tmp_path / archive_name(0))
 
     stage, channel, _ = make_stage(tmp_path / archive_name(0), layout="archive")
     receiver = channel.receiver()
@@ -184,3 +166,20 @@ async def test_bc_of_the_navigation_policy_from_rollout_archives(tmp_path: Path)
         receiver.close()
     assert np.mean(losses[-10:]) < np.mean(losses[:10]) - 0.3
     assert np.mean(errors[-10:]) < 0.4 * errors[0]  # errors[0]: before the first step
+
+
+def archive_rollouts(training: Training, path: Path, rollouts: int = 4) -> Path:
+    """`rollouts` rollouts of `training`'s collector, archived as the daemon's archiver
+    writes them."""
+    writer = None
+    for i in range(rollouts):
+        training.collector.collect(training.buffer)
+        arrays = rollout_arrays(training.buffer, copy=True)
+        if writer is None:
+            schema = Schema.for_rollout(arrays)
+            writer = ArchiveWriter(path, schema)
+        n = next(iter(arrays.values())).shape[0]
+        writer.append(encode_segments(schema, arrays, range(n), iteration=i, policy_version=i))
+    assert writer is not None
+    writer.close()
+    return path
