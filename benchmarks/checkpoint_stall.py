@@ -6,13 +6,21 @@ Two states:
   1024 drones, the running TensorDict, process RNGs);
 - `synthetic_200mb`: 200 MB of float32 tensors in 50 parameters, with Adam-like moments.
 
-For each, per repeat:
-- `stall_s`: what the training loop waits for per checkpoint in the daemon — staging the
-  learner into reusable host buffers (stages/trainer.py) plus capturing the collector
-  (stages/producer.py). Serialisation, compression and disk happen on the writer's threads.
+What the training loop waits for per checkpoint in the daemon: the trainer *starts* the
+learner's host copies (stages/trainer.py, storage/staging.py; on the CPU they run on a
+copier thread) and the producer captures the collector's state (stages/producer.py); the
+trainer's next update waits at `staging.fence()` for copies still running. So the stall is
+launch + capture + fence wait, and depends on what happens before the next update:
+- `after_rollout`: one real rollout collection of the NavRL config (1024 drones x 32
+  steps) runs between snapshot and fence: the default pipeline (`max_policy_lag = 0`),
+  where the next update needs the next rollout. `collect_s` gives that collection's time
+  with a copy running beside it and without (the cost that moves off the trainer);
+- `back_to_back`: the fence right after the launch: the worst case (`max_policy_lag = 1`
+  with the next rollout already waiting), i.e. launch + the whole copy.
 - `sync_s`: the baseline a training script does inline: `torch.save` of the same state,
   LZ4 (fast) of the bytes, write, fsync.
-`stall_over_sync` = median stall / median sync (goal ≤ 0.01).
+`stall_over_sync` = median stall after a rollout / median sync (goal <= 0.01);
+`stall_over_sync_back_to_back` the same for the worst case.
 
 Per LZ4 level (0 = fast, 3..16 = HC) and writer threads: stored/raw, encode MB/s (raw bytes
 per second of `encode_checkpoint`) and write MB/s (encode + durable write).
@@ -68,11 +76,11 @@ def sync_save(state: dict[str, Any], path: Path) -> None:
         os.fsync(f.fileno())
 
 
-def navrl_state(device: str) -> tuple[Any, Any]:
+def navrl_training(device: str) -> Training:
     cfg = load_config(REPO / "config" / "navrl.toml", [f"run.device={device}"], environ={})
     training = Training.build(cfg, device)
     training.step()  # Adam moments exist after the first update
-    return training.learner, training.collector
+    return training
 
 
 def synthetic_state(mb: int, device: str) -> dict[str, Any]:
@@ -88,21 +96,40 @@ def synthetic_state(mb: int, device: str) -> dict[str, Any]:
     return {"policy": params, "optimizer": {"state": moments}, "version": 9}
 
 
-def measure(name: str, capture: Any, full_state: Any, repeats: int, tmp: Path) -> dict:
+def measure(
+    name: str, capture: Any, full_state: Any, repeats: int, tmp: Path, collect: Any
+) -> dict:
     staging = SnapshotStaging(4)
-    stalls, syncs = [], []
+    stalls: dict[str, list[float]] = {"after_rollout": [], "back_to_back": []}
+    launches, syncs, collect_with, collect_without = [], [], [], []
     for r in range(repeats + 1):  # the first round allocates the staging buffers
-        t0 = time.perf_counter()
-        staged = capture(staging)
-        stall = time.perf_counter() - t0
-        staged.ready()
-        staged.release()
+        for case, gap in (("back_to_back", None), ("after_rollout", collect)):
+            t0 = time.perf_counter()
+            staged = capture(staging)
+            launch = time.perf_counter() - t0
+            if gap is not None:
+                t1 = time.perf_counter()
+                gap()
+                collected = time.perf_counter() - t1
+            t1 = time.perf_counter()
+            staging.fence()  # the trainer's next update
+            waited = time.perf_counter() - t1
+            staged.ready()
+            staged.release()
+            if r:
+                stalls[case].append(launch + waited)
+                if gap is not None:
+                    launches.append(launch)
+                    collect_with.append(collected)
+        t1 = time.perf_counter()
+        collect()
+        without = time.perf_counter() - t1
         t0 = time.perf_counter()
         sync_save(full_state(), tmp / f"sync-{r}.bin")
         sync = time.perf_counter() - t0
         if r:
-            stalls.append(stall)
             syncs.append(sync)
+            collect_without.append(without)
     staged = capture(staging)
     staged.ready()
     state = staged.state
@@ -138,11 +165,16 @@ def measure(name: str, capture: Any, full_state: Any, repeats: int, tmp: Path) -
                 }
             )
     staged.release()
+    sync = statistics.median(syncs)
     return {
         "state": name,
-        "stall_s": summary(stalls),
+        "raw_bytes": levels[0]["raw_bytes"],
+        "stall_s": {case: summary(xs) for case, xs in stalls.items()},
+        "launch_s": summary(launches),
         "sync_s": summary(syncs),
-        "stall_over_sync": statistics.median(stalls) / statistics.median(syncs),
+        "stall_over_sync": statistics.median(stalls["after_rollout"]) / sync,
+        "stall_over_sync_back_to_back": statistics.median(stalls["back_to_back"]) / sync,
+        "collect_s": {"copy_running": summary(collect_with), "alone": summary(collect_without)},
         "levels": levels,
     }
 
@@ -157,17 +189,26 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        learner, collector = navrl_state(args.device)
+        training = navrl_training(args.device)
+        learner, collector = training.learner, training.collector
+
+        def rollout() -> None:
+            collector.collect(training.buffer)
+            if args.device == "cuda":
+                torch.cuda.synchronize()
 
         def navrl_capture(staging: SnapshotStaging) -> Any:
+            # The daemon's order: the producer captures the collector right after the
+            # rollout, the trainer stages the learner after its update.
+            collected = collector_state(collector)
             staged = staging.stage({"learner": learner_state(learner)})
-            staged.state["collector"] = collector_state(collector)
+            staged.state["collector"] = collected
             return staged
 
         def navrl_full() -> Any:
             return {"learner": learner_state(learner), "collector": collector_state(collector)}
 
-        results.append(measure("navrl", navrl_capture, navrl_full, args.repeats, tmp))
+        results.append(measure("navrl", navrl_capture, navrl_full, args.repeats, tmp, rollout))
         big = synthetic_state(args.synthetic_mb, args.device)
         results.append(
             measure(
@@ -176,6 +217,7 @@ def main() -> None:
                 lambda: big,
                 args.repeats,
                 tmp,
+                rollout,
             )
         )
     print(
@@ -188,6 +230,7 @@ def main() -> None:
                 "torch": torch.__version__,
                 "torch_threads": torch.get_num_threads(),
                 "repeats": args.repeats,
+                "load_average_1min_end": os.getloadavg()[0],
                 "results": results,
             },
             indent=1,

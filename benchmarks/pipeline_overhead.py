@@ -116,6 +116,25 @@ def alternate(script: str, variants: Any, args: argparse.Namespace) -> dict[str,
     return runs
 
 
+def parse_or_run_one(
+    description: str, one: Any, iterations: int, repeats: int = 3
+) -> argparse.Namespace | None:
+    """The arguments of an alternating daemon benchmark; or, when called as `--one VARIANT
+    ...` (a run that `alternate` started), run `one` for it and return None."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--config", type=Path, default=REPO / "config" / "default.toml")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--iterations", type=int, default=iterations)
+    parser.add_argument("--repeats", type=int, default=repeats)
+    parser.add_argument("overrides", nargs="*")
+    if len(sys.argv) > 1 and sys.argv[1] == "--one":
+        variant, path, device, warmup, iters, *overrides = sys.argv[2:]
+        one(variant, Path(path), device, int(warmup), int(iters), overrides)
+        return None
+    return parser.parse_args()
+
+
 def summary(values: list[float]) -> dict[str, float]:
     return {
         "median": round(statistics.median(values), 1),
@@ -125,18 +144,9 @@ def summary(values: list[float]) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--config", type=Path, default=REPO / "config" / "default.toml")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--iterations", type=int, default=12)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("overrides", nargs="*")
-    if len(sys.argv) > 1 and sys.argv[1] == "--one":
-        variant, path, device, warmup, iterations, *overrides = sys.argv[2:]
-        one(variant, Path(path), device, int(warmup), int(iterations), overrides)
+    args = parse_or_run_one(__doc__, one, iterations=12)
+    if args is None:
         return
-    args = parser.parse_args()
     t0 = time.perf_counter()
     runs = alternate(__file__, VARIANTS, args)
     cfg = make_config(args.config, args.device, args.overrides)

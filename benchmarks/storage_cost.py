@@ -13,17 +13,15 @@ Run: `.venv/bin/python benchmarks/storage_cost.py [--repeats 5] [--device cuda]`
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
-from pipeline_overhead import REPO, alternate, daemon, make_config, summary
+from pipeline_overhead import alternate, daemon, make_config, parse_or_run_one, summary
 
 from navrl_daemon.ops.logging import configure_logging
 
@@ -41,18 +39,9 @@ def one(variant: str, path: Path, device: str, warmup: int, iterations: int, ext
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--config", type=Path, default=REPO / "config" / "default.toml")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--iterations", type=int, default=15)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("overrides", nargs="*")
-    if len(sys.argv) > 1 and sys.argv[1] == "--one":
-        variant, path, device, warmup, iterations, *extra = sys.argv[2:]
-        one(variant, Path(path), device, int(warmup), int(iterations), extra)
+    args = parse_or_run_one(__doc__, one, iterations=15, repeats=5)
+    if args is None:
         return
-    args = parser.parse_args()
     t0 = time.perf_counter()
     runs = alternate(__file__, VARIANTS, args)
     fps = {k: [r["frames_per_s"] for r in v] for k, v in runs.items()}

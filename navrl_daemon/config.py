@@ -176,14 +176,31 @@ class PPOConfig(Section):
     gae_cut_truncation: bool = True
     # Consecutive updates with a non-finite loss that are skipped before training stops.
     max_nonfinite_updates: Annotated[int, Field(ge=0, le=1_000_000)] = 3
+    # "constant": NavRL's fixed learning rates. "linear": every lr decays to
+    # lr_final_fraction times its value over schedule_frames (rl/schedules.py).
+    lr_schedule: Literal["constant", "linear"] = "constant"
+    lr_final_fraction: Annotated[float, Field(ge=0.0, le=1.0)] = 0.1
+    # "constant": NavRL's entropy_coef. "linear": entropy_coef to entropy_coef_final.
+    entropy_schedule: Literal["constant", "linear"] = "constant"
+    entropy_coef_final: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+    # Trained frames over which the schedules run, then hold their final value; fixed
+    # rather than run.total_frames, so raising total_frames on a resume keeps the schedule.
+    schedule_frames: PosInt = 1_200_000_000
 
 
 class PipelineConfig(Section):
     # 0: collect rollout i+1 only with the weights trained on rollout i (NavRL, on-policy);
     # 1: collect rollout i+1 while the trainer trains on rollout i.
     max_policy_lag: Annotated[int, Field(ge=0, le=1)] = 0
-    # Preallocated rollout buffers; lag 1 needs 2 to overlap collection and training.
+    # Preallocated rollout buffers; lag 1 needs 2 to overlap collection and training
+    # (1 with compress_rollouts, which hands the buffer back before the epochs).
     lease_pool: Annotated[int, Field(ge=1, le=64)] = 2
+    # Train on an LZ4-compressed copy of each rollout, in minibatches of whole envs
+    # (storage/compressed_rollout.py; docs/archive.md says when it pays). Off: NavRL's
+    # uniform-frame minibatches from the rollout buffer.
+    compress_rollouts: bool = False
+    # Threads that compress and decode those copies.
+    compress_workers: Annotated[int, Field(ge=1, le=64)] = 2
 
 
 class EvalConfig(Section):
@@ -326,10 +343,18 @@ class Config(Section):
                 f"ppo.minibatches: at most env.num_envs * ppo.rollout_length = {frames}, "
                 f"got {self.ppo.minibatches}"
             )
-        if self.pipeline.max_policy_lag > 0 and self.pipeline.lease_pool < 2:
+        pipeline = self.pipeline
+        one_buffer = pipeline.lease_pool < 2 and not pipeline.compress_rollouts
+        if pipeline.max_policy_lag > 0 and one_buffer:
             raise ValueError(
                 "pipeline.lease_pool: max_policy_lag = 1 overlaps collection and training "
-                f"and needs at least 2 buffers, got {self.pipeline.lease_pool}"
+                f"and needs at least 2 buffers (or compress_rollouts = true), got "
+                f"{pipeline.lease_pool}"
+            )
+        if pipeline.compress_rollouts and self.ppo.minibatches > self.env.num_envs:
+            raise ValueError(
+                "ppo.minibatches: pipeline.compress_rollouts cuts minibatches out of whole "
+                f"envs, so at most env.num_envs = {self.env.num_envs}, got {self.ppo.minibatches}"
             )
         return self
 

@@ -65,6 +65,7 @@ from navrl_daemon.stages.progress import ProgressLog
 from navrl_daemon.stages.trainer import Checkpointing, IterationRecord, Trainer
 from navrl_daemon.storage.atomic import write_atomic
 from navrl_daemon.storage.checkpoint import CheckpointDir
+from navrl_daemon.storage.compressed_rollout import CompressedMinibatches
 from navrl_daemon.storage.history import DAEMON_FILE, HISTORY_FILE, HistoryFile
 from navrl_daemon.storage.staging import SnapshotStaging
 
@@ -384,6 +385,8 @@ def build_stages(
     torch.manual_seed(cfg.run.seed)  # the same initial weights on every rank
     policy = make_policy(cfg, device)
     learner = Learner.build(cfg, policy, device)
+    if cfg.pipeline.compress_rollouts:
+        learner.minibatches = CompressedMinibatches(cfg.pipeline.compress_workers)
     if ranks is not None:
         learner.reducer, learner.check_interval = ranks.reducer, cfg.distributed.check_interval
         torch.manual_seed(cfg.run.seed + world.rank)  # each rank samples its own actions

@@ -76,7 +76,7 @@ def test_second_sigint_during_shutdown_aborts_the_update(tmp_path: Path) -> None
 def test_failing_stage_exits_1_naming_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    def broken(self: Trainer, buffer: object) -> dict[str, float]:
+    def broken(self: Trainer, buffer: object, *_: object) -> dict[str, float]:
         raise RuntimeError("injected trainer failure")
 
     monkeypatch.setattr(Trainer, "_update", broken)

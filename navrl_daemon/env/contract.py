@@ -18,7 +18,9 @@ returning a TorchRL `EnvBase` that:
   same outputs for the same actions. A backend that cannot be (Isaac Sim's PhysX) sets
   the attribute `deterministic = False`; the check is then skipped, not passed.
 - optionally, for exact resume, has `state_dict_env() -> dict[str, Tensor]` and
-  `load_state_dict_env(state)`, restoring every piece of mutable state.
+  `load_state_dict_env(state)`, restoring every piece of mutable state. The saved tensors
+  belong to the caller: stepping the env must not change them (copies, or tensors the env
+  no longer writes to); checkpoints keep them without copying again.
 
 `check_specs` is the cheap part (declared specs only, no stepping) that `make_env` runs on
 every build; `conformance.py` steps envs through all of the above.

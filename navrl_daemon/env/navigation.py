@@ -54,6 +54,7 @@ from navrl_daemon.env.lidar import (
     PillarGrid,
 )
 from navrl_daemon.env.obstacles import DYN_WIDTH_STEP, DynamicObstacles, generate_pillars
+from navrl_daemon.host_copy import host_copy
 
 Layout = Literal["train", "navrl"]
 
@@ -151,8 +152,9 @@ class NavigationEnv(EnvBase):
 
     def state_dict_env(self) -> dict[str, Tensor]:
         """Every piece of mutable state, for exact resume (`load_state_dict_env`)."""
-        state = {name: getattr(self, name).clone() for name in _STATE_TENSORS}
-        state.update({f"stats.{k}": v.clone() for k, v in self._stats.items()})
+        copy = host_copy if self.device.type == "cpu" else Tensor.clone
+        state = {name: copy(getattr(self, name)) for name in _STATE_TENSORS}
+        state.update({f"stats.{k}": copy(v) for k, v in self._stats.items()})
         state.update({f"dynamic.{k}": v for k, v in self.dynamic.state_dict().items()})
         state["generator"] = self._gen.get_state()
         return state

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from navrl_daemon.host_copy import host_copy
+
 # --- SPEC §1.2: pillars ------------------------------------------------------------------
 PIXEL = 0.1  # horizontal and vertical scale of the height field, m
 SIDES_PX = (4, 8)  # arange(int(0.4/0.1), int(1.1/0.1), 4): each side 0.4 m or 0.8 m
@@ -303,10 +305,11 @@ class DynamicObstacles:
         return torch.cat((xy, z[..., None]), -1)
 
     def state_dict(self) -> dict[str, Tensor]:
+        copy = host_copy if self.pos.device.type == "cpu" else Tensor.clone
         return {
-            "pos": self.pos.clone(),
-            "goal": self.goal.clone(),
-            "vel": self.vel.clone(),
+            "pos": copy(self.pos),
+            "goal": copy(self.goal),
+            "vel": copy(self.vel),
             "step_count": torch.tensor(self.step_count, dtype=torch.long),
         }
 

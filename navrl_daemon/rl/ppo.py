@@ -9,7 +9,7 @@ actor's, and the feature extractor's gradients are not clipped.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -156,6 +156,53 @@ def minibatch_indices(
     return perm[: size * num_minibatches].view(num_minibatches, size)
 
 
+# A minibatch source turns the [N, T] training batch into the epochs' minibatches, each
+# flat [B]: (data, cfg, generator, device, release) → iterator. `release`, when given, is
+# called once the source no longer reads `data` (the rollout buffer can be refilled).
+MinibatchSource = Callable[
+    [TensorDictBase, PPOConfig, torch.Generator | None, torch.device, Callable[[], None] | None],
+    Iterator[TensorDictBase],
+]
+
+
+def frame_minibatches(
+    data: TensorDictBase,
+    cfg: PPOConfig,
+    generator: torch.Generator | None,
+    device: torch.device,
+    release: Callable[[], None] | None = None,
+) -> Iterator[TensorDictBase]:
+    """NavRL's sampling: every epoch, a random permutation of all N·T frames, cut into
+    `cfg.minibatches` minibatches. Reads `data` to the end (never calls `release`)."""
+    flat = data.reshape(-1)
+    for _ in range(cfg.epochs):
+        for idx in minibatch_indices(flat.shape[0], cfg.minibatches, generator, device):
+            yield flat[idx]
+
+
+def env_minibatches(
+    data: TensorDictBase,
+    cfg: PPOConfig,
+    generator: torch.Generator | None,
+    device: torch.device,
+    release: Callable[[], None] | None = None,
+) -> Iterator[TensorDictBase]:
+    """Every epoch, a random permutation of the N envs cut into `cfg.minibatches` groups;
+    a minibatch is its envs' T steps, flat. What `pipeline.compress_rollouts` samples
+    (storage/compressed_rollout.py decodes only a minibatch's envs); uncompressed here,
+    as the reference the compressed path must match bit for bit."""
+    for envs in env_groups(data.batch_size[0], cfg, generator, device):
+        yield data[envs].reshape(-1)
+
+
+def env_groups(
+    num_envs: int, cfg: PPOConfig, generator: torch.Generator | None, device: torch.device
+) -> Iterator[torch.Tensor]:
+    """cfg.epochs × cfg.minibatches groups of env indices (each epoch a permutation)."""
+    for _ in range(cfg.epochs):
+        yield from minibatch_indices(num_envs, cfg.minibatches, generator, device)
+
+
 # ---------------------------------------------------------------------------- the update
 
 
@@ -168,8 +215,14 @@ def update(
     abort: threading.Event | None = None,
     reducer: DataParallel | None = None,
     aux_loss: Callable[[NavRLPolicy], dict[str, torch.Tensor]] | None = None,
+    minibatches: MinibatchSource = frame_minibatches,
+    release: Callable[[], None] | None = None,
 ) -> dict[str, float]:
     """cfg.epochs × cfg.minibatches gradient steps on one [N, T] rollout.
+
+    `minibatches` cuts the batch into minibatches: NavRL's uniform frames by default, or
+    env groups (`env_minibatches`, or compressed: storage/compressed_rollout.py). A source
+    that stops reading `batch` before the last minibatch calls `release` then.
 
     `aux_loss(policy)`, called once per minibatch, returns extra named scalar terms that
     are added to the loss (the BC term of `offline.objective = "ppo+bc"`); each is
@@ -192,58 +245,55 @@ def update(
     data = batch.select(*keys, ("agents", "action_normalized"), "sample_log_prob", "state_value")
     data.set("advantage", advantages)
     data.set("target", targets)
-    data = data.reshape(-1)
 
     device = advantages.device
     params = [p for p in policy.parameters() if p.requires_grad]
     sums = torch.zeros(len(STAT_NAMES), device=device)
     aux_sums: dict[str, torch.Tensor] = {}
     applied = skipped = 0
-    for _ in range(cfg.epochs):
-        for idx in minibatch_indices(data.shape[0], cfg.minibatches, generator, device):
-            if abort is not None and abort.is_set():
-                break
-            mb = data[idx]
-            feature = policy.observe(mb)
-            dist = policy.distribution(feature)
-            value = policy.value(feature)
-            log_prob = dist.log_prob(mb.get(("agents", "action_normalized")))
-            l_actor = actor_loss(
-                log_prob, mb.get("sample_log_prob"), mb.get("advantage"), cfg.clip_ratio
-            )
-            l_entropy = entropy_loss(dist.entropy(), cfg.entropy_coef)
-            l_critic = critic_loss(
-                value,
-                mb.get("state_value"),
-                mb.get("target"),
-                cfg.value_clip,
-                cfg.huber_delta,
-                reducer,
-            )
-            aux = aux_loss(policy) if aux_loss is not None else {}
-            loss = l_actor + l_entropy + l_critic + sum(aux.values())
+    for mb in minibatches(data, cfg, generator, device, release):
+        if abort is not None and abort.is_set():
+            break
+        feature = policy.observe(mb)
+        dist = policy.distribution(feature)
+        value = policy.value(feature)
+        log_prob = dist.log_prob(mb.get(("agents", "action_normalized")))
+        l_actor = actor_loss(
+            log_prob, mb.get("sample_log_prob"), mb.get("advantage"), cfg.clip_ratio
+        )
+        l_entropy = entropy_loss(dist.entropy(), cfg.entropy_coef)
+        l_critic = critic_loss(
+            value,
+            mb.get("state_value"),
+            mb.get("target"),
+            cfg.value_clip,
+            cfg.huber_delta,
+            reducer,
+        )
+        aux = aux_loss(policy) if aux_loss is not None else {}
+        loss = l_actor + l_entropy + l_critic + sum(aux.values())
 
-            for opt in optimizers.values():
-                opt.zero_grad()
-            loss.backward()
-            if reducer is not None:
-                reducer.average_gradients(params, loss)
-            actor_norm = clip_grad_norm_(policy.actor.parameters(), cfg.max_grad_norm)
-            critic_norm = clip_grad_norm_(policy.critic.parameters(), cfg.max_grad_norm)
-            # One host sync per minibatch: a skipped step must not move Adam's moments.
-            if not bool(torch.isfinite(loss + actor_norm + critic_norm)):
-                skipped += 1
-                continue
-            for opt in optimizers.values():
-                opt.step()
-            applied += 1
-            with torch.no_grad():
-                explained_var = explained_variance(value, mb.get("target"))
-                sums += torch.stack(
-                    [l_actor, l_critic, l_entropy, actor_norm, critic_norm, explained_var]
-                )
-                for name, term in aux.items():
-                    aux_sums[name] = aux_sums.get(name, 0.0) + term.detach()
+        for opt in optimizers.values():
+            opt.zero_grad()
+        loss.backward()
+        if reducer is not None:
+            reducer.average_gradients(params, loss)
+        actor_norm = clip_grad_norm_(policy.actor.parameters(), cfg.max_grad_norm)
+        critic_norm = clip_grad_norm_(policy.critic.parameters(), cfg.max_grad_norm)
+        # One host sync per minibatch: a skipped step must not move Adam's moments.
+        if not bool(torch.isfinite(loss + actor_norm + critic_norm)):
+            skipped += 1
+            continue
+        for opt in optimizers.values():
+            opt.step()
+        applied += 1
+        with torch.no_grad():
+            explained_var = explained_variance(value, mb.get("target"))
+            sums += torch.stack(
+                [l_actor, l_critic, l_entropy, actor_norm, critic_norm, explained_var]
+            )
+            for name, term in aux.items():
+                aux_sums[name] = aux_sums.get(name, 0.0) + term.detach()
 
     for opt in optimizers.values():
         opt.zero_grad()

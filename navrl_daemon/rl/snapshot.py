@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from navrl_daemon.host_copy import host_copy
 from navrl_daemon.rl.ppo import learning_rates
 from navrl_daemon.rl.training import Collector, Learner
 
@@ -65,7 +66,9 @@ def collector_state(collector: Collector) -> dict[str, Any] | None:
     sums, count = collector.episodes.peek_sums()
     env_state = save()
     return {
-        "env": {k: v.detach().to("cpu", copy=True) for k, v in env_state.items()},
+        # Already the env's own copies (the contract; conformance's replay-after-load
+        # check fails a backend whose saved tensors change as it steps): host only.
+        "env": {k: v.detach().cpu() for k, v in env_state.items()},
         "td": _flatten(td),
         "episodes": {"sums": sums.cpu(), "count": count.cpu()},
         "rng": rng_state(),
@@ -126,6 +129,6 @@ def restore_rng(state: dict[str, Any]) -> None:
 
 def _flatten(td: TensorDictBase) -> dict[str, torch.Tensor]:
     return {
-        "/".join((k,) if isinstance(k, str) else k): v.detach().to("cpu", copy=True)
+        "/".join((k,) if isinstance(k, str) else k): host_copy(v)
         for k, v in td.items(include_nested=True, leaves_only=True)
     }

@@ -21,9 +21,9 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.envs import EnvBase
 
-from navrl_daemon.config import Config
+from navrl_daemon.config import Config, PPOConfig
 from navrl_daemon.env import check_backend, make_env
-from navrl_daemon.rl import ppo
+from navrl_daemon.rl import ppo, schedules
 from navrl_daemon.rl.data_parallel import DataParallel
 from navrl_daemon.rl.evaluate import evaluate
 from navrl_daemon.rl.policy import NavRLPolicy
@@ -84,6 +84,9 @@ class Learner:
     check_interval: int = 0
     # Extra loss terms per minibatch (ppo.update's `aux_loss`): the BC term of "ppo+bc".
     aux_loss: Callable[[NavRLPolicy], dict[str, torch.Tensor]] | None = None
+    # How the batch is cut into minibatches: NavRL's uniform frames, or env groups decoded
+    # from a compressed copy (`pipeline.compress_rollouts`, storage/compressed_rollout.py).
+    minibatches: ppo.MinibatchSource = ppo.frame_minibatches
 
     @classmethod
     def build(cls, cfg: Config, policy: NavRLPolicy, device: torch.device | str) -> Learner:
@@ -92,25 +95,60 @@ class Learner:
         return cls(cfg, policy, ppo.make_optimizers(policy, cfg.ppo), generator)
 
     def update(
-        self, buffer: TensorDictBase, abort: threading.Event | None = None
+        self,
+        buffer: TensorDictBase,
+        abort: threading.Event | None = None,
+        release: Callable[[], None] | None = None,
     ) -> dict[str, float]:
-        """PPO on one rollout. `abort` set → stop at the next minibatch boundary."""
+        """PPO on one rollout. `abort` set → stop at the next minibatch boundary. `release`
+        is called when `buffer` is no longer read, if that is before the update ends.
+
+        The losses carry the actor's `lr` and the `entropy_coef` this update used.
+        """
+        ppo_cfg = self.apply_schedules()
         losses = ppo.update(
             self.policy,
             self.optimizers,
             buffer,
-            self.cfg.ppo,
+            ppo_cfg,
             self.generator,
             abort=abort,
             reducer=self.reducer,
             aux_loss=self.aux_loss,
+            minibatches=self.minibatches,
+            release=release,
         )
         self._check_finite(losses)
         self.version += 1
         every = self.check_interval
         if self.reducer is not None and every and self.version % every == 0:
             self.reducer.check_same(self.policy)
-        return losses
+        lr = self.optimizers["actor"].param_groups[0]["lr"]
+        return {**losses, "lr": lr, "entropy_coef": ppo_cfg.entropy_coef}
+
+    @property
+    def trained_frames(self) -> int:
+        """Frames the applied updates trained on (every rank's): what schedules run on."""
+        world = self.reducer.world_size if self.reducer is not None else 1
+        return self.version * self.cfg.frames_per_iteration * world
+
+    def apply_schedules(self) -> PPOConfig:
+        """Set the optimisers' lrs for the next update; returns the PPO config it runs with.
+
+        A pure function of `version` and the config, so a resumed learner continues the
+        same schedule. Constant schedules (NavRL's) leave optimisers and config untouched.
+        """
+        ppo_cfg = self.cfg.ppo
+        frames, span = self.trained_frames, ppo_cfg.schedule_frames
+        if ppo_cfg.lr_schedule != "constant":
+            scale = schedules.lr_scale(ppo_cfg, frames, span)
+            for name, lr in ppo.learning_rates(ppo_cfg).items():
+                for group in self.optimizers[name].param_groups:
+                    group["lr"] = lr * scale
+        if ppo_cfg.entropy_schedule != "constant":
+            coef = schedules.entropy_coef(ppo_cfg, frames, span)
+            ppo_cfg = ppo_cfg.model_copy(update={"entropy_coef": coef})
+        return ppo_cfg
 
     def weights(self) -> dict[str, torch.Tensor]:
         """A detached copy of the current weights, safe to hand to another thread."""

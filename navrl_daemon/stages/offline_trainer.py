@@ -103,7 +103,7 @@ class OfflineTrainer:
                     break  # the prefetcher stopped: shutting down
                 t1 = time.perf_counter()
                 with lease:
-                    stats = await self.compute.run(self.learner.step, lease.meta["batch"])
+                    stats = await self.compute.run(self._step, lease.meta["batch"])
                 step = self.learner.steps
                 record = StepRecord(step, self.samples, time.perf_counter() - t1, t1 - t0, stats)
                 if self.evaluations is not None and step % self.eval_interval == 0:
@@ -119,6 +119,11 @@ class OfflineTrainer:
             for out in (self.evaluations, ckpt and ckpt.snapshots):
                 if out is not None:
                     out.close()
+
+    def _step(self, batch: Any) -> dict[str, float]:
+        if self.checkpoints is not None:
+            self.checkpoints.staging.fence()  # a snapshot still reading the weights
+        return self.learner.step(batch)
 
     async def _weights(self) -> PolicyWeights:
         def copy() -> dict[str, torch.Tensor]:

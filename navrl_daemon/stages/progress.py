@@ -78,7 +78,7 @@ class ProgressLog:
                 "trainer": round(sum(update) / wall, 3),
             },
             **{f"train_{k}": _round(v) for k, v in self.episodes.take().items()},
-            **{k: _mean(r.losses[k] for r in self.window) for k in last.losses},
+            **_mean_losses(self.window),
         }
         log.info("progress", **summary)
         self.on_summary(summary)
@@ -90,7 +90,16 @@ class ProgressLog:
 
 
 def _mean(values: Any) -> float:
-    return round(statistics.fmean(values), 4)
+    """4 decimals, or 4 significant digits below 0.01 (a decayed learning rate)."""
+    mean = statistics.fmean(values)
+    return round(mean, 4) if abs(mean) >= 0.01 else float(f"{mean:.4g}")
+
+
+def _mean_losses(window: list[IterationRecord]) -> dict[str, float]:
+    """Each loss over the records that have it: a rolled-back iteration has none but
+    `rolled_back`."""
+    names = dict.fromkeys(k for r in window for k in r.losses)
+    return {k: _mean(r.losses[k] for r in window if k in r.losses) for k in names}
 
 
 def _spread(values: list[float]) -> dict[str, float]:

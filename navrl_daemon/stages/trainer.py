@@ -1,16 +1,19 @@
 """Trainer: PPO-updates on each leased rollout, then publishes versioned weights.
 
 The update runs on a compute thread (the event loop only moves leases); the lease is
-released the moment the update is done, so the producer can refill that buffer. When the
+released the moment the update is done (with `pipeline.compress_rollouts`, as soon as the
+batch is compressed, before the epochs), so the producer can refill that buffer. When the
 rollout channel ends (the producer stopped) the trainer has trained on every rollout it
 was handed; it then stages a final snapshot for the checkpoint writer, and its flush
 exports the final policy in NavRL's layout.
 
 Checkpoints: every `checkpoint.interval` updates the trainer stages its learner state
-(host copies into reusable buffers; storage/staging.py) together with the collector state
-the producer captured right after that rollout, and hands the snapshot to the writer's
-coalescing queue; it never waits for serialisation or disk. Too many non-finite updates in
-a row roll the learner back to the newest valid checkpoint on disk.
+(host copies into reusable buffers, made off the training thread; storage/staging.py)
+together with the collector state the producer captured right after that rollout, and
+hands the snapshot to the writer's coalescing queue; it never waits for serialisation or
+disk, and waits for the copies only if its next update starts before they are done. Too
+many non-finite updates in a row roll the learner back to the newest valid checkpoint on
+disk.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.from_thread
+import anyio.lowlevel
 import structlog
 import torch
 
@@ -131,7 +136,7 @@ class Trainer:
                     out.close()
 
     async def _snapshot(self, collected: dict[str, Any] | None, *, final: bool) -> None:
-        """Stage the learner (the trainer's only stall) and queue the snapshot."""
+        """Start staging the learner (the trainer's only stall) and queue the snapshot."""
         ckpt = self.checkpoints
         assert ckpt is not None
 
@@ -155,7 +160,12 @@ class Trainer:
         )
         log.debug("updating", policy_lag=lag)
         t0 = time.perf_counter()
-        losses = await self.compute.run(self._update, lease.buffer)
+        token = anyio.lowlevel.current_token()
+
+        def release() -> None:  # on the compute thread, once the update stops reading
+            anyio.from_thread.run_sync(lease.release, token=token)
+
+        losses = await self.compute.run(self._update, lease.buffer, release)
         self.frames += self.frames_per_iteration
         return IterationRecord(
             iteration=self.learner.version,
@@ -168,10 +178,18 @@ class Trainer:
             rolled_back=bool(losses.get("rolled_back")),
         )
 
-    def _update(self, buffer: object) -> dict[str, float]:
+    def _update(
+        self, buffer: object, release: Callable[[], None] | None = None
+    ) -> dict[str, float]:
         with self._weights_lock:
+            if self.checkpoints is not None:
+                self.checkpoints.staging.fence()  # a snapshot still reading the weights
             try:
-                return self.learner.update(buffer, abort=self.shutdown.abort)  # type: ignore[arg-type]
+                return self.learner.update(
+                    buffer,  # type: ignore[arg-type]
+                    abort=self.shutdown.abort,
+                    release=release,
+                )
             except NonFiniteTraining as err:
                 rollback = self.rollback
                 if not rollback:

@@ -1,39 +1,60 @@
-"""Host copies of a training state, taken fast enough that the trainer hardly notices.
+"""Host copies of a training state, taken without holding the trainer up.
 
 A checkpoint begins as a copy of every tensor of the state into a *slot*: a set of host
-buffers, one per tensor, allocated on first use and reused from then on (pinned when the
-source is on a GPU, so the copies are non-blocking and the trainer goes on while they
-run). The writer waits for the copies (`StagedState.ready`) before serialising and gives
-the slot back (`release`) when the file is written or the snapshot was dropped.
+buffers, one per tensor, allocated on first use and reused from then on. `stage` only
+*starts* the copies and returns:
+
+- from a GPU, the copies go into pinned buffers, non-blocking, on the current stream;
+- on the CPU, they run on the staging's own copier thread, through numpy (a memcpy that
+  releases the GIL and starts no OpenMP team next to the compute thread's).
+
+Until the copies are done the source tensors must not change: whoever mutates them (the
+trainer, before its next update) calls `fence()` first. On the CPU that is where a
+checkpoint can cost the trainer anything at all, and only when the next update begins
+before the copy has finished (the rollout collection in between usually hides it). The
+writer waits for the copies (`StagedState.ready`) before serialising and gives the slot
+back (`release`) when the file is written or the snapshot was dropped.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
+from navrl_daemon.host_copy import as_numpy
+
 _Slot = dict[str, torch.Tensor]
+_Copy = tuple[torch.Tensor, torch.Tensor]  # (host buffer, source)
 
 
 @dataclass
 class StagedState:
     state: dict[str, Any]
     _event: Any = None  # a torch.cuda.Event after non-blocking copies
+    _future: Future[None] | None = None  # the copier thread's work on the CPU
     _release: Callable[[], None] = field(default=lambda: None)
 
     def ready(self) -> None:
-        """Block until the host copies are complete (a no-op for CPU sources)."""
+        """Block until the host copies are complete; re-raises a failed copy."""
         if self._event is not None:
             self._event.synchronize()
+        if self._future is not None:
+            self._future.result()
 
     def release(self) -> None:
-        """Hand the buffers back for reuse; call once, after the state has been written."""
+        """Hand the buffers back for reuse; call once, after the state has been written.
+        A slot whose copies are still running goes back when they end."""
         release, self._release = self._release, lambda: None
-        release()
+        if self._future is not None and not self._future.done():
+            self._future.add_done_callback(lambda _: release())
+        else:
+            release()
 
 
 class SnapshotStaging:
@@ -47,6 +68,8 @@ class SnapshotStaging:
         self._free: list[_Slot] = []
         self._allocated = 0
         self._lock = threading.Lock()  # release() runs on the writer's thread
+        self._copier: ThreadPoolExecutor | None = None
+        self._pending: Future[None] | None = None  # the newest CPU copy (FIFO thread)
 
     @property
     def slots_in_use(self) -> int:
@@ -54,19 +77,45 @@ class SnapshotStaging:
             return self._allocated - len(self._free)
 
     def stage(self, state: dict[str, Any]) -> StagedState:
-        """Copy every tensor of `state` into a free slot. Raises RuntimeError when all
-        `max_slots` are in use (a writer that never releases)."""
+        """Start copying every tensor of `state` into a free slot. Raises RuntimeError when
+        all `max_slots` are in use (a writer that never releases). The sources must stay
+        unchanged until `fence()` returns."""
         slot = self._take()
+        copies: list[_Copy] = []
         try:
-            staged = _copy(state, slot, "")
+            staged = _plan(state, slot, "", copies)
+            host = [(buf, src) for buf, src in copies if not src.is_cuda]
+            for buf, src in copies:
+                if src.is_cuda:
+                    buf.copy_(src, non_blocking=True)
         except BaseException:
             self._give_back(slot)
             raise
         event = None
-        if any(b.is_pinned() for b in slot.values()):
+        if len(host) < len(copies):
             event = torch.cuda.Event()
             event.record()
-        return StagedState(staged, event, lambda: self._give_back(slot))
+        future = self._start(host) if host else None
+        return StagedState(staged, event, future, lambda: self._give_back(slot))
+
+    def fence(self) -> None:
+        """Block until every copy started so far has read its sources (CPU copies; GPU
+        copies are ordered on the stream before any later kernel). A failed copy is not
+        raised here but by its `ready()`: the writer's problem, not the trainer's."""
+        pending = self._pending
+        if pending is not None:
+            wait([pending])
+
+    def close(self) -> None:
+        if self._copier is not None:
+            self._copier.shutdown(wait=True)
+
+    def _start(self, copies: list[_Copy]) -> Future[None]:
+        if self._copier is None:
+            self._copier = ThreadPoolExecutor(1, thread_name_prefix="snapshot-copy")
+        future = self._copier.submit(_run_copies, copies)
+        self._pending = future
+        return future
 
     def _take(self) -> _Slot:
         with self._lock:
@@ -82,17 +131,23 @@ class SnapshotStaging:
             self._free.append(slot)
 
 
-def _copy(value: Any, slot: _Slot, path: str) -> Any:
+def _plan(value: Any, slot: _Slot, path: str, copies: list[_Copy]) -> Any:
+    """The staged structure, with host buffers in place of tensors; the copies to make."""
     if isinstance(value, torch.Tensor):
         src = value.detach()
         buf = slot.get(path)
         if buf is None or buf.shape != src.shape or buf.dtype != src.dtype:
             buf = torch.empty(src.shape, dtype=src.dtype, pin_memory=src.is_cuda)
             slot[path] = buf
-        buf.copy_(src, non_blocking=src.is_cuda)
+        copies.append((buf, src))
         return buf
     if isinstance(value, dict):
-        return type(value)((k, _copy(v, slot, f"{path}/{k}")) for k, v in value.items())
+        return type(value)((k, _plan(v, slot, f"{path}/{k}", copies)) for k, v in value.items())
     if isinstance(value, list | tuple):
-        return type(value)(_copy(v, slot, f"{path}/{i}") for i, v in enumerate(value))
+        return type(value)(_plan(v, slot, f"{path}/{i}", copies) for i, v in enumerate(value))
     return value
+
+
+def _run_copies(copies: list[_Copy]) -> None:
+    for buf, src in copies:
+        np.copyto(as_numpy(buf), as_numpy(src), casting="no")

@@ -86,8 +86,7 @@ def test_collector_state_of_another_env_layout_is_refused_untouched() -> None:
 def test_trainer_rolls_back_to_the_checkpoint_and_training_goes_on(tmp_path: Path) -> None:
     from navrl_daemon.runtime.channels import Channel
     from navrl_daemon.runtime.compute import ComputeThread
-    from navrl_daemon.runtime.supervisor import Shutdown
-    from navrl_daemon.stages.trainer import Checkpointing, Trainer
+    from navrl_daemon.stages.trainer import Checkpointing
     from navrl_daemon.storage.staging import SnapshotStaging
 
     training = Training.build(tiny("ppo.max_nonfinite_updates=0"), "cpu")
@@ -101,15 +100,10 @@ def test_trainer_rolls_back_to_the_checkpoint_and_training_goes_on(tmp_path: Pat
         return tmp_path / "ckpt-000000001.nrc"
 
     compute = ComputeThread()
-    trainer = Trainer(
-        training.learner,
-        Channel("rollouts", 1).receiver(),
-        [],
-        frames_per_iteration=64,
-        shutdown=Shutdown(),
-        compute=compute,
-        export_path=tmp_path / "policy.pt",
-        checkpoints=Checkpointing(
+    trainer = trainer_for(
+        training,
+        compute,
+        Checkpointing(
             Channel("snapshots", 1).sender(),
             0,
             SnapshotStaging(1),
@@ -117,6 +111,7 @@ def test_trainer_rolls_back_to_the_checkpoint_and_training_goes_on(tmp_path: Pat
             static={},
             rollback=rollback,
         ),
+        export_path=tmp_path / "policy.pt",
     )
     with torch.no_grad():  # what a blown-up update leaves behind
         for p in training.policy.parameters():
@@ -141,3 +136,65 @@ def test_without_a_checkpoint_non_finite_training_still_stops() -> None:
     training.collector.collect(training.buffer)
     with pytest.raises(NonFiniteTraining):
         training.learner.update(training.buffer)
+
+
+def test_the_next_update_waits_for_a_snapshot_still_copying(monkeypatch) -> None:
+    """The trainer starts a snapshot's copies and goes on; its next update must not move
+    the weights under a copy that is still reading them (storage/staging.py fence)."""
+    import threading
+
+    import anyio
+    import numpy as np
+
+    from navrl_daemon.runtime.channels import Channel
+    from navrl_daemon.runtime.compute import ComputeThread
+    from navrl_daemon.stages.trainer import Checkpointing
+    from navrl_daemon.storage.staging import SnapshotStaging
+
+    release = threading.Event()
+    copyto = np.copyto
+
+    def held_copyto(dst, src, **kw):  # type: ignore[no-untyped-def]
+        assert release.wait(10)
+        copyto(dst, src, **kw)
+
+    training = Training.build(tiny(), "cpu")
+    monkeypatch.setattr(np, "copyto", held_copyto)  # only the snapshot's copies from here
+    snapshots = Channel("snapshots", 4)
+    received = snapshots.receiver()
+    compute = ComputeThread()
+    checkpoints = Checkpointing(snapshots.sender(), 1, SnapshotStaging(2), dict, static={})
+    trainer = trainer_for(training, compute, checkpoints)
+    training.collector.collect(training.buffer)
+    trainer._update(training.buffer)
+    expected = copy.deepcopy(training.policy.state_dict())
+    anyio.run(lambda: trainer._snapshot(None, final=False))  # copies held up
+    training.collector.collect(training.buffer)
+    threading.Timer(0.2, release.set).start()
+    trainer._update(training.buffer)  # waits at the fence, then steps
+    assert release.is_set()
+    snapshot = anyio.run(received.receive)
+    snapshot.staged.ready()
+    staged = snapshot.staged.state["learner"]["policy"]
+    assert staged.keys() == expected.keys()
+    assert all(torch.equal(staged[k], expected[k]) for k in expected)
+    assert not all(torch.equal(staged[k], v) for k, v in training.policy.state_dict().items())
+    compute.close()
+
+
+def trainer_for(training: Training, compute, checkpoints, export_path: Path | None = None):  # type: ignore[no-untyped-def]
+    """A Trainer stage around `training`'s learner, driven by calling its methods."""
+    from navrl_daemon.runtime.channels import Channel
+    from navrl_daemon.runtime.supervisor import Shutdown
+    from navrl_daemon.stages.trainer import Trainer
+
+    return Trainer(
+        training.learner,
+        Channel("rollouts", 1).receiver(),
+        [],
+        frames_per_iteration=64,
+        shutdown=Shutdown(),
+        compute=compute,
+        export_path=export_path,
+        checkpoints=checkpoints,
+    )

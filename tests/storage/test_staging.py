@@ -1,7 +1,12 @@
-"""Snapshot staging: host copies that are exact, independent, and reuse their buffers."""
+"""Snapshot staging: host copies that are exact, independent, reuse their buffers, and run
+off the calling thread until `fence`."""
 
 from __future__ import annotations
 
+import threading
+import time
+
+import numpy as np
 import pytest
 import torch
 
@@ -33,6 +38,7 @@ def test_released_slots_are_reused_without_new_allocations() -> None:
     staging = SnapshotStaging(2)
     first = staging.stage(state())
     buffer = first.state["policy"]["w"]
+    first.ready()  # the writer has written it
     first.release()
     first.release()  # twice is harmless
     second = staging.stage(state())
@@ -52,6 +58,97 @@ def test_at_most_max_slots_are_held() -> None:
 
 def test_a_changed_shape_gets_a_new_buffer() -> None:
     staging = SnapshotStaging(1)
-    staging.stage({"w": torch.zeros(3)}).release()
+    first = staging.stage({"w": torch.zeros(3)})
+    first.ready()
+    first.release()
     staged = staging.stage({"w": torch.ones(5)})
+    staged.ready()
     assert torch.equal(staged.state["w"], torch.ones(5))
+
+
+def test_cpu_copies_run_on_the_copier_thread_and_fence_waits_for_them(monkeypatch) -> None:
+    staging = SnapshotStaging(2)
+    started, go = threading.Event(), threading.Event()
+    threads: list[str] = []
+    copyto = np.copyto
+
+    def slow_copyto(dst, src, **kw):  # type: ignore[no-untyped-def]
+        threads.append(threading.current_thread().name)
+        started.set()
+        assert go.wait(5)
+        copyto(dst, src, **kw)
+
+    monkeypatch.setattr(np, "copyto", slow_copyto)
+    src = {"w": torch.arange(6.0)}
+    staged = staging.stage(src)  # returns while the copy is held up
+    assert started.wait(5)
+    fenced = threading.Event()
+    waiter = threading.Thread(target=lambda: (staging.fence(), fenced.set()))
+    waiter.start()
+    time.sleep(0.05)
+    assert not fenced.is_set()  # the trainer's next update would wait here
+    go.set()
+    waiter.join(5)
+    assert fenced.is_set()
+    src["w"].add_(1.0)  # the next update, after the fence
+    staged.ready()
+    assert torch.equal(staged.state["w"], torch.arange(6.0))
+    assert threads and all(name.startswith("snapshot-copy") for name in threads)
+
+
+def test_every_dtype_is_copied_bit_for_bit() -> None:
+    g = torch.Generator().manual_seed(0)
+    src = {
+        "f32": torch.randn(7, 3, generator=g),
+        "bf16": torch.randn(5, generator=g).to(torch.bfloat16),
+        "nan": torch.tensor([float("nan"), -0.0, float("inf")]),
+        "bool": torch.tensor([True, False]),
+        "i64": torch.tensor(2**40),
+        "strided": torch.randn(4, 6, generator=g)[:, ::2],
+        "empty": torch.empty(0, 3),
+        "grad": torch.randn(3, generator=g, requires_grad=True),
+    }
+    staged = SnapshotStaging(1).stage(src)
+    staged.ready()
+    for key, value in src.items():
+        got = staged.state[key]
+        assert got.dtype == value.dtype and got.shape == value.shape, key
+        assert got.is_contiguous(), key
+        size = value.element_size()
+        assert torch.equal(
+            got.reshape(-1).view(_as_int(size)),
+            value.detach().contiguous().reshape(-1).view(_as_int(size)),
+        ), key
+
+
+def _as_int(size: int) -> torch.dtype:
+    return {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[size]
+
+
+def test_a_slot_released_mid_copy_is_reused_only_after_the_copy(monkeypatch) -> None:
+    staging = SnapshotStaging(1)
+    go = threading.Event()
+    copyto = np.copyto
+    monkeypatch.setattr(np, "copyto", lambda d, s, **kw: (go.wait(5), copyto(d, s, **kw)))
+    staged = staging.stage({"w": torch.ones(3)})
+    staged.release()  # a dropped snapshot, while its copy still runs
+    assert staging.slots_in_use == 1
+    go.set()
+    staging.fence()
+    deadline = time.monotonic() + 5
+    while staging.slots_in_use and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert staging.slots_in_use == 0
+
+
+def test_a_failed_copy_is_raised_by_ready_not_by_the_trainers_fence(monkeypatch) -> None:
+    staging = SnapshotStaging(1)
+
+    def broken(*_a, **_kw):  # type: ignore[no-untyped-def]
+        raise OSError("no memory")
+
+    monkeypatch.setattr(np, "copyto", broken)
+    staged = staging.stage({"w": torch.ones(3)})
+    with pytest.raises(OSError, match="no memory"):
+        staged.ready()
+    staging.fence()  # the writer reports it; training goes on
