@@ -49,12 +49,11 @@ class StagedState:
 
     def release(self) -> None:
         """Hand the buffers back for reuse; call once, after the state has been written.
-        A slot whose copies are still running goes back when they end."""
+        Waits for copies still running (only a snapshot dropped at once can have any)."""
         release, self._release = self._release, lambda: None
-        if self._future is not None and not self._future.done():
-            self._future.add_done_callback(lambda _: release())
-        else:
-            release()
+        if self._future is not None:
+            wait([self._future])
+        release()
 
 
 class SnapshotStaging:

@@ -125,20 +125,20 @@ def _as_int(size: int) -> torch.dtype:
     return {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[size]
 
 
-def test_a_slot_released_mid_copy_is_reused_only_after_the_copy(monkeypatch) -> None:
+def test_a_slot_released_mid_copy_goes_back_only_after_the_copy(monkeypatch) -> None:
     staging = SnapshotStaging(1)
     go = threading.Event()
     copyto = np.copyto
     monkeypatch.setattr(np, "copyto", lambda d, s, **kw: (go.wait(5), copyto(d, s, **kw)))
     staged = staging.stage({"w": torch.ones(3)})
-    staged.release()  # a dropped snapshot, while its copy still runs
-    assert staging.slots_in_use == 1
+    releaser = threading.Thread(target=staged.release)  # a dropped snapshot, mid-copy
+    releaser.start()
+    time.sleep(0.05)
+    assert releaser.is_alive() and staging.slots_in_use == 1
     go.set()
-    staging.fence()
-    deadline = time.monotonic() + 5
-    while staging.slots_in_use and time.monotonic() < deadline:
-        time.sleep(0.001)
+    releaser.join(5)
     assert staging.slots_in_use == 0
+    staging.stage({"w": torch.ones(3)})  # and the slot is taken again at once
 
 
 def test_a_failed_copy_is_raised_by_ready_not_by_the_trainers_fence(monkeypatch) -> None:
