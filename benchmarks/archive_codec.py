@@ -1,11 +1,12 @@
-"""Archive codec: ratio and MB/s per filter/mode/level on real embedded-env rollouts, and
-decompression thread scaling (1 → N workers) for a 256-sample batch. Prints JSON.
+"""Archive codec: ratio and MB/s per format/filter/mode/level on real embedded-env rollouts,
+and decompression thread scaling (1 → N workers) for a 256-sample batch. Prints JSON.
 
 Data: rollouts of the embedded env collected by a random-init policy, in two layouts:
 `pillars` (NavRL's 40 m field with 350 pillars and 80 dynamic obstacles, drones spawned
 inside it so the LiDAR sees pillars) and `open` (config/default.toml: no obstacles).
 Speeds are single-thread, raw (uncompressed) bytes per second, over every segment of the
-rollouts; the baseline is episode mode, no filter, level 0.
+rollouts; the baseline is format 1 (one blob per key), episode mode, no filter, level 0:
+the default before format 2 (one packed blob per segment, the default now).
 Run: `.venv/bin/python benchmarks/archive_codec.py [--num-envs 256 --rollouts 8]`.
 """
 
@@ -15,6 +16,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -46,6 +48,7 @@ CODECS = [
     ("frame", "none", 0),
     ("frame", "shuffle", 0),
 ]
+FORMATS = (1, 2)
 
 
 def collect(layout: str, num_envs: int, rollouts: int, warmup: int) -> list[Arrays]:
@@ -65,9 +68,15 @@ def spread(values: list[float]) -> dict[str, float]:
 
 
 def time_codec(
-    data: list[Arrays], mode: str, filter_: str, level: int, repeats: int
+    data: list[Arrays], version: int, mode: str, filter_: str, level: int, repeats: int
 ) -> dict[str, Any]:
-    schema = Schema.for_rollout(data[0], mode=mode, level=level, default_filter=filter_)  # type: ignore[arg-type]
+    schema = Schema.for_rollout(
+        data[0],
+        mode=mode,  # type: ignore[arg-type]
+        level=level,
+        default_filter=filter_,  # type: ignore[arg-type]
+        version=version,
+    )
     raw = sum(a.nbytes for arrays in data for a in arrays.values())
     n = next(iter(data[0].values())).shape[0]
     enc, dec = [], []
@@ -85,10 +94,11 @@ def time_codec(
         dec.append(raw / (time.perf_counter() - t0) / 1e6)
     stored = sum(s.stored_bytes for s in segments)
     per_key = {}
-    for j, spec in enumerate(schema.keys):
+    for j, spec in enumerate(schema.keys if version == 1 else ()):  # format 2: one blob
         key_raw = sum(arrays[spec.path].nbytes for arrays in data)
         per_key[spec.path] = round(key_raw / sum(len(s.blobs[j]) for s in segments), 3)
     return {
+        "format": version,
         "mode": mode,
         "filter": filter_,
         "level": level,
@@ -97,65 +107,85 @@ def time_codec(
         "ratio": raw / stored,
         "encode_MBps": spread(enc),
         "decode_MBps": spread(dec),
-        "ratio_by_key": per_key,
+        **({"ratio_by_key": per_key} if per_key else {}),
     }
 
 
 def thread_scaling(
-    data: list[Arrays], workers: list[int], batch: int, repeats: int
+    data: list[Arrays], workers: list[int], batch: int, repeats: int, version: int
 ) -> dict[str, Any]:
     """Decode the distinct segments of a `batch`-transition sample with 1..N threads."""
-    out: dict[str, Any] = {"batch": batch, "segments_decoded": None, "results": []}
-    for w in workers:
-        store = EpisodeStore(1 << 40, workers=w, cache_bytes=0)  # no cache: every batch decodes
+    out: dict[str, Any] = {
+        "format": version,
+        "batch": batch,
+        "segments_decoded": None,
+        "results": [],
+    }
+    stores = {}
+    for w in workers:  # no cache: every batch decodes
+        stores[w] = EpisodeStore(1 << 40, workers=w, cache_bytes=0, version=version)
         for i, rollout in enumerate(data):
-            store.add(_as_td(rollout), iteration=i)
-        rng = np.random.default_rng(0)
-        positions = rng.choice(store.segments, size=min(batch, store.segments), replace=False)
-        out["segments_decoded"] = len(positions)
-        raw = (
-            sum(a.nbytes for arrays in data for a in arrays.values())
-            * len(positions)
-            / store.segments
-        )
-        seconds = []
-        for _ in range(repeats):
+            stores[w].add(_as_td(rollout), iteration=i)
+    segments = stores[workers[0]].segments
+    positions = np.random.default_rng(0).choice(segments, size=min(batch, segments), replace=False)
+    out["segments_decoded"] = len(positions)
+    raw = sum(a.nbytes for arrays in data for a in arrays.values()) * len(positions) / segments
+    seconds: dict[int, list[float]] = {w: [] for w in workers}
+    faults = dict.fromkeys(workers, 0)
+    for _ in range(repeats):  # thread counts alternate, so a load change hits them all
+        for w in workers:
+            f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             t0 = time.perf_counter()
-            store.decode_positions(positions)
-            seconds.append(time.perf_counter() - t0)
-        store.close()
+            stores[w].decode_positions(positions)
+            seconds[w].append(time.perf_counter() - t0)
+            faults[w] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+    for w in workers:
+        stores[w].close()
         out["results"].append(
             {
                 "workers": w,
-                "batch_s": spread(seconds),
-                "decode_MBps": raw / statistics.median(seconds) / 1e6,
+                "batch_s": spread(seconds[w]),
+                "decode_MBps": raw / statistics.median(seconds[w]) / 1e6,
+                "minor_page_faults_per_batch": faults[w] / repeats,
             }
         )
+    out["load_average_1min"] = os.getloadavg()[0]
     base = out["results"][0]["batch_s"]["median"]
     for r in out["results"]:
         r["speedup_vs_1"] = base / r["batch_s"]["median"]
-    out["control"] = lz4_control(workers, repeats)
     return out
 
 
 def lz4_control(workers: list[int], repeats: int) -> dict[str, Any]:
-    """What the machine allows at all: 1 MiB LZ4 frames (no Python overhead per call)
-    decompressed with 1..N threads. Near 1.0x here means no core was free to scale onto."""
+    """What the machine allows at all: LZ4 frames of rounded random floats (no Python work
+    per call but the call) decompressed with 1..N threads, in tasks of many frames as the
+    reader makes them: 64 x 1 MiB, and 256 x 55 KB (a segment's size, but slower to decode
+    than real segments). Near 1.0x for both means no core was free to scale onto."""
     rng = np.random.default_rng(0)
     block = (rng.random(1 << 18, dtype=np.float32) * 100).round().astype(np.float32).tobytes()
-    frames = [lz4.frame.compress(block) for _ in range(64)]
-    medians = {}
-    for w in workers:
-        with ThreadPoolExecutor(w) as pool:
-            seconds = []
-            for _ in range(repeats):
+    out: dict[str, Any] = {}
+    for name, frames in (
+        ("64 x 1 MiB", [lz4.frame.compress(block) for _ in range(64)]),
+        ("256 x 55 KB", [lz4.frame.compress(block[:55_000]) for _ in range(256)]),
+    ):
+        tasks = [frames[i :: 2 * max(workers)] for i in range(2 * max(workers))]
+        seconds: dict[int, list[float]] = {w: [] for w in workers}
+        pools = {w: ThreadPoolExecutor(w) for w in workers}
+        for _ in range(repeats):
+            for w in workers:
                 t0 = time.perf_counter()
-                list(pool.map(lz4.frame.decompress, frames))
-                seconds.append(time.perf_counter() - t0)
-        medians[w] = statistics.median(seconds)
+                list(pools[w].map(lambda task: [lz4.frame.decompress(f) for f in task], tasks))
+                seconds[w].append(time.perf_counter() - t0)
+        for pool in pools.values():
+            pool.shutdown()
+        medians = {w: statistics.median(v) for w, v in seconds.items()}
+        out[name] = {
+            "call_us_1_worker": medians[workers[0]] / len(frames) * 1e6,
+            "speedup_vs_1": {str(w): medians[workers[0]] / m for w, m in medians.items()},
+        }
     return {
-        "what": "64 x 1 MiB LZ4 frames, decompressed in a thread pool",
-        "speedup_vs_1": {str(w): medians[workers[0]] / m for w, m in medians.items()},
+        "what": "LZ4 frames decompressed in a thread pool",
+        **out,
         "load_average_1min": os.getloadavg()[0],
     }
 
@@ -177,6 +207,9 @@ def main() -> None:
     parser.add_argument("--warmup-rollouts", type=int, default=4, help="collected, not measured")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument(
+        "--scaling-repeats", type=int, default=30, help="batches timed per thread count"
+    )
     parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS))
     args = parser.parse_args()
 
@@ -192,7 +225,7 @@ def main() -> None:
     }
     for layout in args.layouts:
         data = collect(layout, args.num_envs, args.rollouts, args.warmup_rollouts)
-        results = [time_codec(data, *codec, args.repeats) for codec in CODECS]
+        results = [time_codec(data, v, *codec, args.repeats) for v in FORMATS for codec in CODECS]
         base = results[0]
         for r in results:
             r["ratio_vs_baseline"] = r["ratio"] / base["ratio"]
@@ -202,10 +235,16 @@ def main() -> None:
             r["decode_speed_vs_baseline"] = (
                 r["decode_MBps"]["median"] / base["decode_MBps"]["median"]
             )
-        doc["layouts"][layout] = {
-            "codecs": results,
-            "decode_thread_scaling": thread_scaling(data, args.workers, 256, args.repeats),
+        scaling = {
+            f"format{v}": thread_scaling(data, args.workers, 256, args.scaling_repeats, v)
+            for v in FORMATS
         }
+        first = scaling["format1"]["results"][0]["batch_s"]["median"]
+        for part in scaling.values():
+            for r in part["results"]:
+                r["speedup_vs_format1_1_worker"] = first / r["batch_s"]["median"]
+        scaling["control"] = lz4_control(args.workers, args.scaling_repeats)
+        doc["layouts"][layout] = {"codecs": results, "decode_thread_scaling": scaling}
     print(json.dumps(doc, indent=2))
 
 

@@ -235,6 +235,9 @@ class ArchiveConfig(Section):
     workers: Annotated[int, Field(ge=1, le=64)] = 2
     # 0: LZ4 fast mode; 3..16: LZ4 HC (docs/archive.md has the measured trade-off).
     level: Annotated[int, Field(ge=0, le=16)] = 0
+    # File format written: 2 packs every key of a segment in one blob (smaller, faster to
+    # read); 1 is DESIGN.md §6's one blob dataset per key. Readers read both.
+    format: Literal[1, 2] = 2
     # "episode": each segment (one env's T steps) is one LZ4 frame; "frame": each step is.
     mode: Literal["episode", "frame"] = "episode"
     # Filter before LZ4 for float keys (others: none); delta filters need episode mode.

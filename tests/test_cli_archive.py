@@ -19,13 +19,15 @@ from navrl_daemon.storage.archive import ArchiveWriter, Schema, archive_name, en
 from tests.conftest import REPO, navrl_cli
 
 
-def write_archive(path: Path, iterations: range, num_envs: int = 3, steps: int = 5) -> None:
+def write_archive(
+    path: Path, iterations: range, num_envs: int = 3, steps: int = 5, version: int = 2
+) -> None:
     rng = np.random.default_rng(iterations.start)
     arrays = {
         "agents/observation/lidar": rng.random((num_envs, steps, 1, 36, 4), dtype=np.float32),
         "next/done": rng.random((num_envs, steps, 1)) < 0.2,
     }
-    schema = Schema.for_rollout(arrays, default_filter="shuffle")
+    schema = Schema.for_rollout(arrays, default_filter="shuffle", version=version)
     writer = ArchiveWriter(path, schema)
     for i in iterations:
         segments = encode_segments(
@@ -37,8 +39,9 @@ def write_archive(path: Path, iterations: range, num_envs: int = 3, steps: int =
 
 @pytest.fixture
 def state_dir(tmp_path: Path) -> Path:
-    write_archive(tmp_path / "archive" / archive_name(0), range(0, 4))
-    write_archive(tmp_path / "archive" / archive_name(1), range(4, 6))
+    # An archive directory from before and after the upgrade to format 2.
+    write_archive(tmp_path / "archive" / archive_name(0), range(0, 4), version=1)
+    write_archive(tmp_path / "archive" / archive_name(1), range(4, 6), version=2)
     return tmp_path
 
 
@@ -47,6 +50,7 @@ def test_info_json_totals_over_the_state_dir(state_dir: Path) -> None:
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
     assert len(doc["files"]) == 2 and doc["bad_files"] == 0 and doc["incomplete_files"] == 0
+    assert [f["format_version"] for f in doc["files"]] == [1, 2]
     assert doc["segments"] == 6 * 3 and doc["frames"] == 6 * 3 * 5
     assert doc["iterations"] == [0, 5] and doc["policy_versions"] == [1, 6]
     per_segment_raw = 5 * (36 * 4 * 4 + 1)
@@ -69,7 +73,7 @@ def test_list_and_verify_print_one_line_per_file(state_dir: Path) -> None:
 def test_verify_exits_65_naming_a_corrupt_file(state_dir: Path) -> None:
     bad = state_dir / "archive" / archive_name(1)
     with h5py.File(bad, "r") as f:
-        start = f["blobs/agents/observation/lidar"].id.get_chunk_info(0).byte_offset
+        start = f["segments"].id.get_chunk_info(0).byte_offset
     data = bytearray(bad.read_bytes())
     data[start + 100 : start + 108] = bytes(8 * [0xAB])
     bad.write_bytes(bytes(data))

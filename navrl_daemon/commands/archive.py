@@ -69,6 +69,7 @@ def _entry(path: Path, *, verify: bool) -> dict[str, Any]:
                 "file_bytes": path.stat().st_size,
                 "iterations": _span(rows["iteration"]),
                 "policy_versions": _span(rows["policy_version"]),
+                "format_version": f.schema.version,
                 "mode": f.schema.mode,
                 "level": f.schema.level,
                 "keys": [k.to_json() for k in f.schema.keys],

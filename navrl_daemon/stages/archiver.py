@@ -188,6 +188,7 @@ class RolloutArchiver:
                 level=self.cfg.level,
                 default_filter=self.cfg.filter,
                 key_filters=self._key_filters,
+                version=self.cfg.format,
             )
         num_envs = next(iter(arrays.values())).shape[0]
         raw_total = sum(a.nbytes for a in arrays.values())

@@ -11,10 +11,15 @@ Layout (plain HDF5, no pickle: datasets, attributes and JSON strings only):
 /index/policy_version  int64 [S]
 /index/length          int32 [S]     steps in the segment
 /index/raw_bytes       int64 [S]     all keys, before compression
-/index/offset          uint64 [S, K] where each key's blob starts in its blob dataset
-/index/stored_bytes    uint64 [S, K] blob size
-/index/crc32           uint32 [S, K] CRC-32 of the blob
-/blobs/<a>/<b>/<c>     uint8 [bytes] one per key: compressed segments back to back;
+/index/offset          uint64 [S, B] where the segment's blob starts in blob dataset b
+/index/stored_bytes    uint64 [S, B] blob size
+/index/crc32           uint32 [S, B] CRC-32 of the blob
+version 2 (written now), B = 1:
+/segments              uint8 [bytes] every key of a segment in one blob (codec.PackedCodec),
+                                     segments back to back; attrs packing (key paths in
+                                     pack order)
+version 1 (still read), B = K, one blob dataset per key:
+/blobs/<a>/<b>/<c>     uint8 [bytes] compressed segments of one key back to back;
                                      attrs dtype, shape (per step), filter
 ```
 
@@ -35,6 +40,7 @@ import time
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +48,21 @@ import h5py
 import numpy as np
 
 from navrl_daemon.errors import DataError
-from navrl_daemon.storage.codec import CODEC, CodecError, Filter, KeyCodec, Mode, filter_for
+from navrl_daemon.storage.codec import (
+    CODEC,
+    CodecError,
+    Filter,
+    KeyCodec,
+    Mode,
+    PackedCodec,
+    filter_for,
+)
+from navrl_daemon.storage.segment import DecodedSegment, SegmentLayout
 
 FORMAT = "navrl-archive"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # what the writer writes
+READ_VERSIONS = (1, 2)
+PACKED_DATASET = "segments"
 FILE_NAME = re.compile(r"rollouts-(\d{6,})\.h5")
 ROW_FIELDS = {
     "iteration": np.int64,
@@ -108,11 +125,63 @@ class KeySpec:
 
 @dataclass(frozen=True)
 class Schema:
-    """The keys of an archive in column order, with the mode and level of all of them."""
+    """The keys of an archive in column order, with the mode and level of all of them, and
+    the format version their segments are stored in (2: one packed blob; 1: one per key)."""
 
     keys: tuple[KeySpec, ...]
     mode: Mode = "episode"
     level: int = 0
+    version: int = FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        if self.version not in READ_VERSIONS:
+            raise ValueError(f"archive format version {self.version} not one of {READ_VERSIONS}")
+
+    @cached_property
+    def layout(self) -> SegmentLayout:
+        return SegmentLayout([k.path for k in self.keys], [k.codec for k in self.keys])
+
+    @cached_property
+    def packed(self) -> PackedCodec:
+        return PackedCodec(tuple(k.codec for k in self.keys), self.mode, self.level)
+
+    @property
+    def blob_datasets(self) -> list[str]:
+        """The HDF5 datasets holding the blobs, one per column of the key index fields."""
+        if self.version == 1:
+            return [f"blobs/{k.path}" for k in self.keys]
+        return [PACKED_DATASET]
+
+    def blob_label(self, column: int) -> str:
+        return f"key {self.keys[column].path}" if self.version == 1 else "packed blob"
+
+    def same_keys(self, other: Schema) -> bool:
+        """Same paths, dtypes and step shapes: segments that sample together (the codec,
+        mode and version may differ; each file decodes its own)."""
+
+        def keys(schema: Schema) -> list[tuple[str, str, tuple[int, ...]]]:
+            return [(k.path, k.codec.dtype.str, k.codec.step_shape) for k in schema.keys]
+
+        return keys(self) == keys(other)
+
+    def encode(self, segment: Sequence[np.ndarray]) -> list[bytes]:
+        """One segment's `[T, *step_shape]` arrays in column order → its blobs."""
+        if self.version == 1:
+            return [k.codec.encode(a) for k, a in zip(self.keys, segment, strict=True)]
+        return [self.packed.encode(segment)]
+
+    def decode(self, blobs: Sequence[bytes], length: int) -> DecodedSegment:
+        """The blobs of one segment → its decoded bytes; CodecError names a bad key."""
+        if self.version == 1:
+            arrays = {}
+            for spec, blob in zip(self.keys, blobs, strict=True):
+                try:
+                    arrays[spec.path] = spec.codec.decode(blob, length)
+                except CodecError as e:
+                    raise CodecError(f"key {spec.path}: {e}") from None
+            return DecodedSegment(self.layout.pack(arrays, length), length, self.layout)
+        (blob,) = blobs
+        return DecodedSegment(self.packed.decode(blob, length), length, self.layout)
 
     @classmethod
     def for_rollout(
@@ -123,6 +192,7 @@ class Schema:
         level: int = 0,
         default_filter: Filter = "none",
         key_filters: Sequence[tuple[str, Filter]] = (),
+        version: int = FORMAT_VERSION,
     ) -> Schema:
         """The schema of `[N, T, ...]` arrays keyed by `a/b/c` path."""
         keys = []
@@ -132,13 +202,13 @@ class Schema:
                 name = "shuffle" if name.endswith("shuffle") else "none"
             codec = KeyCodec(array.dtype, tuple(array.shape[2:]), name, mode, level)
             keys.append(KeySpec(path, codec))
-        return cls(tuple(keys), mode, level)
+        return cls(tuple(keys), mode, level, version)
 
     def to_json(self) -> str:
         return json.dumps([k.to_json() for k in self.keys])
 
     @classmethod
-    def from_json(cls, text: str, mode: Mode, level: int) -> Schema:
+    def from_json(cls, text: str, mode: Mode, level: int, version: int) -> Schema:
         keys = []
         for item in json.loads(text):
             dtype = np.dtype(str(item["dtype"]))
@@ -148,7 +218,7 @@ class Schema:
                 dtype, tuple(int(n) for n in item["shape"]), item["filter"], mode, level
             )
             keys.append(KeySpec(str(item["path"]), codec))
-        return cls(tuple(keys), mode, level)
+        return cls(tuple(keys), mode, level, version)
 
 
 # ---------------------------------------------------------------------------- encode
@@ -181,7 +251,7 @@ def encode_segments(
     """Compress the given envs of `[N, T, ...]` arrays: one segment per env (thread-safe)."""
     out = []
     for env in envs:
-        blobs = [spec.codec.encode(arrays[spec.path][env]) for spec in schema.keys]
+        blobs = schema.encode([arrays[spec.path][env] for spec in schema.keys])
         length = arrays[schema.keys[0].path].shape[1]
         raw = sum(arrays[spec.path][env].nbytes for spec in schema.keys)
         out.append(EncodedSegment(iteration, env, policy_version, length, raw, blobs))
@@ -205,7 +275,7 @@ class ArchiveWriter:
         self._file: h5py.File | None = None
         self._blobs: list[h5py.Dataset] = []
         self._rows: dict[str, h5py.Dataset] = {}
-        self._ends = np.zeros(len(schema.keys), dtype=np.uint64)
+        self._ends = np.zeros(len(schema.blob_datasets), dtype=np.uint64)
 
     def _create(self, first: Sequence[EncodedSegment]) -> h5py.File:
         """Create every object now: SWMR mode allows no new ones later."""
@@ -213,7 +283,7 @@ class ArchiveWriter:
         f = h5py.File(self.path, "w-", libver="latest")
         try:
             f.attrs["format"] = FORMAT
-            f.attrs["version"] = FORMAT_VERSION
+            f.attrs["version"] = self.schema.version
             f.attrs["codec"] = CODEC
             f.attrs["mode"] = self.schema.mode
             f.attrs["level"] = self.schema.level
@@ -231,20 +301,21 @@ class ArchiveWriter:
                     # A length row whose data never made it reads -1: not committed.
                     fillvalue=-1 if name == "length" else 0,
                 )
-            k = len(self.schema.keys)
+            k = len(self.schema.blob_datasets)
             for name, dtype in KEY_FIELDS.items():
                 self._rows[name] = index.create_dataset(
                     name, (0, k), dtype, maxshape=(None, k), chunks=(INDEX_CHUNK_ROWS // 8, k)
                 )
-            for i, spec in enumerate(self.schema.keys):
+            for i, name in enumerate(self.schema.blob_datasets):
                 eighth = sum(len(s.blobs[i]) for s in first) // 8
                 chunk = int(
                     np.clip(1 << max(eighth, 1).bit_length(), MIN_BLOB_CHUNK, MAX_BLOB_CHUNK)
                 )
-                ds = f.create_dataset(
-                    f"blobs/{spec.path}", (0,), np.uint8, maxshape=(None,), chunks=(chunk,)
-                )
-                ds.attrs.update(spec.to_json())
+                ds = f.create_dataset(name, (0,), np.uint8, maxshape=(None,), chunks=(chunk,))
+                if self.schema.version == 1:
+                    ds.attrs.update(self.schema.keys[i].to_json())
+                else:
+                    ds.attrs["packing"] = json.dumps([p.path for p in self.schema.layout.packed])
                 self._blobs.append(ds)
             f.swmr_mode = True
             f.flush()
@@ -259,9 +330,9 @@ class ArchiveWriter:
             return 0
         if self._file is None:
             self._file = self._create(segments)
-        n, k = len(segments), len(self.schema.keys)
+        n, k = len(segments), len(self._blobs)
         if any(len(s.blobs) != k for s in segments):
-            raise ValueError(f"every segment needs {k} blobs, one per key")
+            raise ValueError(f"every segment needs {k} blobs (format {self.schema.version})")
         offsets = np.zeros((n, k), dtype=np.uint64)
         sizes = np.zeros((n, k), dtype=np.uint64)
         crcs = np.zeros((n, k), dtype=np.uint32)
@@ -364,24 +435,23 @@ class ArchiveFile:
             )
         version = attrs.get("version")
         version = version.item() if isinstance(version, np.generic) else version
-        if version != FORMAT_VERSION:
+        if version not in READ_VERSIONS:
             raise DataError(
-                f"archive {path}: unsupported version {version!r} (reads {FORMAT_VERSION})"
+                f"archive {path}: unsupported version {version!r} "
+                f"(reads {', '.join(map(str, READ_VERSIONS))})"
             )
         if _text(attrs.get("codec")) != CODEC:
             raise DataError(f"archive {path}: unsupported codec {_text(attrs.get('codec'))!r}")
         mode, level = _text(attrs.get("mode")), int(attrs.get("level", -1))
         try:
-            schema = Schema.from_json(_text(attrs.get("keys")), mode, level)  # type: ignore[arg-type]
+            schema = Schema.from_json(_text(attrs.get("keys")), mode, level, int(version))  # type: ignore[arg-type]
         except (ValueError, TypeError, KeyError) as e:
             raise DataError(f"archive {path}: bad keys attribute: {e}") from None
         blobs = []
-        for spec in schema.keys:
-            ds = f.get(f"blobs/{spec.path}")
+        for name in schema.blob_datasets:
+            ds = f.get(name)
             if not isinstance(ds, h5py.Dataset) or ds.dtype != np.uint8 or ds.ndim != 1:
-                raise DataError(
-                    f"archive {path}: blob dataset of key {spec.path} missing or not uint8"
-                )
+                raise DataError(f"archive {path}: blob dataset /{name} missing or not uint8")
             blobs.append(ds)
         rows: dict[str, np.ndarray] = {}
         for name in (*ROW_FIELDS, *KEY_FIELDS):
@@ -394,11 +464,12 @@ class ArchiveFile:
         rows = {k: v[:written] for k, v in rows.items()}
         uncommitted = np.flatnonzero(rows["length"] < 0)  # a kill -9 between the flushes
         committed = int(uncommitted[0]) if len(uncommitted) else written
-        k = len(schema.keys)
+        k = len(blobs)
         for name in KEY_FIELDS:
             if rows[name].shape[1:] != (k,):
                 raise DataError(
-                    f"archive {path}: index/{name} has {rows[name].shape[1:]} columns, {k} keys"
+                    f"archive {path}: index/{name} has {rows[name].shape[1:]} columns, "
+                    f"{k} blob datasets"
                 )
         # A row counts only if every blob it names is there (SWMR writes blobs first).
         ends = rows["offset"] + rows["stored_bytes"]
@@ -456,24 +527,24 @@ class ArchiveFile:
                 blob = chunks.read(start, stop) if chunks else ds[start:stop].tobytes()
             except Exception as e:
                 raise DataError(
-                    f"archive {self.path}: segment {segment} key {self.schema.keys[j].path}: "
+                    f"archive {self.path}: segment {segment} {self.schema.blob_label(j)}: "
                     f"cannot read: {_why(e)}"
                 ) from None
             if zlib.crc32(blob) != crcs[j]:
                 raise DataError(
-                    f"archive {self.path}: segment {segment} key {self.schema.keys[j].path}: "
+                    f"archive {self.path}: segment {segment} {self.schema.blob_label(j)}: "
                     "checksum mismatch"
                 )
             out.append(blob)
         return out
 
-    def decode(self, segment: int, blobs: Sequence[bytes]) -> dict[str, np.ndarray]:
-        """Decode `read_blobs(segment)` into `[T, *step_shape]` arrays (thread-safe)."""
+    def decode(self, segment: int, blobs: Sequence[bytes]) -> DecodedSegment:
+        """Decode `read_blobs(segment)`: `[T, *step_shape]` arrays by key (thread-safe)."""
         return decode_blobs(
             self.schema, blobs, int(self.rows["length"][segment]), self.path, segment
         )
 
-    def segment(self, segment: int) -> dict[str, np.ndarray]:
+    def segment(self, segment: int) -> DecodedSegment:
         return self.decode(segment, self.read_blobs(segment))
 
     def verify(self) -> None:
@@ -552,14 +623,12 @@ class ChunkMap:
 
 def decode_blobs(
     schema: Schema, blobs: Sequence[bytes], length: int, path: Path | str, segment: int
-) -> dict[str, np.ndarray]:
-    out = {}
-    for spec, blob in zip(schema.keys, blobs, strict=True):
-        try:
-            out[spec.path] = spec.codec.decode(blob, length)
-        except CodecError as e:
-            raise DataError(f"archive {path}: segment {segment} key {spec.path}: {e}") from None
-    return out
+) -> DecodedSegment:
+    """`schema.decode`, a bad blob reported as DataError naming file and segment."""
+    try:
+        return schema.decode(blobs, length)
+    except CodecError as e:
+        raise DataError(f"archive {path}: segment {segment}: {e}") from None
 
 
 def _open_h5(path: Path) -> h5py.File:

@@ -8,9 +8,10 @@ Both hold compressed segments (one env's T steps of one rollout), index them wit
 
 Only the segments a batch needs are decoded, in a thread pool (LZ4 releases the GIL),
 in tasks of several segments each so each is big enough to be worth a thread; decoded
-segments stay in a byte-bounded LRU cache. `ArchiveReader` reads one or many archive
-files; its blob reads are `os.pread`s (archive.ChunkMap), so they run in the pool too,
-outside h5py's global lock.
+segments (storage/segment.py: one buffer each) stay in a byte-bounded LRU cache. A batch
+is gathered as whole step rows, one fancy index per sample, then split into keys once.
+`ArchiveReader` reads one or many archive files; its blob reads are `os.pread`s
+(archive.ChunkMap), so they run in the pool too, outside h5py's global lock.
 `EpisodeStore` keeps segments in memory under a byte budget, oldest evicted first: an
 off-policy replay buffer.
 
@@ -30,6 +31,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from navrl_daemon.errors import DataError
 from navrl_daemon.storage.archive import (
+    FORMAT_VERSION,
     ArchiveFile,
     EncodedSegment,
     Schema,
@@ -37,6 +39,7 @@ from navrl_daemon.storage.archive import (
     encode_segments,
 )
 from navrl_daemon.storage.codec import Filter, Mode
+from navrl_daemon.storage.segment import DecodedSegment
 from navrl_daemon.storage.segment_index import SegmentIndex
 
 Arrays = dict[str, np.ndarray]
@@ -69,9 +72,9 @@ class DecodedCache:
         self.bytes = 0
         self.hits = 0
         self.misses = 0
-        self._items: OrderedDict[int, Arrays] = OrderedDict()
+        self._items: OrderedDict[int, DecodedSegment] = OrderedDict()
 
-    def get(self, key: int) -> Arrays | None:
+    def get(self, key: int) -> DecodedSegment | None:
         item = self._items.get(key)
         if item is None:
             self.misses += 1
@@ -80,15 +83,14 @@ class DecodedCache:
         self._items.move_to_end(key)
         return item
 
-    def put(self, key: int, item: Arrays) -> None:
-        size = sum(a.nbytes for a in item.values())
-        if size > self.max_bytes or key in self._items:
+    def put(self, key: int, item: DecodedSegment) -> None:
+        if item.nbytes > self.max_bytes or key in self._items:
             return
         self._items[key] = item
-        self.bytes += size
+        self.bytes += item.nbytes
         while self.bytes > self.max_bytes:
             _, old = self._items.popitem(last=False)
-            self.bytes -= sum(a.nbytes for a in old.values())
+            self.bytes -= old.nbytes
 
     def __len__(self) -> int:
         return len(self._items)
@@ -108,13 +110,9 @@ class _SegmentSampler:
 
     # what subclasses provide
 
-    def _blobs(self, position: int) -> tuple[Sequence[bytes], int]:
-        """The stored bytes and length of the segment at this index position (called from
-        the pool's threads)."""
-        raise NotImplementedError
-
-    def _where(self, position: int) -> tuple[Path | str, int]:
-        """File (or store name) and segment number, for error messages."""
+    def _read(self, position: int) -> DecodedSegment:
+        """Read and decode the segment at this index position (called from the pool's
+        threads); DataError names what is bad."""
         raise NotImplementedError
 
     # sampling
@@ -137,12 +135,10 @@ class _SegmentSampler:
         """The transitions at these global frame numbers, a TensorDict `[len(frames)]`."""
         positions, steps = self.index.locate(frames)
         decoded = self.decode_positions(positions)
-        out = {}
-        for spec in self.schema.keys:
-            out[spec.path] = np.stack(
-                [decoded[p][spec.path][t] for p, t in zip(positions, steps, strict=True)]
-            )
-        return as_tensordict(self.schema, out, [len(positions)])
+        rows = np.empty((len(positions), self.schema.layout.step_bytes), dtype=np.uint8)
+        for i, (p, t) in enumerate(zip(positions.tolist(), steps.tolist(), strict=True)):
+            rows[i] = decoded[p].rows(t)
+        return as_tensordict(self.schema, self.schema.layout.split(rows), [len(positions)])
 
     def windows(self, batch: int, width: int, rng: np.random.Generator) -> TensorDict:
         """`batch` windows of `width` consecutive steps of one segment, `[batch, width]`."""
@@ -151,24 +147,19 @@ class _SegmentSampler:
             raise ValueError(f"no segment has {width} steps")
         positions, first = starts.locate(rng.integers(0, starts.frames, size=batch))
         decoded = self.decode_positions(positions)
-        out = {}
-        for spec in self.schema.keys:
-            out[spec.path] = np.stack(
-                [
-                    decoded[p][spec.path][t : t + width]
-                    for p, t in zip(positions, first, strict=True)
-                ]
-            )
-        return as_tensordict(self.schema, out, [batch, width])
+        rows = np.empty((batch, width, self.schema.layout.step_bytes), dtype=np.uint8)
+        for i, (p, t) in enumerate(zip(positions.tolist(), first.tolist(), strict=True)):
+            rows[i] = decoded[p].rows(slice(t, t + width))
+        return as_tensordict(self.schema, self.schema.layout.split(rows), [batch, width])
 
     def segment(self, position: int) -> TensorDict:
-        """One whole segment as a TensorDict `[T]`."""
+        """One whole segment as a TensorDict `[T]` (views of the cached decode)."""
         arrays = self.decode_positions(np.array([position]))[position]
         return as_tensordict(self.schema, arrays, [int(self.index.lengths[position])])
 
-    def decode_positions(self, positions: np.ndarray) -> dict[int, Arrays]:
+    def decode_positions(self, positions: np.ndarray) -> dict[int, DecodedSegment]:
         """Decoded arrays of each distinct position: cached, or read and decoded in the pool."""
-        found: dict[int, Arrays] = {}
+        found: dict[int, DecodedSegment] = {}
         missing: list[int] = []
         for p in np.unique(positions).tolist():
             hit = self.cache.get(int(self.ids[p]))
@@ -186,12 +177,8 @@ class _SegmentSampler:
                     self.cache.put(int(self.ids[p]), arrays)
         return found
 
-    def _decode_task(self, positions: np.ndarray) -> list[Arrays]:
-        out = []
-        for p in positions.tolist():
-            blobs, length = self._blobs(p)
-            out.append(decode_blobs(self.schema, blobs, length, *self._where(p)))
-        return out
+    def _decode_task(self, positions: np.ndarray) -> list[DecodedSegment]:
+        return [self._read(p) for p in positions.tolist()]
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -219,10 +206,11 @@ class ArchiveReader(_SegmentSampler):
             for path in paths:
                 try:
                     f = ArchiveFile.open(path)
-                    if self.files and f.schema != self.files[0].schema:
+                    if self.files and not f.schema.same_keys(self.files[0].schema):
                         f.close()
                         raise DataError(
-                            f"archive {path}: keys, codec or mode differ from {self.files[0].path}"
+                            f"archive {path}: keys, dtypes or shapes differ from "
+                            f"{self.files[0].path}"
                         )
                 except DataError as e:
                     if on_bad is None:
@@ -249,13 +237,8 @@ class ArchiveReader(_SegmentSampler):
         """One index column (iteration, env, policy_version, ...) over all segments."""
         return np.concatenate([f.rows[name] for f in self.files])
 
-    def _blobs(self, position: int) -> tuple[Sequence[bytes], int]:
-        f = self.files[self._file_of[position]]
-        local = int(self._local[position])
-        return f.read_blobs(local), int(f.rows["length"][local])
-
-    def _where(self, position: int) -> tuple[Path | str, int]:
-        return self.files[self._file_of[position]].path, int(self._local[position])
+    def _read(self, position: int) -> DecodedSegment:
+        return self.files[self._file_of[position]].segment(int(self._local[position]))
 
     def close(self) -> None:
         super().close()
@@ -282,11 +265,16 @@ class EpisodeStore(_SegmentSampler):
         key_filters: Sequence[tuple[str, Filter]] = (),
         workers: int = 2,
         cache_bytes: int = 64 << 20,
+        version: int = FORMAT_VERSION,
     ) -> None:
         super().__init__(workers=workers, cache_bytes=cache_bytes)
         self.budget_bytes = budget_bytes
         self._codec_args = dict(
-            mode=mode, level=level, default_filter=default_filter, key_filters=key_filters
+            mode=mode,
+            level=level,
+            default_filter=default_filter,
+            key_filters=key_filters,
+            version=version,
         )
         self.schema = Schema(())
         self.stored_bytes = 0
@@ -329,9 +317,8 @@ class EpisodeStore(_SegmentSampler):
         self.index = SegmentIndex(np.array([s.length for s in self._segments], dtype=np.int64))
         self.ids = np.arange(self.evicted, self.evicted + len(self._segments))
 
-    def _blobs(self, position: int) -> tuple[Sequence[bytes], int]:
+    def _read(self, position: int) -> DecodedSegment:
         s = self._segments[position]
-        return s.blobs, s.length
-
-    def _where(self, position: int) -> tuple[Path | str, int]:
-        return "<episode store>", int(self.ids[position])
+        return decode_blobs(
+            self.schema, s.blobs, s.length, "<episode store>", int(self.ids[position])
+        )

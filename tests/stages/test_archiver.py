@@ -78,12 +78,13 @@ async def run_archiver(
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("file_format", [1, 2])
 async def test_archives_every_interval_th_real_rollout_bit_exact(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, file_format: int
 ) -> None:
     training = Training.build(load_config(None, [*TINY, "env.num_obstacles=30"]), "cpu")
     pool = LeasePool([training.buffer])  # one buffer: nothing moves unless leases come back
-    cfg = ArchiveConfig(interval=2, workers=2, on_full="block")
+    cfg = ArchiveConfig(interval=2, workers=2, on_full="block", format=file_format)
     sent: list[Lease] = []
     released_before_compression: list[bool] = []
 
@@ -105,7 +106,7 @@ async def test_archives_every_interval_th_real_rollout_bit_exact(
     (path,) = archive_files(tmp_path)
     n = training.buffer.batch_size[0]
     with ArchiveFile.open(path) as f:
-        assert f.complete
+        assert f.complete and f.schema.version == file_format
         assert f.rows["iteration"].tolist() == [i for i in (0, 2, 4) for _ in range(n)]
         assert f.rows["policy_version"].tolist() == [100 + i for i in (0, 2, 4) for _ in range(n)]
         for s in range(f.segments):
@@ -185,4 +186,7 @@ def test_config_rejects_inconsistent_archive_settings() -> None:
         load_config(None, ["archive.max_file_bytes=4000000", "archive.max_total_bytes=2000000"])
     with pytest.raises(ConfigError, match=r"archive.key_filters\[0\]"):
         load_config(None, ['archive.key_filters=["lidar"]'])
+    with pytest.raises(ConfigError, match=r"archive\.format"):
+        load_config(None, ["archive.format=3"])
+    assert load_config(None, ["archive.format=1"]).archive.format == 1
     assert load_config(None, ["archive.interval=5"]).archive.interval == 5

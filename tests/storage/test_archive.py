@@ -65,6 +65,7 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
 # ---------------------------------------------------------------------------- round trip
 
 
+@pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize(
     ("mode", "filter_", "key_filters"),
     [
@@ -80,18 +81,21 @@ def test_real_rollouts_round_trip_bit_exact_for_every_key(
     mode: str,
     filter_: str,
     key_filters: list,
+    version: int,
 ) -> None:
     schema = Schema.for_rollout(
         rollouts[0],
         mode=mode,
         default_filter=filter_,
         key_filters=key_filters,  # type: ignore[arg-type]
+        version=version,
     )
     path = tmp_path / archive_name(0)
     write(path, rollouts, schema)
     with ArchiveFile.open(path) as f:
         assert f.complete and f.torn == 0
-        assert f.schema == schema
+        assert f.schema == schema and f.schema.version == version
+        assert len(f.rows["offset"][0]) == (len(schema.keys) if version == 1 else 1)
         n, t = next(iter(rollouts[0].values())).shape[:2]
         assert f.segments == 3 * n and f.frames == 3 * n * t
         assert f.rows["iteration"].tolist() == [i for i in range(3) for _ in range(n)]
@@ -100,7 +104,7 @@ def test_real_rollouts_round_trip_bit_exact_for_every_key(
         for s in range(f.segments):
             decoded = f.segment(s)
             source = rollouts[s // n]
-            assert decoded.keys() == source.keys()
+            assert list(decoded.keys()) == list(source.keys())
             for key, array in source.items():
                 assert same_bits(decoded[key], array[s % n]), (key, s)
 
@@ -108,10 +112,12 @@ def test_real_rollouts_round_trip_bit_exact_for_every_key(
 def test_reader_samples_transitions_and_windows_exactly(
     tmp_path: Path, rollouts: list[dict[str, np.ndarray]]
 ) -> None:
-    schema = Schema.for_rollout(rollouts[0], default_filter="shuffle")
+    """Across a format-1 file (one blob per key, shuffled) and a format-2 file (packed, in
+    frame mode): an archive directory written before and after an upgrade reads as one."""
     paths = [tmp_path / archive_name(0), tmp_path / archive_name(1)]
-    write(paths[0], rollouts[:2], schema)
-    write(paths[1], rollouts[2:], schema, first=2)
+    old = Schema.for_rollout(rollouts[0], default_filter="shuffle", version=1)
+    write(paths[0], rollouts[:2], old)
+    write(paths[1], rollouts[2:], Schema.for_rollout(rollouts[0], mode="frame"), first=2)
     n, t = next(iter(rollouts[0].values())).shape[:2]
     rng = np.random.default_rng(0)
     with ArchiveReader(paths, workers=2, cache_bytes=1 << 20) as reader:
@@ -218,12 +224,16 @@ def test_killed_writer_leaves_a_file_readable_up_to_its_last_whole_segment(
         assert reader.sample(8, np.random.default_rng(0)).batch_size[0] == 8
 
 
-def test_rows_without_their_length_or_their_bytes_are_not_trusted(tmp_path: Path) -> None:
+@pytest.mark.parametrize("version", [1, 2])
+def test_rows_without_their_length_or_their_bytes_are_not_trusted(
+    tmp_path: Path, version: int
+) -> None:
     """What a kill -9 between an append's two flushes can leave: index rows whose `length`
     never came (fill value -1), or whose blob bytes lie past the blob dataset's end."""
     rng = np.random.default_rng(0)
     arrays = {"obs/x": rng.random((4, 8, 64), dtype=np.float32)}
-    schema = Schema.for_rollout(arrays)
+    schema = Schema.for_rollout(arrays, version=version)
+    (blobs,) = schema.blob_datasets
     path = tmp_path / archive_name(0)
     write(path, [arrays], schema)
     with h5py.File(path, "r+") as f:
@@ -238,7 +248,7 @@ def test_rows_without_their_length_or_their_bytes_are_not_trusted(tmp_path: Path
         f.verify()
     with h5py.File(path, "r+") as f:
         f["index/length"][4:] = 8
-        f["index/offset"][4] = f["blobs/obs/x"].shape[0]  # points past the written bytes
+        f["index/offset"][4] = f[blobs].shape[0]  # points past the written bytes
         f["index/stored_bytes"][4] = 100
     with ArchiveFile.open(path) as f:
         assert (f.segments, f.torn) == (4, 2)
@@ -251,11 +261,11 @@ def test_rows_without_their_length_or_their_bytes_are_not_trusted(tmp_path: Path
 # ---------------------------------------------------------------------------- bad input
 
 
-@pytest.fixture
-def good_file(tmp_path: Path) -> Path:
+@pytest.fixture(params=[1, 2], ids=["format1", "format2"])
+def good_file(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
     rng = np.random.default_rng(0)
     arrays = {"obs/x": rng.random((4, 8, 64), dtype=np.float32), "done": np.zeros((4, 8, 1), bool)}
-    schema = Schema.for_rollout(arrays)
+    schema = Schema.for_rollout(arrays, version=request.param)
     path = tmp_path / archive_name(0)
     write(path, [arrays, arrays], schema)
     return path
@@ -276,11 +286,14 @@ def test_truncated_file_raises_data_error_naming_it(good_file: Path) -> None:
 
 def test_corrupt_blob_byte_is_caught_by_its_checksum(good_file: Path) -> None:
     with h5py.File(good_file, "r") as f:
-        offset = f["blobs/obs/x"].id.get_chunk_info(0).byte_offset
+        packed = "segments" in f
+        blobs = f["segments" if packed else "blobs/obs/x"]
+        offset = blobs.id.get_chunk_info(0).byte_offset
     data = bytearray(good_file.read_bytes())
     data[offset + 10] ^= 0xFF
     good_file.write_bytes(bytes(data))
-    with pytest.raises(DataError, match=rf"{good_file}.*segment 0 key obs/x: checksum mismatch"):
+    what = "packed blob" if packed else "key obs/x"
+    with pytest.raises(DataError, match=rf"{good_file}.*segment 0 {what}: checksum mismatch"):
         open_and_verify(good_file)
 
 
@@ -325,7 +338,7 @@ def test_no_pickle_only_numeric_datasets_and_plain_attributes(good_file: Path) -
     with h5py.File(good_file, "r") as f:
         check("/", f)
         f.visititems(check)
-    assert "blobs/obs/x" in seen and "index/crc32" in seen
+    assert {"blobs/obs/x", "segments"} & set(seen) and "index/crc32" in seen
 
 
 def test_reader_skips_bad_files_only_when_asked(good_file: Path, tmp_path: Path) -> None:

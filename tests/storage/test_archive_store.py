@@ -7,7 +7,9 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from navrl_daemon.storage.codec import KeyCodec
 from navrl_daemon.storage.episode_store import DecodedCache, EpisodeStore
+from navrl_daemon.storage.segment import DecodedSegment, SegmentLayout
 
 
 def tagged_rollout(iteration: int, num_envs: int = 4, steps: int = 6) -> TensorDict:
@@ -80,13 +82,17 @@ def test_windows_are_consecutive_steps_of_one_segment() -> None:
 
 
 def test_decoded_cache_evicts_least_recently_used_past_its_bytes() -> None:
+    def segment(steps: int) -> DecodedSegment:  # 800 bytes per step
+        layout = SegmentLayout(["x"], [KeyCodec(np.dtype(np.float64), (100,))])
+        return DecodedSegment(np.zeros(800 * steps, dtype=np.uint8), steps, layout)
+
     cache = DecodedCache(max_bytes=3 * 800)
-    item = {str(k): np.zeros(100) for k in range(1)}  # 800 bytes
+    item = segment(1)
     for key in range(3):
         cache.put(key, item)
     assert cache.get(0) is item  # 0 is now the most recent
     cache.put(3, item)
     assert cache.get(1) is None and cache.get(0) is item and cache.get(3) is item
     assert cache.bytes == 3 * 800 and len(cache) == 3
-    cache.put(9, {"big": np.zeros(1000)})  # larger than the whole cache: not kept
+    cache.put(9, segment(4))  # larger than the whole cache: not kept
     assert cache.get(9) is None

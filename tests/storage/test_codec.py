@@ -14,9 +14,12 @@ from navrl_daemon.storage.codec import (
     FILTERS,
     CodecError,
     KeyCodec,
+    PackedCodec,
     filter_for,
+    pack_order,
     parse_key_filters,
 )
+from navrl_daemon.storage.segment import DecodedSegment, SegmentLayout
 
 DTYPES = [np.float32, np.float64, np.float16, np.int64, np.int8, np.uint16, np.bool_]
 
@@ -102,6 +105,66 @@ def test_truncated_or_mislabelled_blobs_raise_codec_error(mode: str) -> None:
         codec.decode(blob, 4)  # the index says 4 steps, the blob holds 5
     with pytest.raises(CodecError):
         codec.decode(b"\x00" * 40, 5)
+
+
+# ---------------------------------------------------------------------------- packed (format 2)
+
+
+@st.composite
+def packed_segments(draw: st.DrawFn) -> tuple[PackedCodec, list[np.ndarray]]:
+    """1-5 keys of mixed dtypes and step shapes, one length, filters and a mode."""
+    mode = draw(st.sampled_from(["episode", "frame"]))
+    length = draw(st.integers(0, 9))
+    codecs, arrays = [], []
+    for _ in range(draw(st.integers(1, 5))):
+        dtype = np.dtype(draw(st.sampled_from(DTYPES)))
+        step = draw(hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=4))
+        name = draw(st.sampled_from(FILTERS if mode == "episode" else ("none", "shuffle")))
+        codecs.append(KeyCodec(dtype, step, name, mode))
+        arrays.append(draw(hnp.arrays(dtype, (length, *step))))
+    return PackedCodec(tuple(codecs), mode), arrays  # type: ignore[arg-type]
+
+
+@settings(max_examples=150)
+@given(case=packed_segments())
+def test_packed_round_trip_is_bit_exact_and_every_key_an_aligned_view(
+    case: tuple[PackedCodec, list[np.ndarray]],
+) -> None:
+    codec, arrays = case
+    length = len(arrays[0])
+    raw = codec.decode(codec.encode(arrays), length)
+    assert raw.flags.writeable
+    assert raw.tobytes() == b"".join(arrays[i].tobytes() for i in pack_order(codec.keys))
+    paths = [f"k{i}" for i in range(len(arrays))]
+    segment = DecodedSegment(raw, length, SegmentLayout(paths, codec.keys))
+    assert list(segment) == paths
+    for path, array in zip(paths, arrays, strict=True):
+        assert same_bits(segment[path], array) and segment[path].flags.aligned, path
+    if length:  # a step row holds every key's step, and splits back into them
+        steps = np.arange(length)[::-1]
+        split = segment.layout.split(segment.rows(steps))
+        for path, array in zip(paths, arrays, strict=True):
+            assert same_bits(split[path], array[steps]), path
+
+
+def test_pack_order_puts_larger_elements_first_ties_in_column_order() -> None:
+    codecs = [KeyCodec(np.dtype(t), (2,)) for t in (np.bool_, np.float32, np.int64, np.int32)]
+    assert pack_order(codecs) == [2, 1, 3, 0]
+
+
+@pytest.mark.parametrize("mode", ["episode", "frame"])
+def test_bad_packed_blobs_raise_codec_error(mode: str) -> None:
+    x, done = np.arange(60, dtype=np.float32).reshape(5, 12), np.zeros((5, 1), bool)
+    codec = PackedCodec(
+        (KeyCodec(x.dtype, (12,), "shuffle", mode), KeyCodec(done.dtype, (1,), mode=mode)),  # type: ignore[arg-type]
+        mode,  # type: ignore[arg-type]
+    )
+    blob = codec.encode([x, done])
+    for bad, length in [(blob[: len(blob) // 2], 5), (blob, 4), (b"\x00" * 40, 5), (b"", 5)]:
+        with pytest.raises(CodecError):
+            codec.decode(bad, length)
+    with pytest.raises(ValueError, match="does not match"):
+        codec.encode([x[:4], done])
 
 
 def test_key_filters_first_match_wins_and_non_floats_stay_unfiltered() -> None:
