@@ -276,7 +276,8 @@ class PrefetchConfig(Section):
     layout: Literal["auto", "A", "B", "archive"] = "auto"
     # Batches kept ready ahead of the trainer (each one a shared-memory slot).
     depth: Annotated[int, Field(ge=1, le=64)] = 4
-    # Reader processes (h5py serialises calls within one process).
+    # Reader processes (h5py serialises calls within one process). Archives: 1 decodes in
+    # the daemon's process, 2+ in that many decode processes (docs/archive.md).
     workers: Annotated[int, Field(ge=1, le=64)] = 2
     # Images are resized on the CPU to image_size x image_size.
     image_size: Annotated[int, Field(ge=8, le=4096)] = 224

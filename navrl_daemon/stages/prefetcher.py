@@ -168,8 +168,8 @@ class HDF5Prefetcher:
 
     async def _start_archive(self) -> Callable[[], Awaitable[None]]:
         """Rollout archives (storage/episode_store.py): uniform transitions for BC of the
-        navigation policy. Their blob reads are `os.pread`s and LZ4 releases the GIL, so
-        `ArchiveReader` decodes in a thread pool of `prefetch.workers`, no processes.
+        navigation policy. `ArchiveReader` decodes in this process (`prefetch.workers = 1`)
+        or in `prefetch.workers` decode processes (storage/decode_pool.py).
         Each batch is an owned TensorDict, lent under a lease from a pool of `depth + 1`
         so the memory stays bounded the same way. `offline.max_samples` is not applied."""
         cfg = self.cfg
@@ -236,5 +236,6 @@ def load_offline_data(
     expected and found when one is bad."""
     paths = expand_paths(cfg.paths)
     if cfg.layout == "archive":
-        return ArchiveReader(paths, workers=cfg.workers)
+        # Threads do not scale these short decodes; processes do (docs/archive.md).
+        return ArchiveReader(paths, workers=cfg.workers, processes=cfg.workers > 1)
     return MultimodalDataset.load(paths, layout=cfg.layout, max_samples=offline.max_samples)

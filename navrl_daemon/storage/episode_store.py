@@ -39,6 +39,7 @@ from navrl_daemon.storage.archive import (
     encode_segments,
 )
 from navrl_daemon.storage.codec import Filter, Mode
+from navrl_daemon.storage.decode_pool import DecodePool
 from navrl_daemon.storage.segment import DecodedSegment
 from navrl_daemon.storage.segment_index import SegmentIndex
 
@@ -107,12 +108,17 @@ class _SegmentSampler:
         self.workers = workers
         self.cache = DecodedCache(cache_bytes)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="archive-decode")
+        self._processes: DecodePool | None = None  # ArchiveReader(processes=True)
 
     # what subclasses provide
 
     def _read(self, position: int) -> DecodedSegment:
         """Read and decode the segment at this index position (called from the pool's
         threads); DataError names what is bad."""
+        raise NotImplementedError
+
+    def _job(self, position: int) -> tuple[int, int, int]:
+        """(file, segment in it, length) of a position, for worker processes."""
         raise NotImplementedError
 
     # sampling
@@ -153,12 +159,14 @@ class _SegmentSampler:
         return as_tensordict(self.schema, self.schema.layout.split(rows), [batch, width])
 
     def segment(self, position: int) -> TensorDict:
-        """One whole segment as a TensorDict `[T]` (views of the cached decode)."""
-        arrays = self.decode_positions(np.array([position]))[position]
+        """One whole segment as a TensorDict `[T]` (its own copy)."""
+        decoded = self.decode_positions(np.array([position]))[position]
+        arrays = {path: array.copy() for path, array in decoded.items()}
         return as_tensordict(self.schema, arrays, [int(self.index.lengths[position])])
 
     def decode_positions(self, positions: np.ndarray) -> dict[int, DecodedSegment]:
-        """Decoded arrays of each distinct position: cached, or read and decoded in the pool."""
+        """Decoded arrays of each distinct position: cached, or read and decoded in the pool
+        (with worker processes: views of their arena, valid until the next call)."""
         found: dict[int, DecodedSegment] = {}
         missing: list[int] = []
         for p in np.unique(positions).tolist():
@@ -167,7 +175,16 @@ class _SegmentSampler:
                 found[p] = hit
             else:
                 missing.append(p)
-        if missing:
+        if missing and self._processes is not None:
+            decoded = self._processes.decode([self._job(p) for p in missing], self.schema.layout)
+            for p, segment in zip(missing, decoded, strict=True):
+                found[p] = segment
+                if segment.nbytes <= self.cache.max_bytes:  # the arena is reused: a copy
+                    self.cache.put(
+                        int(self.ids[p]),
+                        DecodedSegment(segment.raw.copy(), segment.length, segment.layout),
+                    )
+        elif missing:
             # A few tasks per worker, each of several segments: big enough to beat the
             # hand-off cost, enough of them to balance.
             tasks = np.array_split(np.array(missing), min(len(missing), 2 * self.workers))
@@ -182,6 +199,8 @@ class _SegmentSampler:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+        if self._processes is not None:
+            self._processes.close()
 
 
 class ArchiveReader(_SegmentSampler):
@@ -191,6 +210,11 @@ class ArchiveReader(_SegmentSampler):
     last whole segment. A file that is not a readable archive, or whose keys differ from
     the first file's, raises DataError naming it; with `on_bad`, it is handed the error
     and skipped instead (a long-running reader of a directory keeps going).
+
+    `processes=True` decodes in `workers` worker processes (storage/decode_pool.py)
+    instead of threads: on a small machine threads do not scale past one core for these
+    short LZ4 calls (docs/archive.md), processes do. The reader must then be created
+    under `if __name__ == "__main__":` in a script (the workers are spawned).
     """
 
     def __init__(
@@ -200,6 +224,7 @@ class ArchiveReader(_SegmentSampler):
         workers: int = 2,
         cache_bytes: int = 256 << 20,
         on_bad: Callable[[DataError], None] | None = None,
+        processes: bool = False,
     ) -> None:
         self.files: list[ArchiveFile] = []
         try:
@@ -224,7 +249,7 @@ class ArchiveReader(_SegmentSampler):
             for f in self.files:
                 f.close()
             raise
-        super().__init__(workers=workers, cache_bytes=cache_bytes)
+        super().__init__(workers=1 if processes else workers, cache_bytes=cache_bytes)
         self.schema = self.files[0].schema
         self._file_of = np.concatenate(
             [np.full(f.segments, i, dtype=np.int64) for i, f in enumerate(self.files)]
@@ -232,6 +257,12 @@ class ArchiveReader(_SegmentSampler):
         self._local = np.concatenate([np.arange(f.segments, dtype=np.int64) for f in self.files])
         self.index = SegmentIndex(np.concatenate([f.rows["length"] for f in self.files]))
         self.ids = np.arange(self.index.segments)
+        if processes:
+            try:
+                self._processes = DecodePool([f.path for f in self.files], workers)
+            except BaseException:
+                self.close()
+                raise
 
     def column(self, name: str) -> np.ndarray:
         """One index column (iteration, env, policy_version, ...) over all segments."""
@@ -239,6 +270,10 @@ class ArchiveReader(_SegmentSampler):
 
     def _read(self, position: int) -> DecodedSegment:
         return self.files[self._file_of[position]].segment(int(self._local[position]))
+
+    def _job(self, position: int) -> tuple[int, int, int]:
+        file, local = int(self._file_of[position]), int(self._local[position])
+        return file, local, int(self.files[file].rows["length"][local])
 
     def close(self) -> None:
         super().close()

@@ -47,6 +47,7 @@ from tensordict import TensorDict
 from navrl_daemon.errors import ConfigError, DataError
 from navrl_daemon.storage.datasets import CAMERAS, MultimodalDataset
 from navrl_daemon.storage.prefetch_worker import slot_view, worker_main
+from navrl_daemon.storage.worker_processes import stop_workers
 
 
 @dataclass(frozen=True)
@@ -198,22 +199,9 @@ class Prefetcher:
         if self._closed:
             return
         self._closed = True
-        for conn in self._conns:
-            with contextlib.suppress(OSError, ValueError):  # already gone
-                conn.send(None)
-        deadline = time.monotonic() + 2.0
+        stop_workers(self._procs, self._conns)
         for proc in self._procs:
-            proc.join(max(0.0, deadline - time.monotonic()))
-        for proc in self._procs:
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(2.0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
             proc.close()
-        for conn in self._conns:
-            conn.close()
         self._views.clear()
         for shm in self._shms:
             # BufferError: the caller still holds a batch view; unmapped when it goes.
