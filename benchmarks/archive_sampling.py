@@ -5,7 +5,9 @@ The archive is built from real embedded-env rollouts (NavRL's pillar field, dron
 inside it), encoded once and appended again and again (new iteration numbers, same
 bytes) until the file holds `--stored-mib` of compressed data. The file is freshly
 written, so it sits in the page cache: this measures index, HDF5 reads and decompression,
-not the disk. Run: `.venv/bin/python benchmarks/archive_sampling.py [--stored-mib 4096]`.
+not the disk; the `page_cache: cold` rows drop the file's pages before every repeat
+(`posix_fadvise(DONTNEED)`), so they read from the disk.
+Run: `.venv/bin/python benchmarks/archive_sampling.py [--stored-mib 4096]`.
 """
 
 from __future__ import annotations
@@ -98,14 +100,25 @@ def spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def time_batches(sample: Any, batches: int, repeats: int) -> dict[str, float]:
+def time_batches(sample: Any, batches: int, repeats: int, before: Any = None) -> dict[str, float]:
     rates = []
     for _ in range(repeats):
+        if before is not None:
+            before()
         t0 = time.perf_counter()
         for _ in range(batches):
             sample()
         rates.append(batches / (time.perf_counter() - t0))
     return spread(rates)
+
+
+def drop_page_cache(path: Path) -> None:
+    """Evict the file's (clean) pages from the kernel's page cache."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
 
 
 def decode_scaling(path: Path, version: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -180,6 +193,25 @@ def sample_archive(path: Path, version: int, args: argparse.Namespace) -> list[d
                     "workers": workers,
                     "cache_mib": cache_mib,
                     "cache_hit_ratio": reader.cache.hits / lookups if lookups else 0.0,
+                    **rate,
+                }
+            )
+    # A cold page cache: the file's pages dropped before every repeat, so a batch reads
+    # its segments from the disk (a repeat's 20 batches touch ~5k of the file's segments).
+    for processes, workers in [(False, 1), (True, max(args.workers))]:
+        with ArchiveReader([path], workers=workers, cache_bytes=0, processes=processes) as reader:
+            rate = time_batches(
+                lambda r=reader: r.sample(args.batch, rng),
+                args.batches,
+                args.repeats,
+                before=lambda: drop_page_cache(path),
+            )
+            results.append(
+                {
+                    "sampler": "ArchiveReader" + (" (processes)" if processes else ""),
+                    "workers": workers,
+                    "cache_mib": 0,
+                    "page_cache": "cold",
                     **rate,
                 }
             )

@@ -103,7 +103,9 @@ class Learner:
         """PPO on one rollout. `abort` set → stop at the next minibatch boundary. `release`
         is called when `buffer` is no longer read, if that is before the update ends.
 
-        The losses carry the actor's `lr` and the `entropy_coef` this update used.
+        The losses carry the actor's `lr` and the `entropy_coef` this update used, and
+        what the minibatch source reports, if it has a `report()` (compressed rollouts:
+        ratio and seconds spent compressing and decoding).
         """
         ppo_cfg = self.apply_schedules()
         losses = ppo.update(
@@ -124,7 +126,9 @@ class Learner:
         if self.reducer is not None and every and self.version % every == 0:
             self.reducer.check_same(self.policy)
         lr = self.optimizers["actor"].param_groups[0]["lr"]
-        return {**losses, "lr": lr, "entropy_coef": ppo_cfg.entropy_coef}
+        report = getattr(self.minibatches, "report", None)  # e.g. the compressed source's
+        extra = report() if callable(report) else {}
+        return {**losses, "lr": lr, "entropy_coef": ppo_cfg.entropy_coef, **extra}
 
     @property
     def trained_frames(self) -> int:

@@ -55,6 +55,16 @@ class CompressedMinibatches:
         self.level = level
         self.stats = CompressionStats()
 
+    def report(self) -> dict[str, float]:
+        """The newest update's compression, merged into its stats (progress lines, history):
+        raw/stored ratio of the batch, seconds compressing it and decoding minibatches."""
+        st = self.stats
+        return {
+            "compress_ratio": st.raw_bytes / st.stored_bytes if st.stored_bytes else 0.0,
+            "compress_s": st.compress_s,
+            "decode_s": st.decode_s,
+        }
+
     def __call__(
         self,
         data: TensorDictBase,

@@ -51,6 +51,15 @@ def test_compressed_update_is_bit_identical_to_env_minibatches_uncompressed() ->
     assert 0 < source.stats.stored_bytes < source.stats.raw_bytes
 
 
+def test_the_learner_reports_the_compression_of_each_update() -> None:
+    training = collected()
+    training.learner.minibatches = CompressedMinibatches(workers=1)
+    stats = training.learner.update(training.buffer)
+    assert stats["compress_ratio"] > 1.0  # what progress lines and history show
+    assert stats["compress_s"] > 0.0 and stats["decode_s"] > 0.0
+    assert "compress_ratio" not in Training.build(tiny(), "cpu").learner.update(training.buffer)
+
+
 def test_every_epoch_sees_each_env_once_decoded_exactly_and_release_comes_first() -> None:
     training = collected()
     cfg = training.cfg.ppo
