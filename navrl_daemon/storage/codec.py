@@ -108,18 +108,11 @@ class KeyCodec:
         steps = np.asarray(steps, dtype=np.int64)
         if self.mode == "episode":
             return self.decode(blob, length)[steps]
-        view = memoryview(blob)
-        table = 4 * length
-        if len(view) < table:
-            raise CodecError(f"frame table needs {table} bytes, blob has {len(view)}")
-        sizes = np.frombuffer(view[:table], dtype="<u4").astype(np.int64)
-        ends = table + np.cumsum(sizes)
-        if length and ends[-1] != len(view):
-            raise CodecError(f"frames add up to {int(ends[-1])} bytes, blob has {len(view)}")
+        view, spans = _frame_spans(blob, length)
         out = np.empty((len(steps), *self.step_shape), dtype=_UINT[self.dtype.itemsize])
-        for i, t in enumerate(steps):
-            frame = view[int(ends[t] - sizes[t]) : int(ends[t])]
-            out[i] = self._inverse(self._decompress(frame, 1), 1)[0]
+        for i, t in enumerate(steps.tolist()):
+            start, end = spans[t]
+            out[i] = self._inverse(self._decompress(view[start:end], 1), 1)[0]
         return out.view(self.dtype)
 
     # filters work on the unsigned-integer view `[T, *step_shape]`
@@ -279,8 +272,9 @@ def _step_rows(codec: KeyCodec, segment: np.ndarray, length: int) -> np.ndarray:
     return planes.reshape(length, codec.step_bytes)
 
 
-def _frames(blob: bytes | memoryview, length: int, step_bytes: int) -> np.ndarray:
-    """Frame mode: the u32 size table, then one frame per step → `[length, step_bytes]`."""
+def _frame_spans(blob: bytes | memoryview, length: int) -> tuple[memoryview, list[tuple[int, int]]]:
+    """Frame mode's blob: a u32 table of `length` frame sizes, then the frames. Returns the
+    blob and each step's frame as (start, end); CodecError if the table does not fit."""
     view = memoryview(blob)
     table = 4 * length
     if len(view) < table:
@@ -289,10 +283,16 @@ def _frames(blob: bytes | memoryview, length: int, step_bytes: int) -> np.ndarra
     ends = table + np.cumsum(sizes)
     if length and ends[-1] != len(view):
         raise CodecError(f"frames add up to {int(ends[-1])} bytes, blob has {len(view)}")
+    return view, list(zip((ends - sizes).tolist(), ends.tolist(), strict=True))
+
+
+def _frames(blob: bytes | memoryview, length: int, step_bytes: int) -> np.ndarray:
+    """Frame mode, every step decoded → `[length, step_bytes]` (packed step rows)."""
+    view, spans = _frame_spans(blob, length)
     rows = []
-    for t in range(length):
+    for t, (start, end) in enumerate(spans):
         try:
-            row = lz4.frame.decompress(view[int(ends[t] - sizes[t]) : int(ends[t])])
+            row = lz4.frame.decompress(view[start:end])
         except RuntimeError as e:
             raise CodecError(f"step {t}: not a valid LZ4 frame: {e}") from None
         if len(row) != step_bytes:
