@@ -55,18 +55,23 @@ def daemon(cfg: Config, warmup: int, iterations: int, lag: int) -> dict[str, Any
     cfg.run.total_frames = (warmup + iterations) * cfg.frames_per_iteration
     stamps: list[float] = []
     lags: list[int] = []
+    records: list[IterationRecord] = []
 
     def observe(record: IterationRecord) -> None:
         stamps.append(time.perf_counter())
         lags.append(record.policy_lag)
+        records.append(record)
 
     with tempfile.TemporaryDirectory() as state:
         anyio.run(serve, cfg, Path(state), observe)
     # Frames/s between the last warm-up completion and the last completion.
     seconds = stamps[-1] - stamps[warmup - 1]
+    timed = records[warmup:]
     return {
         "frames_per_s": iterations * cfg.frames_per_iteration / seconds,
         "policy_lag": statistics.fmean(lags[warmup:]),
+        "collect_s": statistics.median(r.collect_s for r in timed),
+        "update_s": statistics.median(r.update_s for r in timed),
     }
 
 

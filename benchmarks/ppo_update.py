@@ -1,14 +1,22 @@
-"""PPO update throughput: frames (N·T rows) per second of `ppo.update`, printed as JSON.
+"""PPO update throughput per update path: frames (N·T rows) per second, as JSON.
 
 NavRL's shape: T = 32 steps, 4 epochs × 16 minibatches, over 64/256/1024 envs; on the CPU
-and, when present, CUDA. Each repeat starts from the same fresh policy and Adam state, so
-repeats differ only in timing noise. Run: `.venv/bin/python benchmarks/ppo_update.py`.
+and, when present, CUDA; for each `ppo.update_path` that runs there (rl/fast_update.py):
+eager (NavRL's loop), fused (no host sync per minibatch) and, on CUDA, cuda_graph. Each
+path starts from the same policy, Adam state and batch: its first update (which for
+cuda_graph includes the capture) is timed apart and its losses are compared with the
+eager path's (`max_stat_rel_diff`); then `--repeats` further updates of each path are
+timed, the paths taking turns. Ratios are fast path vs eager at the same scale, in the
+same process. `eager_ulp` is the eager
+path on the batch with every LiDAR value moved by one float32 ulp: how far rounding alone
+carries the update's statistics over 64 Adam steps, the yardstick for "float tolerance".
+
+Run: `.venv/bin/python benchmarks/ppo_update.py [--num-envs 1024] [--devices cuda]`
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import platform
 import statistics
@@ -19,6 +27,7 @@ from tensordict import TensorDict
 
 from navrl_daemon.config import PPOConfig
 from navrl_daemon.rl import ppo
+from navrl_daemon.rl.fast_update import FastUpdate
 from navrl_daemon.rl.policy import NavRLPolicy
 
 
@@ -69,42 +78,85 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_updates(
-    device: torch.device, num_envs: int, cfg: PPOConfig, repeats: int
-) -> dict[str, object]:
-    torch.manual_seed(0)
-    base = NavRLPolicy().to(device)
-    batch = rollout_batch(base, num_envs, cfg.rollout_length)
-    seconds = []
-    for i in range(repeats):
-        policy = copy.deepcopy(base)
-        optimizers = ppo.make_optimizers(policy, cfg)
-        generator = torch.Generator(device=device).manual_seed(i)
-        sync(device)
+def make_update(path: str, policy: NavRLPolicy, optimizers: dict, device: torch.device):
+    if path in ("eager", "eager_ulp"):
+        return lambda batch, cfg, gen: ppo.update(policy, optimizers, batch, cfg, gen)
+    fast = FastUpdate(policy, optimizers, device, graphs=path == "cuda_graph")
+    return lambda batch, cfg, gen: fast(batch, cfg, gen)
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+class PathRun:
+    """One path's policy, optimisers, batch and generator, and its timings."""
+
+    def __init__(self, device: torch.device, num_envs: int, cfg: PPOConfig, path: str) -> None:
+        torch.manual_seed(0)  # every path: the same policy, batch and minibatch draws
+        self.device, self.cfg, self.path = device, cfg, path
+        policy = NavRLPolicy().to(device)
+        self.batch = rollout_batch(policy, num_envs, cfg.rollout_length)
+        if path == "eager_ulp":
+            lidar = self.batch.get(("agents", "observation", "lidar"))
+            lidar.copy_(torch.nextafter(lidar, torch.full_like(lidar, float("inf"))))
+        self.update = make_update(path, policy, ppo.make_optimizers(policy, cfg), device)
+        self.generator = torch.Generator(device=device).manual_seed(0)
+        self.frames = num_envs * cfg.rollout_length
+        self.seconds: list[float] = []
+        self.first_s, self.first = self.timed()
+
+    def timed(self) -> tuple[float, dict[str, float]]:
+        sync(self.device)
         t0 = time.perf_counter()
-        stats = ppo.update(policy, optimizers, batch, cfg, generator)
-        sync(device)
-        seconds.append(time.perf_counter() - t0)
+        stats = self.update(self.batch, self.cfg, self.generator)
+        sync(self.device)
+        return time.perf_counter() - t0, stats
+
+    def result(self) -> dict[str, object]:
+        return {
+            "path": self.path,
+            "frames_per_s": spread([self.frames / s for s in self.seconds]),
+            "update_s": spread(self.seconds),
+            "first_update_s": self.first_s,
+            "first_stats": {k: self.first[k] for k in ppo.STAT_NAMES},
+            "minibatch_updates": self.first["minibatch_updates"],
+        }
+
+
+def compare(device: torch.device, num_envs: int, cfg: PPOConfig, repeats: int, paths: list[str]):
+    """Every path at one scale; the timed updates of the paths take turns."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    runs = [PathRun(device, num_envs, cfg, p) for p in paths]
+    for _ in range(repeats):
+        for run in runs:
+            run.seconds.append(run.timed()[0])
+    results = {run.path: run.result() for run in runs}
+    eager = results["eager"]
     frames = num_envs * cfg.rollout_length
-    fps = [frames / s for s in seconds]
-    return {
+    out: dict[str, object] = {
         "device": str(device),
         "num_envs": num_envs,
         "frames": frames,
         "minibatch_size": frames // cfg.minibatches,
-        "frames_per_s": {
-            "median": statistics.median(fps),
-            "min": min(fps),
-            "max": max(fps),
-        },
-        "update_s": {
-            "median": statistics.median(seconds),
-            "min": min(seconds),
-            "max": max(seconds),
-        },
-        "repeats": repeats,
-        "minibatch_updates": stats["minibatch_updates"],
+        "gpu_max_allocated_mib": (
+            torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+        ),
+        "paths": results,
     }
+    for path, run in results.items():
+        if path == "eager":
+            continue
+        out[f"ratio_{path}_vs_eager"] = (
+            eager["update_s"]["median"] / run["update_s"]["median"]  # type: ignore[index]
+        )
+        out[f"max_stat_rel_diff_{path}"] = max(
+            abs(run["first_stats"][k] - eager["first_stats"][k])  # type: ignore[index]
+            / max(abs(eager["first_stats"][k]), 1e-8)  # type: ignore[index]
+            for k in ppo.STAT_NAMES
+        )
+    return out
 
 
 def main() -> None:
@@ -112,6 +164,7 @@ def main() -> None:
     parser.add_argument("--num-envs", type=int, nargs="+", default=[64, 256, 1024])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--devices", nargs="+", default=None, help="default: cpu (+ cuda)")
+    parser.add_argument("--paths", nargs="+", default=None, help="default: all that run there")
     args = parser.parse_args()
 
     cfg = PPOConfig(rollout_length=32, epochs=4, minibatches=16)
@@ -119,8 +172,13 @@ def main() -> None:
     results = []
     for name in devices:
         device = torch.device(name)
-        time_updates(device, 16, PPOConfig(epochs=1, minibatches=2), repeats=1)  # warm-up
-        results += [time_updates(device, n, cfg, args.repeats) for n in args.num_envs]
+        paths = args.paths or ["eager", "eager_ulp", "fused"] + (
+            ["cuda_graph"] if name == "cuda" else []
+        )
+        if "eager" not in paths:
+            paths = ["eager", *paths]
+        compare(device, 16, PPOConfig(epochs=1, minibatches=2), 1, paths)  # lazy init
+        results += [compare(device, n, cfg, args.repeats, paths) for n in args.num_envs]
     doc = {
         "benchmark": "ppo_update",
         "rollout_length": cfg.rollout_length,

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from navrl_daemon.storage.checkpoint import CheckpointDir, encode_checkpoint, load_checkpoint
@@ -62,9 +63,13 @@ def test_sigterm_then_resume_is_bitwise_identical_to_one_run(tmp_path: Path) -> 
     assert not different, different
 
 
-def test_resume_from_an_interval_checkpoint_after_kill9_is_also_exact(tmp_path: Path) -> None:
-    """A crash loses the iterations since the last interval checkpoint, nothing else."""
-    common = ("checkpoint.interval=2",)
+@pytest.mark.parametrize("update_path", ["eager", "fused"])
+def test_resume_from_an_interval_checkpoint_after_kill9_is_also_exact(
+    tmp_path: Path, update_path: str
+) -> None:
+    """A crash loses the iterations since the last interval checkpoint, nothing else;
+    with the fused update (rl/fast_update.py) as well as NavRL's eager one."""
+    common = ("checkpoint.interval=2", f"ppo.update_path={update_path}")
     run(tmp_path / "a", *common, "run.total_frames=640")  # checkpoints 2, 4, ..., 10 (final)
     (tmp_path / "a" / "checkpoints" / "ckpt-000000010.nrc").unlink()  # as if killed at 9
     resumed = run(tmp_path / "a", *common, "run.total_frames=960")
@@ -176,12 +181,14 @@ def test_a_failed_write_keeps_every_earlier_checkpoint(tmp_path: Path) -> None:
     assert after == before  # every write failed; nothing pruned, nothing damaged
 
 
-def test_divergence_rolls_back_then_gives_up_with_exit_1(tmp_path: Path) -> None:
+@pytest.mark.parametrize("update_path", ["eager", "fused"])
+def test_divergence_rolls_back_then_gives_up_with_exit_1(tmp_path: Path, update_path) -> None:
     """A learning rate of 1e30 blows the weights up at once: every update is non-finite,
     so each time the streak passes ppo.max_nonfinite_updates the trainer reloads the last
-    valid checkpoint, and after 3 rollbacks to the same file it stops (exit 1)."""
+    valid checkpoint, and after 3 rollbacks to the same file it stops (exit 1). The fused
+    update skips the same steps on the device (rl/fast_update.py)."""
     state = tmp_path / "state"
-    run(state, "run.total_frames=128", "checkpoint.interval=1")
+    run(state, "run.total_frames=128", "checkpoint.interval=1", f"ppo.update_path={update_path}")
     good = load_checkpoint(state / "checkpoints" / "ckpt-000000002.nrc")[1]["learner"]["policy"]
     proc = navrl_cli(
         "run",
@@ -193,6 +200,7 @@ def test_divergence_rolls_back_then_gives_up_with_exit_1(tmp_path: Path) -> None
         "ppo.actor_lr=1e30",
         "ppo.feature_extractor_lr=1e30",
         "ppo.max_nonfinite_updates=1",
+        f"ppo.update_path={update_path}",
     )
     assert proc.returncode == 1, proc.stderr[-3000:]
     log = events(proc.stderr)

@@ -142,6 +142,17 @@ def advantages_and_targets(
     return advantages, value_norm.normalize(returns)
 
 
+def update_data(
+    batch: TensorDictBase, advantages: torch.Tensor, targets: torch.Tensor
+) -> TensorDictBase:
+    """The entries of a [N, T] rollout that the update reads, with advantage and target."""
+    keys = [(*OBS_KEY, k) for k in ("state", "lidar", "dynamic_obstacle")]
+    data = batch.select(*keys, ("agents", "action_normalized"), "sample_log_prob", "state_value")
+    data.set("advantage", advantages)
+    data.set("target", targets)
+    return data
+
+
 def minibatch_indices(
     num_rows: int, num_minibatches: int, generator: torch.Generator | None, device: torch.device
 ) -> torch.Tensor:
@@ -241,10 +252,7 @@ def update(
     clipped gradient norm was not finite; Adam's state is then left untouched).
     """
     advantages, targets = advantages_and_targets(policy, batch, cfg, reducer)
-    keys = [(*OBS_KEY, k) for k in ("state", "lidar", "dynamic_obstacle")]
-    data = batch.select(*keys, ("agents", "action_normalized"), "sample_log_prob", "state_value")
-    data.set("advantage", advantages)
-    data.set("target", targets)
+    data = update_data(batch, advantages, targets)
 
     device = advantages.device
     params = [p for p in policy.parameters() if p.requires_grad]

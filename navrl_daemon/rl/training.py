@@ -23,7 +23,7 @@ from torchrl.envs import EnvBase
 
 from navrl_daemon.config import Config, PPOConfig
 from navrl_daemon.env import check_backend, make_env
-from navrl_daemon.rl import ppo, schedules
+from navrl_daemon.rl import fast_update, ppo, schedules
 from navrl_daemon.rl.data_parallel import DataParallel
 from navrl_daemon.rl.evaluate import evaluate
 from navrl_daemon.rl.policy import NavRLPolicy
@@ -87,6 +87,10 @@ class Learner:
     # How the batch is cut into minibatches: NavRL's uniform frames, or env groups decoded
     # from a compressed copy (`pipeline.compress_rollouts`, storage/compressed_rollout.py).
     minibatches: ppo.MinibatchSource = ppo.frame_minibatches
+    # The fused/graph update (rl/fast_update.py), made at the first update once the
+    # fields above are final; None: the eager path.
+    fast: fast_update.FastUpdate | None = field(default=None, repr=False)
+    path: fast_update.UpdatePath | None = None
 
     @classmethod
     def build(cls, cfg: Config, policy: NavRLPolicy, device: torch.device | str) -> Learner:
@@ -108,18 +112,22 @@ class Learner:
         ratio and seconds spent compressing and decoding).
         """
         ppo_cfg = self.apply_schedules()
-        losses = ppo.update(
-            self.policy,
-            self.optimizers,
-            buffer,
-            ppo_cfg,
-            self.generator,
-            abort=abort,
-            reducer=self.reducer,
-            aux_loss=self.aux_loss,
-            minibatches=self.minibatches,
-            release=release,
-        )
+        if self.update_path() != "eager":
+            assert self.fast is not None
+            losses = self.fast(buffer, ppo_cfg, self.generator, abort=abort)
+        else:
+            losses = ppo.update(
+                self.policy,
+                self.optimizers,
+                buffer,
+                ppo_cfg,
+                self.generator,
+                abort=abort,
+                reducer=self.reducer,
+                aux_loss=self.aux_loss,
+                minibatches=self.minibatches,
+                release=release,
+            )
         self._check_finite(losses)
         self.version += 1
         every = self.check_interval
@@ -129,6 +137,27 @@ class Learner:
         report = getattr(self.minibatches, "report", None)  # e.g. the compressed source's
         extra = report() if callable(report) else {}
         return {**losses, "lr": lr, "entropy_coef": ppo_cfg.entropy_coef, **extra}
+
+    def update_path(self) -> fast_update.UpdatePath:
+        """`ppo.update_path` resolved for this learner (ConfigError if it cannot run)."""
+        if self.path is None:
+            device = next(self.policy.parameters()).device
+            self.path = fast_update.resolve(
+                self.cfg.ppo.update_path, device, why_not=self._fast_unsupported()
+            )
+            if self.path != "eager":
+                graphs = self.path == "cuda_graph"
+                self.fast = fast_update.FastUpdate(self.policy, self.optimizers, device, graphs)
+        return self.path
+
+    def _fast_unsupported(self) -> str | None:
+        if self.reducer is not None:
+            return "data parallelism over ranks (distributed)"
+        if self.aux_loss is not None:
+            return "an extra loss term (offline.objective = 'ppo+bc')"
+        if self.minibatches is not ppo.frame_minibatches:
+            return "env-group minibatches (pipeline.compress_rollouts)"
+        return None
 
     @property
     def trained_frames(self) -> int:

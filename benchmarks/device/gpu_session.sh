@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Every GPU check of issues #8 and #13 as one prepared run on the lent device machine
+# (15 minutes of device time per session, start-up included: see docs/throughput.md).
+#
+# Here first:  benchmarks/device/wheels.sh
+# Then device run, timeout_s 590, carry [".whl", "carry"], command:
+#   bash benchmarks/device/gpu_session.sh throughput     (issue #8, ~6 min)
+#   bash benchmarks/device/gpu_session.sh learning 420   (issue #13, budget in s, ~9 min)
+# Results land in $OUT (at most 8 files come back); steps run most important first, and
+# each writes its file as it ends, so a run stopped at its limit still returns the rest.
+set -uo pipefail
+MODE=${1:-throughput}
+DEV=${DEV:-cuda}                  # DEV=cpu CONFIG=config/default.toml: a smoke run here
+CONFIG=${CONFIG:-config/navrl.toml}
+OUT=${OUT:-/tmp/gpu_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+if [ -d .whl ] && [ "$DEV" != cpu ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD:$PWD/examples
+else
+  export PYTHONPATH=$PWD:$PWD/examples
+fi
+log() { echo "[$(date +%T)] $*" | tee -a "$OUT/session.log"; }
+step() {  # step NAME SECONDS OUTFILE CMD...: a bounded step, its stdout into OUTFILE
+  local name=$1 limit=$2 out=$3; shift 3
+  log "start $name (limit ${limit}s)"
+  timeout "$limit" "$@" > "$OUT/$out" 2>> "$OUT/session.log"
+  log "end $name rc=$?"
+}
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  python3 -c "import sys, torch, tensordict, torchrl, navrl_daemon; print(sys.version); \
+print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.is_available()); \
+print('tensordict', tensordict.__version__, 'torchrl', torchrl.__version__)"
+} >> "$OUT/session.log" 2>&1 || { log "environment check failed"; exit 1; }
+
+case $MODE in
+throughput)
+  step tests 100 gpu_tests.log python3 -m pytest -q -p no:cacheprovider -x \
+    tests/rl/test_fast_update.py tests/rl/test_ppo.py
+  step ppo_update 90 ppo_update_gpu.json python3 benchmarks/ppo_update.py \
+    --devices $DEV --num-envs 1024 4096 --repeats 5
+  step throughput 230 throughput_gpu.json python3 benchmarks/throughput.py --device $DEV \
+    --config $CONFIG --warmup 4 --iterations 12 --repeats 2 --lag1
+  step collect 45 collect_profile_gpu.json python3 benchmarks/collect_profile.py \
+    --device $DEV --config $CONFIG --table "$OUT/collect_ops_gpu.txt"
+  step stretch 80 throughput_4096_gpu.json python3 benchmarks/throughput.py --device $DEV \
+    --config $CONFIG --warmup 3 --iterations 8 --repeats 1 env.num_envs=4096
+  ;;
+learning)
+  budget=${2:-420}
+  step learning $((budget + 150)) learning_gpu.log python3 benchmarks/learning.py \
+    --budget-s "$budget" --config $CONFIG --navrl-checkpoint carry/navrl_checkpoint.pt \
+    --out "$OUT/learning_gpu.json" run.device=$DEV
+  ;;
+*) log "unknown mode $MODE"; exit 2 ;;
+esac
+log done

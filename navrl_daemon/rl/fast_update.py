@@ -1,0 +1,309 @@
+"""ppo.update's maths without a host sync per minibatch, and on CUDA replayed as a graph.
+
+NavRL's update (rl/ppo.py, the "eager" path) asks the host after every minibatch whether
+the loss and the clipped gradient norms are finite, so a bad minibatch cannot move Adam's
+moments. On a GPU that sync, and the ~400 small kernel launches of each minibatch step,
+bound the update (issue #8). The paths here compute the same losses, clipping and Adam
+step, with two changes of mechanism and none of maths:
+
+- "fused": Adam runs as torch's fused kernel and is told a minibatch was not finite
+  through the `found_inf` flag that torch.amp's GradScaler uses: the kernel then leaves
+  parameters and moments alone and the step count is put back, all on the device. The
+  statistics are summed on the device, masked by the same flag, and read once per update.
+- "cuda_graph": the fused path's whole minibatch step (gather, forward, backward, two
+  clips, three Adam steps, statistics) captured once as a CUDA graph and replayed; the
+  host only copies each minibatch's row indices in and replays. Learning rates and the
+  entropy coefficient, which schedules change between updates, are device scalars the
+  graph reads; a graph is captured again when the optimiser state it reads is replaced
+  (a checkpoint loaded) or a captured constant of the config changes.
+
+Minibatches come from the same generator draws as the eager path (`ppo.minibatch_indices`
+per epoch), so on one batch the paths differ only by float rounding (fused vs foreach
+Adam): tests/test_fast_update.py holds them to that on the CPU, and on a GPU when there is
+one. Optimiser param_groups keep the eager path's plain values between updates (floats
+for `lr`, `fused`/`capturable` off), so checkpoints are the same whichever path wrote them.
+
+The paths cover NavRL's update: uniform frame minibatches, one process, no extra loss
+terms. `resolve` picks the eager path for anything else, and for `auto` on a CPU, where
+there is no launch overhead to save (benchmarks/throughput.py measures both).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Literal
+
+import torch
+from tensordict import TensorDictBase
+from torch.nn.utils import clip_grad_norm_
+
+from navrl_daemon.config import PPOConfig
+from navrl_daemon.errors import ConfigError
+from navrl_daemon.rl import ppo
+from navrl_daemon.rl.policy import NavRLPolicy
+
+UpdatePath = Literal["eager", "fused", "cuda_graph"]
+
+# Warm-up steps on a side stream before capture (CUDA's lazy initialisation: cuBLAS
+# workspaces, autograd's stream bookkeeping); each is a skipped Adam step, maths-neutral.
+_WARMUP_STEPS = 3
+
+
+def resolve(requested: str, device: torch.device, *, why_not: str | None = None) -> UpdatePath:
+    """The path an update runs on. `why_not` names what rules the fast paths out for this
+    learner (data parallelism, a BC term, compressed minibatches), None when nothing does.
+
+    "auto" is "cuda_graph" on a CUDA device and "eager" otherwise; an explicit fast path
+    that cannot run here is a ConfigError (exit 78), never a silent fallback.
+    """
+    if requested == "auto":
+        return "cuda_graph" if device.type == "cuda" and why_not is None else "eager"
+    if requested == "eager":
+        return "eager"
+    if why_not is not None:
+        raise ConfigError(f"ppo.update_path = {requested!r} does not support {why_not}")
+    if requested == "cuda_graph" and device.type != "cuda":
+        raise ConfigError(
+            f"ppo.update_path = 'cuda_graph' needs a CUDA device; this run's is {device}"
+        )
+    if requested not in ("fused", "cuda_graph"):
+        raise ConfigError(f"ppo.update_path: unknown path {requested!r}")
+    return requested  # type: ignore[return-value]
+
+
+class FastUpdate:
+    """The "fused" or "cuda_graph" update of one learner's policy and optimisers."""
+
+    def __init__(
+        self,
+        policy: NavRLPolicy,
+        optimizers: dict[str, torch.optim.Optimizer],
+        device: torch.device,
+        graphs: bool,
+    ) -> None:
+        self.policy = policy
+        self.optimizers = optimizers
+        self.device = device
+        self.graphs = graphs
+        self.sums = torch.zeros(len(ppo.STAT_NAMES), device=device)
+        self.applied = torch.zeros((), device=device, dtype=torch.long)
+        # 1.0 forces every step to be skipped: the warm-up before a capture.
+        self.force_skip = torch.zeros((), device=device)
+        self.entropy_coef = torch.zeros((), device=device)
+        self.lrs = {name: torch.zeros((), device=device) for name in optimizers}
+        self.captures = 0
+        self._replay: Callable[[], None] | None = None
+        self._key: tuple[object, ...] | None = None
+        self._flat: TensorDictBase | None = None
+        self._idx: torch.Tensor | None = None
+
+    # ------------------------------------------------------------------------ public
+
+    def __call__(
+        self,
+        batch: TensorDictBase,
+        cfg: PPOConfig,
+        generator: torch.Generator | None,
+        abort: threading.Event | None = None,
+    ) -> dict[str, float]:
+        """What ppo.update returns, for the same arguments (no reducer, no aux loss)."""
+        advantages, targets = ppo.advantages_and_targets(self.policy, batch, cfg)
+        data = ppo.update_data(batch, advantages, targets)
+        flat = data.reshape(-1)
+        rows = flat.shape[0]
+        self.sums.zero_()
+        self.applied.zero_()
+        steps = 0
+        with self._fused_optimizers():
+            if self.graphs:
+                self._prepare_graph(flat, cfg, rows // cfg.minibatches)
+            for idx in self._minibatch_rows(rows, cfg, generator):
+                if abort is not None and abort.is_set():
+                    break
+                if self._replay is not None:
+                    assert self._idx is not None
+                    self._idx.copy_(idx, non_blocking=True)
+                    self._replay()
+                else:
+                    self._step(flat[idx], cfg, cfg.entropy_coef)
+                steps += 1
+        if self._replay is None:
+            self._zero_grad()
+        applied = int(self.applied.item())  # the update's one host sync for statistics
+        sums = self.sums.tolist()
+        means = [s / applied for s in sums] if applied else [float("nan")] * len(sums)
+        return {
+            **dict(zip(ppo.STAT_NAMES, means, strict=True)),
+            "minibatch_updates": applied,
+            "nonfinite_updates": steps - applied,
+        }
+
+    # ------------------------------------------------------------------------ the step
+
+    def _step(self, mb: TensorDictBase, cfg: PPOConfig, entropy_coef: float | torch.Tensor) -> None:
+        """One minibatch: losses, backward, NavRL's clips, a masked Adam step, statistics.
+        Nothing here reads a device value on the host, so it can be captured. Gradients
+        start as None (no kernel: in a capture, the graph's backward then owns them)."""
+        self._zero_grad()
+        policy = self.policy
+        feature = policy.observe(mb)
+        dist = policy.distribution(feature)
+        value = policy.value(feature)
+        log_prob = dist.log_prob(mb.get(("agents", "action_normalized")))
+        l_actor = ppo.actor_loss(
+            log_prob, mb.get("sample_log_prob"), mb.get("advantage"), cfg.clip_ratio
+        )
+        l_entropy = -entropy_coef * dist.entropy().mean()  # ppo.entropy_loss, tensor coef
+        l_critic = ppo.critic_loss(
+            value, mb.get("state_value"), mb.get("target"), cfg.value_clip, cfg.huber_delta
+        )
+        loss = l_actor + l_entropy + l_critic
+        loss.backward()
+        actor_norm = clip_grad_norm_(policy.actor.parameters(), cfg.max_grad_norm)
+        critic_norm = clip_grad_norm_(policy.critic.parameters(), cfg.max_grad_norm)
+        bad = (~torch.isfinite(loss + actor_norm + critic_norm)).float()
+        found_inf = torch.maximum(bad, self.force_skip)
+        for opt in self.optimizers.values():
+            opt.found_inf = found_inf  # type: ignore[attr-defined]  # GradScaler's protocol
+            try:
+                opt.step()
+            finally:
+                del opt.found_inf  # type: ignore[attr-defined]
+        with torch.no_grad():
+            ok = found_inf == 0
+            explained_var = ppo.explained_variance(value, mb.get("target"))
+            stats = torch.stack(
+                [l_actor, l_critic, l_entropy, actor_norm, critic_norm, explained_var]
+            )
+            self.sums += torch.where(ok, stats, torch.zeros_like(stats))
+            self.applied += ok.long()
+
+    def _minibatch_rows(
+        self, rows: int, cfg: PPOConfig, generator: torch.Generator | None
+    ) -> Iterator[torch.Tensor]:
+        """The eager path's minibatch rows, from the same generator draws."""
+        for _ in range(cfg.epochs):
+            yield from ppo.minibatch_indices(rows, cfg.minibatches, generator, self.device)
+
+    def _zero_grad(self) -> None:
+        for opt in self.optimizers.values():
+            opt.zero_grad(set_to_none=True)
+
+    # ------------------------------------------------------------------------ optimisers
+
+    @contextmanager
+    def _fused_optimizers(self) -> Iterator[None]:
+        """Fused (and on CUDA capturable) Adam for the update's duration; the groups' own
+        values back afterwards, so a checkpoint looks the same whichever path ran."""
+        saved = []
+        capturable = self.graphs  # on CUDA only; fused alone needs only device step counts
+        for name, opt in self.optimizers.items():
+            for group in opt.param_groups:
+                saved.append((group, {k: group[k] for k in ("fused", "capturable", "foreach")}))
+                self.lrs[name].fill_(float(group["lr"]))
+                group.update(fused=True, capturable=capturable, foreach=False)
+            for state in opt.state.values():
+                step = state.get("step")
+                if isinstance(step, torch.Tensor) and step.device != self.device:
+                    state["step"] = step.to(self.device, torch.float32)
+        try:
+            yield
+        finally:
+            for group, values in saved:
+                group.update(values)
+
+    @contextmanager
+    def _tensor_lrs(self) -> Iterator[None]:
+        """During a capture, each group's lr is the device scalar the graph will read."""
+        saved = []
+        for name, opt in self.optimizers.items():
+            for group in opt.param_groups:
+                saved.append((group, group["lr"]))
+                group["lr"] = self.lrs[name]
+        try:
+            yield
+        finally:
+            for group, lr in saved:
+                group["lr"] = lr
+
+    # ------------------------------------------------------------------------ the graph
+
+    def _prepare_graph(self, flat: TensorDictBase, cfg: PPOConfig, size: int) -> None:
+        """Copy this update's batch into the graph's input buffers; capture if needed."""
+        self.entropy_coef.fill_(cfg.entropy_coef)
+        key = self._graph_key(flat, cfg, size)
+        if self._replay is not None and key == self._key:
+            assert self._flat is not None
+            self._flat.update_(flat)
+            return
+        self._replay = None
+        self._flat = flat.clone()
+        self._idx = torch.zeros(size, dtype=torch.long, device=self.device)
+        self._capture(cfg)
+        # Again: the warm-up creates Adam's state on a first update.
+        self._key = self._graph_key(flat, cfg, size)
+
+    def _graph_key(self, flat: TensorDictBase, cfg: PPOConfig, size: int) -> tuple[object, ...]:
+        """What a captured graph depends on besides its buffers: shapes, the constants
+        baked into its kernels, and the identity of every optimiser state tensor."""
+        state = tuple(
+            t.data_ptr()
+            for opt in self.optimizers.values()
+            for s in opt.state.values()
+            for t in s.values()
+            if isinstance(t, torch.Tensor)
+        )
+        params = tuple(p.data_ptr() for p in self.policy.parameters())
+        baked = (cfg.clip_ratio, cfg.value_clip, cfg.huber_delta, cfg.max_grad_norm)
+        hyper = tuple(
+            (g["betas"], g["eps"], g["weight_decay"], g["amsgrad"], g["maximize"])
+            for opt in self.optimizers.values()
+            for g in opt.param_groups
+        )
+        shapes = tuple((k, tuple(v.shape)) for k, v in flat.items(True, True))
+        return (size, shapes, baked, hyper, params, state)
+
+    def _capture(self, cfg: PPOConfig) -> None:
+        assert self._flat is not None and self._idx is not None
+        flat, idx = self._flat, self._idx
+
+        def warmup() -> None:  # a skipped Adam step: maths-neutral
+            self.force_skip.fill_(1.0)
+            self._step(flat[idx], cfg, self.entropy_coef)
+
+        def prepare() -> None:
+            self.force_skip.fill_(0.0)
+            self.sums.zero_()
+            self.applied.zero_()
+
+        def step() -> None:
+            self._step(flat[idx], cfg, self.entropy_coef)
+
+        with self._tensor_lrs():
+            self._replay = capture_graph(warmup, prepare, step, self.device)
+        self.captures += 1
+
+
+def capture_graph(
+    warmup: Callable[[], None],
+    prepare: Callable[[], None],
+    step: Callable[[], None],
+    device: torch.device,
+) -> Callable[[], None]:
+    """`step` captured as a CUDA graph (PyTorch's whole-network capture recipe); returns
+    its replay. `warmup` runs first on a side stream (lazy CUDA initialisation must not
+    happen during capture), `prepare` just before the capture."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(_WARMUP_STEPS):
+            warmup()
+    torch.cuda.current_stream(device).wait_stream(side)
+    prepare()
+    graph = torch.cuda.CUDAGraph()
+    # thread_local: the producer's thread may use CUDA while this one captures.
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        step()
+    return graph.replay

@@ -1,0 +1,322 @@
+"""The fused and CUDA-graph updates against NavRL's eager update, on the same batches.
+
+Runs on the CPU ("fused") in CI; every CUDA case runs where a GPU is present
+(benchmarks/gpu_session.sh runs this file there) and is skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from navrl_daemon.config import Config, PPOConfig
+from navrl_daemon.errors import ConfigError
+from navrl_daemon.rl import fast_update, ppo
+from navrl_daemon.rl.fast_update import FastUpdate, resolve
+from navrl_daemon.rl.policy import NavRLPolicy
+from navrl_daemon.rl.training import Learner
+
+SMALL = PPOConfig(epochs=2, minibatches=4)
+CUDA = torch.cuda.is_available()
+
+PATHS = [
+    pytest.param("cpu", False, id="fused-cpu"),
+    # The graph path's bookkeeping on the CPU, with a stand-in for the capture (below).
+    pytest.param("cpu", True, id="graph-standin-cpu"),
+    pytest.param(
+        "cuda", False, id="fused-cuda", marks=pytest.mark.skipif(not CUDA, reason="no CUDA")
+    ),
+    pytest.param(
+        "cuda", True, id="graph-cuda", marks=pytest.mark.skipif(not CUDA, reason="no CUDA")
+    ),
+]
+# Fused vs for-loop/foreach Adam: the same maths, rounded differently.
+TOL = {"rtol": 1e-4, "atol": 1e-5}
+
+
+@pytest.fixture(autouse=True)
+def _graph_standin_on_cpu(monkeypatch, request):
+    """On a CPU, `capture_graph` becomes a stand-in that runs the warm-up and preparation
+    as the real one does and returns a "replay" that runs the step eagerly on the same
+    static buffers. So everything of the graph path but CUDA's capture itself runs in CI:
+    the batch copied into static buffers, rows copied into the index buffer, device-scalar
+    learning rates and entropy coefficient, the maths-neutral warm-up, re-captures."""
+    if "graph-standin-cpu" not in request.node.name:
+        return
+
+    def standin(warmup, prepare, step, device):
+        assert device.type == "cpu"
+        for _ in range(fast_update._WARMUP_STEPS):
+            warmup()
+        prepare()
+        return step
+
+    monkeypatch.setattr(fast_update, "capture_graph", standin)
+
+
+def _pair(make_batch, device: str, seed: int = 0):
+    torch.manual_seed(seed)
+    base = NavRLPolicy()
+    batch = make_batch(base, num_envs=8, steps=6, seed=seed).to(device)
+    return base.to(device), batch
+
+
+def _eager(policy, batch, cfg, seed):
+    opts = ppo.make_optimizers(policy, cfg)
+    stats = ppo.update(policy, opts, batch, cfg, torch.Generator(batch.device).manual_seed(seed))
+    return stats, opts
+
+
+def _assert_close_stats(fast: dict[str, float], eager: dict[str, float]) -> None:
+    assert fast.keys() == eager.keys()
+    assert fast["minibatch_updates"] == eager["minibatch_updates"]
+    assert fast["nonfinite_updates"] == eager["nonfinite_updates"]
+    for name in ppo.STAT_NAMES:
+        assert fast[name] == pytest.approx(eager[name], rel=1e-4, abs=1e-5), name
+
+
+def _assert_close_weights(a: NavRLPolicy, b: NavRLPolicy) -> None:
+    sa, sb = a.state_dict(), b.state_dict()
+    for key in sa:
+        torch.testing.assert_close(sa[key], sb[key], **TOL, msg=key)
+
+
+@pytest.mark.parametrize(("device", "graphs"), PATHS)
+def test_one_update_matches_eager(make_batch, device, graphs):
+    base, batch = _pair(make_batch, device)
+    eager_policy, fast_policy = copy.deepcopy(base), copy.deepcopy(base)
+    eager_stats, eager_opts = _eager(eager_policy, batch, SMALL, seed=3)
+
+    opts = ppo.make_optimizers(fast_policy, SMALL)
+    fast = FastUpdate(fast_policy, opts, torch.device(device), graphs)
+    stats = fast(batch, SMALL, torch.Generator(device).manual_seed(3))
+
+    _assert_close_stats(stats, eager_stats)
+    _assert_close_weights(fast_policy, eager_policy)
+    for name, opt in opts.items():
+        mine, theirs = opt.state_dict()["state"], eager_opts[name].state_dict()["state"]
+        for i in theirs:
+            assert float(mine[i]["step"]) == float(theirs[i]["step"]) == 8.0
+            torch.testing.assert_close(mine[i]["exp_avg_sq"], theirs[i]["exp_avg_sq"], **TOL)
+    assert fast.captures == (1 if graphs else 0)
+
+
+@pytest.mark.parametrize(("device", "graphs"), PATHS)
+def test_consecutive_updates_follow_schedules_like_eager(make_batch, device, graphs):
+    """Learning rate and entropy coefficient change between updates: a graph reads them
+    from device scalars, so it is captured once and still follows them."""
+    base, batch = _pair(make_batch, device, seed=1)
+    eager_policy, fast_policy = copy.deepcopy(base), copy.deepcopy(base)
+    eager_opts = ppo.make_optimizers(eager_policy, SMALL)
+    fast_opts = ppo.make_optimizers(fast_policy, SMALL)
+    fast = FastUpdate(fast_policy, fast_opts, torch.device(device), graphs)
+    g_eager, g_fast = (torch.Generator(device).manual_seed(5) for _ in range(2))
+    for i, (scale, coef) in enumerate([(1.0, 1e-3), (0.5, 0.02), (0.25, 0.0)]):
+        cfg = SMALL.model_copy(update={"entropy_coef": coef})
+        for opts in (eager_opts, fast_opts):
+            for name, lr in ppo.learning_rates(cfg).items():
+                for group in opts[name].param_groups:
+                    group["lr"] = lr * scale
+        eager = ppo.update(eager_policy, eager_opts, batch, cfg, g_eager)
+        stats = fast(batch, cfg, g_fast)
+        _assert_close_stats(stats, eager)
+        _assert_close_weights(fast_policy, eager_policy)
+        assert stats["entropy"] == pytest.approx(eager["entropy"], rel=1e-4, abs=1e-7), i
+    assert fast.captures == (1 if graphs else 0)
+
+
+@pytest.mark.parametrize(("device", "graphs"), PATHS)
+def test_nonfinite_minibatches_are_skipped_on_device_as_eager_skips_them(
+    make_batch, device, graphs
+):
+    """One NaN frame poisons exactly the minibatches that hold it, in both paths: Adam's
+    moments and step counts stay where they were, and the statistics leave them out."""
+    base, batch = _pair(make_batch, device, seed=2)
+    batch["agents", "observation", "state"][2, 3, 0] = float("nan")
+    eager_policy, fast_policy = copy.deepcopy(base), copy.deepcopy(base)
+    eager_stats, _ = _eager(eager_policy, batch, SMALL, seed=4)
+    opts = ppo.make_optimizers(fast_policy, SMALL)
+    stats = FastUpdate(fast_policy, opts, torch.device(device), graphs)(
+        batch, SMALL, torch.Generator(device).manual_seed(4)
+    )
+    # every epoch has exactly one minibatch with frame (2, 3) (none is dropped: 48 / 4)
+    assert eager_stats["nonfinite_updates"] == SMALL.epochs
+    _assert_close_stats(stats, eager_stats)
+    assert all(math.isfinite(stats[name]) for name in ppo.STAT_NAMES)
+    _assert_close_weights(fast_policy, eager_policy)
+    for name, opt in opts.items():
+        for state in opt.state.values():
+            assert float(state["step"]) == SMALL.epochs * (SMALL.minibatches - 1), name
+
+
+@pytest.mark.parametrize(("device", "graphs"), PATHS)
+def test_all_nonfinite_leaves_weights_and_adam_alone(make_batch, device, graphs):
+    base, batch = _pair(make_batch, device, seed=3)
+    policy = copy.deepcopy(base)
+    opts = ppo.make_optimizers(policy, SMALL)
+    fast = FastUpdate(policy, opts, torch.device(device), graphs)
+    fast(batch, SMALL, torch.Generator(device).manual_seed(0))  # Adam has state now
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    adam_before = copy.deepcopy(opts["critic"].state_dict()["state"])
+
+    batch["next", "agents", "reward"][2, 3, 0] = float("nan")
+    stats = fast(batch, SMALL, torch.Generator(device).manual_seed(1))
+    assert stats["minibatch_updates"] == 0
+    assert stats["nonfinite_updates"] == SMALL.epochs * SMALL.minibatches
+    assert math.isnan(stats["actor_loss"])
+    after = policy.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    for i, state in opts["critic"].state_dict()["state"].items():
+        assert torch.equal(state["step"], adam_before[i]["step"])
+        assert torch.equal(state["exp_avg"], adam_before[i]["exp_avg"])
+
+
+@pytest.mark.parametrize(("device", "graphs"), PATHS)
+def test_optimizers_look_eager_between_updates(make_batch, device, graphs):
+    """Checkpoints hold what the eager path would write, and an eager learner loads them."""
+    base, batch = _pair(make_batch, device)
+    policy = copy.deepcopy(base)
+    opts = ppo.make_optimizers(policy, SMALL)
+    FastUpdate(policy, opts, torch.device(device), graphs)(
+        batch, SMALL, torch.Generator(device).manual_seed(0)
+    )
+    for opt in opts.values():
+        for group in opt.param_groups:
+            assert group["fused"] is None or group["fused"] is False
+            assert group["capturable"] is False
+            assert isinstance(group["lr"], float)
+        assert not hasattr(opt, "found_inf")
+    other = copy.deepcopy(base)
+    eager_opts = ppo.make_optimizers(other, SMALL)
+    for name, opt in opts.items():
+        eager_opts[name].load_state_dict(opt.state_dict())
+    ppo.update(other, eager_opts, batch, SMALL, torch.Generator(device).manual_seed(1))
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        pytest.param("cpu", id="graph-standin-cpu"),
+        pytest.param("cuda", id="graph-cuda", marks=pytest.mark.skipif(not CUDA, reason="no CUDA")),
+    ],
+)
+def test_graph_is_captured_again_when_adam_state_is_replaced(make_batch, device):
+    """A checkpoint loaded into the optimisers (resume, rollback) replaces the tensors a
+    graph reads: the next update captures anew and matches eager from the loaded state."""
+    base, batch = _pair(make_batch, device)
+    policy = copy.deepcopy(base)
+    opts = ppo.make_optimizers(policy, SMALL)
+    fast = FastUpdate(policy, opts, torch.device(device), graphs=True)
+    fast(batch, SMALL, torch.Generator(device).manual_seed(0))
+    saved_policy = copy.deepcopy(policy.state_dict())
+    saved_opts = {k: copy.deepcopy(o.state_dict()) for k, o in opts.items()}
+    fast(batch, SMALL, torch.Generator(device).manual_seed(1))
+
+    policy.load_state_dict(saved_policy)
+    for name, opt in opts.items():
+        opt.load_state_dict(copy.deepcopy(saved_opts[name]))  # Adam keeps the step tensors
+    stats = fast(batch, SMALL, torch.Generator(device).manual_seed(1))
+    assert fast.captures == 2
+
+    eager_policy = copy.deepcopy(base)
+    eager_policy.load_state_dict(saved_policy)
+    eager_opts = ppo.make_optimizers(eager_policy, SMALL)
+    for name, opt in eager_opts.items():
+        opt.load_state_dict(copy.deepcopy(saved_opts[name]))  # Adam keeps the step tensors
+    generator = torch.Generator(device).manual_seed(1)
+    eager = ppo.update(eager_policy, eager_opts, batch, SMALL, generator)
+    _assert_close_stats(stats, eager)
+    _assert_close_weights(policy, eager_policy)
+
+
+# ---------------------------------------------------------------------------- host syncs
+
+# Ops that hand a device value to the host: on CUDA each one waits for the GPU.
+HOST_READS = {"aten._local_scalar_dense", "aten.is_nonzero", "aten.item", "aten.nonzero"}
+
+
+class CountHostReads(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if str(func.overloadpacket) in HOST_READS:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _host_reads(make_batch, path: str, minibatches: int) -> int:
+    cfg = PPOConfig(epochs=2, minibatches=minibatches)
+    base, batch = _pair(make_batch, "cpu")
+    opts = ppo.make_optimizers(base, cfg)
+    generator = torch.Generator().manual_seed(0)
+    fast = FastUpdate(base, opts, torch.device("cpu"), graphs=False)
+    with CountHostReads() as reads:
+        if path == "eager":
+            ppo.update(base, opts, batch, cfg, generator)
+        else:
+            fast(batch, cfg, generator)
+    return reads.count
+
+
+def test_fused_update_reads_the_device_a_fixed_number_of_times(make_batch):
+    """Eager asks the host at least once per minibatch (the finite check; on the CPU its
+    for-loop Adam reads every step count too); fused a fixed few times per update (the
+    ValueNorm guard and the statistics), however many minibatches there are. Counted by
+    op on the CPU: the same ops are the host syncs on CUDA."""
+    eager = [_host_reads(make_batch, "eager", m) for m in (2, 8)]
+    fused = [_host_reads(make_batch, "fused", m) for m in (2, 8)]
+    assert eager[1] - eager[0] >= 2 * (8 - 2)  # at least one per extra minibatch step
+    assert fused[0] == fused[1] <= 3, fused
+
+
+def test_the_captured_step_reads_nothing_on_the_host(make_batch):
+    """What `cuda_graph` captures, run on the CPU: no op in it may read a device value
+    (capture would fail on CUDA)."""
+    base, batch = _pair(make_batch, "cpu")
+    opts = ppo.make_optimizers(base, SMALL)
+    fast = FastUpdate(base, opts, torch.device("cpu"), graphs=False)
+    advantages, targets = ppo.advantages_and_targets(base, batch, SMALL)
+    flat = ppo.update_data(batch, advantages, targets).reshape(-1)
+    with fast._fused_optimizers(), CountHostReads() as reads:
+        fast._step(flat[torch.arange(12)], SMALL, fast.entropy_coef)
+    assert reads.count == 0
+    assert int(fast.applied) == 1
+
+
+# ---------------------------------------------------------------------------- choosing
+
+
+def test_auto_is_eager_on_cpu_and_graphs_on_cuda():
+    assert resolve("auto", torch.device("cpu")) == "eager"
+    assert resolve("auto", torch.device("cuda")) == "cuda_graph"
+    assert resolve("auto", torch.device("cuda"), why_not="anything") == "eager"
+    assert resolve("fused", torch.device("cpu")) == "fused"
+    assert resolve("eager", torch.device("cuda")) == "eager"
+
+
+def test_a_fast_path_that_cannot_run_is_a_config_error():
+    with pytest.raises(ConfigError, match="needs a CUDA device"):
+        resolve("cuda_graph", torch.device("cpu"))
+    with pytest.raises(ConfigError, match="does not support env-group"):
+        resolve("fused", torch.device("cpu"), why_not="env-group minibatches")
+
+
+def test_learner_resolves_its_path_from_config_and_fields():
+    cfg = Config.model_validate({"ppo": {"update_path": "fused"}})
+    learner = Learner.build(cfg, NavRLPolicy(), "cpu")
+    assert learner.update_path() == "fused"
+    assert learner.fast is not None and not learner.fast.graphs
+
+    learner = Learner.build(cfg, NavRLPolicy(), "cpu")
+    learner.minibatches = ppo.env_minibatches
+    with pytest.raises(ConfigError, match=r"pipeline\.compress_rollouts"):
+        learner.update_path()
+
+    learner = Learner.build(Config(), NavRLPolicy(), "cpu")
+    assert learner.update_path() == "eager" and learner.fast is None
