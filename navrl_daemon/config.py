@@ -382,6 +382,27 @@ class Config(Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _update_path(self) -> Config:
+        path = self.ppo.update_path
+        if path in ("auto", "eager"):
+            return self
+        if self.pipeline.compress_rollouts:
+            raise ValueError(
+                f'ppo.update_path: "{path}" runs NavRL\'s frame minibatches; '
+                'pipeline.compress_rollouts needs "eager" or "auto"'
+            )
+        if self.offline.objective == "ppo+bc":
+            raise ValueError(
+                f'ppo.update_path: "{path}" has no BC term; offline.objective = "ppo+bc" '
+                'needs "eager" or "auto"'
+            )
+        if path == "cuda_graph" and self.run.device == "cpu":
+            raise ValueError(
+                'ppo.update_path: "cuda_graph" needs a CUDA device; run.device is "cpu"'
+            )
+        return self
+
     @property
     def frames_per_iteration(self) -> int:
         return self.env.num_envs * self.ppo.rollout_length

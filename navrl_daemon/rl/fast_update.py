@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Literal
 
+import structlog
 import torch
 from tensordict import TensorDictBase
 from torch.nn.utils import clip_grad_norm_
@@ -45,6 +46,8 @@ from navrl_daemon.rl import ppo
 from navrl_daemon.rl.policy import NavRLPolicy
 
 UpdatePath = Literal["eager", "fused", "cuda_graph"]
+
+log = structlog.get_logger("trainer")
 
 # Warm-up steps on a side stream before capture (CUDA's lazy initialisation: cuBLAS
 # workspaces, autograd's stream bookkeeping); each is a skipped Adam step, maths-neutral.
@@ -82,11 +85,17 @@ class FastUpdate:
         optimizers: dict[str, torch.optim.Optimizer],
         device: torch.device,
         graphs: bool,
+        fallback: bool = False,
     ) -> None:
+        """`graphs`: capture the step (cuda_graph), else run it as it is (fused).
+        `fallback`: if a capture fails, log it and go on with the fused path instead of
+        raising (what `auto` asks for; an explicit `cuda_graph` raises)."""
         self.policy = policy
         self.optimizers = optimizers
         self.device = device
+        self.requested: UpdatePath = "cuda_graph" if graphs else "fused"
         self.graphs = graphs
+        self.fallback = fallback
         self.sums = torch.zeros(len(ppo.STAT_NAMES), device=device)
         self.applied = torch.zeros((), device=device, dtype=torch.long)
         # 1.0 forces every step to be skipped: the warm-up before a capture.
@@ -241,7 +250,20 @@ class FastUpdate:
         self._replay = None
         self._flat = flat.clone()
         self._idx = torch.zeros(size, dtype=torch.long, device=self.device)
-        self._capture(cfg)
+        try:
+            self._capture(cfg)
+        except Exception as err:
+            self.force_skip.fill_(0.0)
+            self._flat = self._idx = None
+            if not self.fallback:
+                raise
+            self.graphs = False
+            log.error(
+                "CUDA graph capture failed: the PPO update goes on as ppo.update_path = "
+                "'fused' (the same maths, launched step by step)",
+                error=f"{type(err).__name__}: {err}",
+            )
+            return
         # Again: the warm-up creates Adam's state on a first update.
         self._key = self._graph_key(flat, cfg, size)
 

@@ -90,7 +90,6 @@ class Learner:
     # The fused/graph update (rl/fast_update.py), made at the first update once the
     # fields above are final; None: the eager path.
     fast: fast_update.FastUpdate | None = field(default=None, repr=False)
-    path: fast_update.UpdatePath | None = None
 
     @classmethod
     def build(cls, cfg: Config, policy: NavRLPolicy, device: torch.device | str) -> Learner:
@@ -139,16 +138,22 @@ class Learner:
         return {**losses, "lr": lr, "entropy_coef": ppo_cfg.entropy_coef, **extra}
 
     def update_path(self) -> fast_update.UpdatePath:
-        """`ppo.update_path` resolved for this learner (ConfigError if it cannot run)."""
-        if self.path is None:
-            device = next(self.policy.parameters()).device
-            self.path = fast_update.resolve(
-                self.cfg.ppo.update_path, device, why_not=self._fast_unsupported()
+        """`ppo.update_path` resolved for this learner as it is wired now (ConfigError if
+        it cannot run); resolved again at every update, since stages set the fields above
+        after building the learner."""
+        device = next(self.policy.parameters()).device
+        path = fast_update.resolve(
+            self.cfg.ppo.update_path, device, why_not=self._fast_unsupported()
+        )
+        if path != "eager" and (self.fast is None or self.fast.requested != path):
+            self.fast = fast_update.FastUpdate(
+                self.policy,
+                self.optimizers,
+                device,
+                graphs=path == "cuda_graph",
+                fallback=self.cfg.ppo.update_path == "auto",
             )
-            if self.path != "eager":
-                graphs = self.path == "cuda_graph"
-                self.fast = fast_update.FastUpdate(self.policy, self.optimizers, device, graphs)
-        return self.path
+        return path
 
     def _fast_unsupported(self) -> str | None:
         if self.reducer is not None:

@@ -320,3 +320,55 @@ def test_learner_resolves_its_path_from_config_and_fields():
 
     learner = Learner.build(Config(), NavRLPolicy(), "cpu")
     assert learner.update_path() == "eager" and learner.fast is None
+
+
+def test_auto_follows_the_learner_as_stages_wire_it():
+    """The BC term of "ppo+bc" is set on the learner after the daemon first resolves the
+    path: `auto` must then run eager (the fast paths have no aux loss)."""
+    learner = Learner.build(Config(), NavRLPolicy(), "cpu")
+    learner.cfg = Config.model_validate({"ppo": {"update_path": "auto"}})
+    assert learner.update_path() == "eager"
+    learner.aux_loss = lambda policy: {}
+    assert learner.update_path() == "eager"
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"pipeline": {"compress_rollouts": True}}, "pipeline.compress_rollouts"),
+        ({"run": {"device": "cpu"}, "ppo": {"update_path": "cuda_graph"}}, "needs a CUDA"),
+    ],
+)
+def test_config_refuses_fast_paths_that_cannot_run(settings, message):
+    data = {"ppo": {"update_path": "fused"}}
+    for section, values in settings.items():
+        data[section] = {**data.get(section, {}), **values}
+    with pytest.raises(ValueError, match=message):
+        Config.model_validate(data)
+
+
+def _failing_capture(warmup, prepare, step, device):
+    warmup()  # as a real capture fails after its warm-up (that is where CUDA complains)
+    raise RuntimeError("operation not permitted when stream is capturing")
+
+
+def test_a_failed_capture_falls_back_to_fused_under_auto(make_batch, monkeypatch):
+    monkeypatch.setattr(fast_update, "capture_graph", _failing_capture)
+    base, batch = _pair(make_batch, "cpu")
+    eager_policy, fast_policy = copy.deepcopy(base), copy.deepcopy(base)
+    eager_stats, _ = _eager(eager_policy, batch, SMALL, seed=3)
+    opts = ppo.make_optimizers(fast_policy, SMALL)
+    fast = FastUpdate(fast_policy, opts, torch.device("cpu"), graphs=True, fallback=True)
+    stats = fast(batch, SMALL, torch.Generator().manual_seed(3))
+    assert not fast.graphs and fast.requested == "cuda_graph"
+    _assert_close_stats(stats, eager_stats)  # the warm-up's skipped step changed nothing
+    _assert_close_weights(fast_policy, eager_policy)
+    fast(batch, SMALL, torch.Generator().manual_seed(4))  # and no second try
+
+
+def test_a_failed_capture_raises_when_cuda_graph_was_asked_for(make_batch, monkeypatch):
+    monkeypatch.setattr(fast_update, "capture_graph", _failing_capture)
+    base, batch = _pair(make_batch, "cpu")
+    fast = FastUpdate(base, ppo.make_optimizers(base, SMALL), torch.device("cpu"), graphs=True)
+    with pytest.raises(RuntimeError, match="capturing"):
+        fast(batch, SMALL, torch.Generator().manual_seed(3))
