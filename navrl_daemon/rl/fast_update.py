@@ -35,7 +35,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Literal
 
-import structlog
 import torch
 from tensordict import TensorDictBase
 from torch.nn.utils import clip_grad_norm_
@@ -46,8 +45,6 @@ from navrl_daemon.rl import ppo
 from navrl_daemon.rl.policy import NavRLPolicy
 
 UpdatePath = Literal["eager", "fused", "cuda_graph"]
-
-log = structlog.get_logger("trainer")
 
 # Warm-up steps on a side stream before capture (CUDA's lazy initialisation: cuBLAS
 # workspaces, autograd's stream bookkeeping); each is a skipped Adam step, maths-neutral.
@@ -88,14 +85,16 @@ class FastUpdate:
         fallback: bool = False,
     ) -> None:
         """`graphs`: capture the step (cuda_graph), else run it as it is (fused).
-        `fallback`: if a capture fails, log it and go on with the fused path instead of
-        raising (what `auto` asks for; an explicit `cuda_graph` raises)."""
+        `fallback`: if a capture fails, go on with the fused path instead of raising (what
+        `auto` asks for; an explicit `cuda_graph` raises); `capture_error` then says why
+        (the trainer logs it)."""
         self.policy = policy
         self.optimizers = optimizers
         self.device = device
         self.requested: UpdatePath = "cuda_graph" if graphs else "fused"
         self.graphs = graphs
         self.fallback = fallback
+        self.capture_error: str | None = None
         self.sums = torch.zeros(len(ppo.STAT_NAMES), device=device)
         self.applied = torch.zeros((), device=device, dtype=torch.long)
         # 1.0 forces every step to be skipped: the warm-up before a capture.
@@ -258,11 +257,7 @@ class FastUpdate:
             if not self.fallback:
                 raise
             self.graphs = False
-            log.error(
-                "CUDA graph capture failed: the PPO update goes on as ppo.update_path = "
-                "'fused' (the same maths, launched step by step)",
-                error=f"{type(err).__name__}: {err}",
-            )
+            self.capture_error = f"{type(err).__name__}: {err}"
             return
         # Again: the warm-up creates Adam's state on a first update.
         self._key = self._graph_key(flat, cfg, size)

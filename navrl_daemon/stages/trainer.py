@@ -113,6 +113,7 @@ class Trainer:
         self._rollbacks: dict[Path, int] = {}
         # Held while the weights change, so a flush never reads a half-stepped policy.
         self._weights_lock = threading.Lock()
+        self._capture_reported = False
         self.compute = compute
 
     async def run(self) -> None:
@@ -185,16 +186,28 @@ class Trainer:
             if self.checkpoints is not None:
                 self.checkpoints.staging.fence()  # a snapshot still reading the weights
             try:
-                return self.learner.update(
+                losses = self.learner.update(
                     buffer,  # type: ignore[arg-type]
                     abort=self.shutdown.abort,
                     release=release,
                 )
+                self._report_capture_failure()
+                return losses
             except NonFiniteTraining as err:
                 rollback = self.rollback
                 if not rollback:
                     raise
                 return self._roll_back(rollback, err)
+
+    def _report_capture_failure(self) -> None:
+        fast = self.learner.fast
+        if fast is not None and fast.capture_error and not self._capture_reported:
+            self._capture_reported = True
+            log.error(
+                "CUDA graph capture failed: the PPO update goes on as ppo.update_path = "
+                "'fused' (the same maths, launched step by step)",
+                error=fast.capture_error,
+            )
 
     def _roll_back(
         self, rollback: Callable[[Learner], Path], err: NonFiniteTraining

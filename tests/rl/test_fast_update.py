@@ -361,6 +361,7 @@ def test_a_failed_capture_falls_back_to_fused_under_auto(make_batch, monkeypatch
     fast = FastUpdate(fast_policy, opts, torch.device("cpu"), graphs=True, fallback=True)
     stats = fast(batch, SMALL, torch.Generator().manual_seed(3))
     assert not fast.graphs and fast.requested == "cuda_graph"
+    assert fast.capture_error == "RuntimeError: operation not permitted when stream is capturing"
     _assert_close_stats(stats, eager_stats)  # the warm-up's skipped step changed nothing
     _assert_close_weights(fast_policy, eager_policy)
     fast(batch, SMALL, torch.Generator().manual_seed(4))  # and no second try
