@@ -320,7 +320,9 @@ def capture_graph(
     torch.cuda.current_stream(device).wait_stream(side)
     prepare()
     graph = torch.cuda.CUDAGraph()
-    # thread_local: the producer's thread may use CUDA while this one captures.
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+    # The warm-up's stream again: library handles (cuBLAS) are cached per stream, so none is
+    # created mid-capture. thread_local: the producer's thread may use CUDA meanwhile.
+    with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
         step()
+    torch.cuda.current_stream(device).wait_stream(side)
     return graph.replay
