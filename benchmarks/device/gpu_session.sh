@@ -5,7 +5,7 @@
 # Here first:  benchmarks/device/wheels.sh
 # Then device run, timeout_s 590, carry [".whl", "carry"], command:
 #   bash benchmarks/device/gpu_session.sh throughput     (issue #8, ~6 min)
-#   bash benchmarks/device/gpu_session.sh learning 420   (issue #13, budget in s, ~9 min)
+#   bash benchmarks/device/gpu_session.sh learning 450   (issue #13, budget in s, ~9.5 min)
 # Results land in $OUT (at most 8 files come back); steps run most important first, and
 # each writes its file as it ends, so a run stopped at its limit still returns the rest.
 set -uo pipefail
@@ -50,10 +50,13 @@ throughput)
     --config $CONFIG --warmup 3 --iterations 8 --repeats 1 env.num_envs=4096
   ;;
 learning)
-  budget=${2:-420}
-  step learning $((budget + 150)) learning_gpu.log python3 benchmarks/learning.py \
-    --budget-s "$budget" --config $CONFIG --navrl-checkpoint carry/navrl_checkpoint.pt \
-    --out "$OUT/learning_gpu.json" run.device=$DEV
+  # docs/learning.md: NavRL's scale with its example curriculum, evals every 25 iterations.
+  budget=${2:-450}
+  curriculum='[{name = "sparse", num_obstacles = 100, num_dynamic_obstacles = 0, promote = {reach_goal = 0.6, collision = 0.3, evals = 2}}, {name = "static", num_dynamic_obstacles = 0, promote = {reach_goal = 0.6, collision = 0.3, evals = 2}}, {name = "slow dynamic", num_dynamic_obstacles = 40, dynamic_speed_range = [0.3, 0.8], promote = {reach_goal = 0.7, collision = 0.25, evals = 2}}, {name = "navrl"}]'
+  step learning $((budget + 130)) learning_gpu.log python3 benchmarks/learning.py \
+    --budget-s "$budget" --eval-every 25 --config $CONFIG \
+    --navrl-checkpoint carry/navrl_checkpoint.pt --out "$OUT/learning_gpu.json" \
+    run.device=$DEV "env.curriculum=${CURRICULUM:-$curriculum}"
   ;;
 *) log "unknown mode $MODE"; exit 2 ;;
 esac
