@@ -390,7 +390,7 @@ def build_stages(
     if ranks is not None:
         learner.reducer, learner.check_interval = ranks.reducer, cfg.distributed.check_interval
         torch.manual_seed(cfg.run.seed + world.rank)  # each rank samples its own actions
-    log.info("ppo update path", path=learner.update_path())  # ConfigError (78) if it can't run
+    learner.update_path()  # ConfigError (78) now if it cannot run (the trainer logs it)
     curriculum = _curriculum(cfg, ranks)
     train_cfg = cfg.model_copy(update={"env": curriculum.env_config(0)}) if curriculum else cfg
     collector = Collector.build(_rank_config(train_cfg, world), acting_copy(policy), device)

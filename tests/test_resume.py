@@ -70,7 +70,8 @@ def test_resume_from_an_interval_checkpoint_after_kill9_is_also_exact(
     """A crash loses the iterations since the last interval checkpoint, nothing else;
     with the fused update (rl/fast_update.py) as well as NavRL's eager one."""
     common = ("checkpoint.interval=2", f"ppo.update_path={update_path}")
-    run(tmp_path / "a", *common, "run.total_frames=640")  # checkpoints 2, 4, ..., 10 (final)
+    log = run(tmp_path / "a", *common, "run.total_frames=640")  # checkpoints 2, 4, ..., 10
+    assert [e["path"] for e in log if e["event"] == "ppo update path"] == [update_path]
     (tmp_path / "a" / "checkpoints" / "ckpt-000000010.nrc").unlink()  # as if killed at 9
     resumed = run(tmp_path / "a", *common, "run.total_frames=960")
     start = next(e for e in resumed if e["event"] == "resumed from checkpoint")

@@ -114,6 +114,7 @@ class Trainer:
         # Held while the weights change, so a flush never reads a half-stepped policy.
         self._weights_lock = threading.Lock()
         self._capture_reported = False
+        self._path_logged = False
         self.compute = compute
 
     async def run(self) -> None:
@@ -185,6 +186,9 @@ class Trainer:
         with self._weights_lock:
             if self.checkpoints is not None:
                 self.checkpoints.staging.fence()  # a snapshot still reading the weights
+            if not self._path_logged:  # at the first update: every stage has wired it
+                self._path_logged = True
+                log.info("ppo update path", path=self.learner.update_path())
             try:
                 losses = self.learner.update(
                     buffer,  # type: ignore[arg-type]
