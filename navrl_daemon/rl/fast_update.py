@@ -18,14 +18,15 @@ step, with two changes of mechanism and none of maths:
   (a checkpoint loaded) or a captured constant of the config changes.
 
 Minibatches come from the same generator draws as the eager path (`ppo.minibatch_indices`
-per epoch), so on one batch the paths differ only by float rounding (fused vs foreach
-Adam): tests/test_fast_update.py holds them to that on the CPU, and on a GPU when there is
-one. Optimiser param_groups keep the eager path's plain values between updates (floats
+per epoch), so on one batch the paths differ only by float rounding (fused vs unfused
+Adam): tests/rl/test_fast_update.py holds them to that on the CPU, and on a GPU when there
+is one. Optimiser param_groups keep the eager path's plain values between updates (floats
 for `lr`, `fused`/`capturable` off), so checkpoints are the same whichever path wrote them.
 
 The paths cover NavRL's update: uniform frame minibatches, one process, no extra loss
 terms. `resolve` picks the eager path for anything else, and for `auto` on a CPU, where
-there is no launch overhead to save (benchmarks/throughput.py measures both).
+there is no launch overhead to save (benchmarks/throughput.py and ppo_update.py measure
+both; docs/throughput.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The fused and CUDA-graph updates against NavRL's eager update, on the same batches.
 
 Runs on the CPU ("fused") in CI; every CUDA case runs where a GPU is present
-(benchmarks/gpu_session.sh runs this file there) and is skipped otherwise.
+(benchmarks/device/gpu_session.sh runs this file there) and is skipped otherwise.
 """
 
 from __future__ import annotations
