@@ -322,14 +322,16 @@ def test_learner_resolves_its_path_from_config_and_fields():
     assert learner.update_path() == "eager" and learner.fast is None
 
 
-def test_auto_follows_the_learner_as_stages_wire_it():
+def test_the_path_is_resolved_again_as_stages_wire_the_learner():
     """The BC term of "ppo+bc" is set on the learner after the daemon first resolves the
-    path: `auto` must then run eager (the fast paths have no aux loss)."""
-    learner = Learner.build(Config(), NavRLPolicy(), "cpu")
-    learner.cfg = Config.model_validate({"ppo": {"update_path": "auto"}})
-    assert learner.update_path() == "eager"
+    path, so every update resolves it again: a fast path is refused once the term is
+    there (and `auto` on CUDA runs eager then, by the same rule in `resolve`)."""
+    cfg = Config.model_validate({"ppo": {"update_path": "fused"}})
+    learner = Learner.build(cfg, NavRLPolicy(), "cpu")
+    assert learner.update_path() == "fused"
     learner.aux_loss = lambda policy: {}
-    assert learner.update_path() == "eager"
+    with pytest.raises(ConfigError, match="extra loss term"):
+        learner.update_path()
 
 
 @pytest.mark.parametrize(
