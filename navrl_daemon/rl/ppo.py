@@ -94,7 +94,7 @@ def critic_loss(
     return torch.max(loss_clipped, loss_plain)
 
 
-def entropy_loss(entropy: torch.Tensor, entropy_coef: float) -> torch.Tensor:
+def entropy_loss(entropy: torch.Tensor, entropy_coef: float | torch.Tensor) -> torch.Tensor:
     return -entropy_coef * entropy.mean()
 
 
@@ -217,6 +217,27 @@ def env_groups(
 # ---------------------------------------------------------------------------- the update
 
 
+def minibatch_losses(
+    policy: NavRLPolicy,
+    mb: TensorDictBase,
+    cfg: PPOConfig,
+    entropy_coef: float | torch.Tensor,
+    reducer: DataParallel | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(actor, critic, entropy) losses of one flat minibatch, and its values V(s).
+    `entropy_coef` may be a device scalar (the CUDA-graph path, rl/fast_update.py)."""
+    feature = policy.observe(mb)
+    dist = policy.distribution(feature)
+    value = policy.value(feature)
+    log_prob = dist.log_prob(mb.get(("agents", "action_normalized")))
+    l_actor = actor_loss(log_prob, mb.get("sample_log_prob"), mb.get("advantage"), cfg.clip_ratio)
+    l_entropy = entropy_loss(dist.entropy(), entropy_coef)
+    l_critic = critic_loss(
+        value, mb.get("state_value"), mb.get("target"), cfg.value_clip, cfg.huber_delta, reducer
+    )
+    return l_actor, l_critic, l_entropy, value
+
+
 def update(
     policy: NavRLPolicy,
     optimizers: dict[str, torch.optim.Adam],
@@ -262,21 +283,8 @@ def update(
     for mb in minibatches(data, cfg, generator, device, release):
         if abort is not None and abort.is_set():
             break
-        feature = policy.observe(mb)
-        dist = policy.distribution(feature)
-        value = policy.value(feature)
-        log_prob = dist.log_prob(mb.get(("agents", "action_normalized")))
-        l_actor = actor_loss(
-            log_prob, mb.get("sample_log_prob"), mb.get("advantage"), cfg.clip_ratio
-        )
-        l_entropy = entropy_loss(dist.entropy(), cfg.entropy_coef)
-        l_critic = critic_loss(
-            value,
-            mb.get("state_value"),
-            mb.get("target"),
-            cfg.value_clip,
-            cfg.huber_delta,
-            reducer,
+        l_actor, l_critic, l_entropy, value = minibatch_losses(
+            policy, mb, cfg, cfg.entropy_coef, reducer
         )
         aux = aux_loss(policy) if aux_loss is not None else {}
         loss = l_actor + l_entropy + l_critic + sum(aux.values())

@@ -87,8 +87,8 @@ class Learner:
     # How the batch is cut into minibatches: NavRL's uniform frames, or env groups decoded
     # from a compressed copy (`pipeline.compress_rollouts`, storage/compressed_rollout.py).
     minibatches: ppo.MinibatchSource = ppo.frame_minibatches
-    # The fused/graph update (rl/fast_update.py), made at the first update once the
-    # fields above are final; None: the eager path.
+    # The fused/graph update (rl/fast_update.py), made when the path first resolves to
+    # one (`update_path`); None: only the eager path has run.
     fast: fast_update.FastUpdate | None = field(default=None, repr=False)
 
     @classmethod
