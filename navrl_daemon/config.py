@@ -116,6 +116,10 @@ class EnvConfig(Section):
     # First-order velocity tracking that stands in for Isaac's Lee controller (1/2.2 s).
     velocity_time_constant: Annotated[float, Field(gt=0.0, le=10.0)] = 0.45
     thrust_to_weight: Annotated[float, Field(gt=1.0, le=20.0)] = 3.4
+    # Embedded env's auto-reset: "indexed" (torchrl's; host reads the done flags each step,
+    # resets only the finished envs), "masked" (no host sync; spawns and one more LiDAR
+    # cast for all envs each step), "auto": masked on CUDA, indexed elsewhere.
+    reset_mode: Literal["auto", "indexed", "masked"] = "auto"
     # Training stages, easiest first, promoted on evaluations (env/curriculum.py); empty:
     # train on this section as it is.
     curriculum: list[CurriculumStage] = []

@@ -63,13 +63,20 @@ def test_sigterm_then_resume_is_bitwise_identical_to_one_run(tmp_path: Path) -> 
     assert not different, different
 
 
-@pytest.mark.parametrize("update_path", ["eager", "fused"])
+@pytest.mark.parametrize(
+    ("update_path", "reset_mode"), [("eager", "indexed"), ("fused", "indexed"), ("eager", "masked")]
+)
 def test_resume_from_an_interval_checkpoint_after_kill9_is_also_exact(
-    tmp_path: Path, update_path: str
+    tmp_path: Path, update_path: str, reset_mode: str
 ) -> None:
     """A crash loses the iterations since the last interval checkpoint, nothing else;
-    with the fused update (rl/fast_update.py) as well as NavRL's eager one."""
-    common = ("checkpoint.interval=2", f"ppo.update_path={update_path}")
+    with the fused update (rl/fast_update.py) as well as NavRL's eager one, and with the
+    env's masked reset (env/navigation.py) as well as torchrl's indexed one."""
+    common = (
+        "checkpoint.interval=2",
+        f"ppo.update_path={update_path}",
+        f"env.reset_mode={reset_mode}",
+    )
     log = run(tmp_path / "a", *common, "run.total_frames=640")  # checkpoints 2, 4, ..., 10
     assert [e["path"] for e in log if e["event"] == "ppo update path"] == [update_path]
     (tmp_path / "a" / "checkpoints" / "ckpt-000000010.nrc").unlink()  # as if killed at 9
@@ -239,3 +246,29 @@ def test_checkpoint_holds_everything_exact_resume_needs(tmp_path: Path) -> None:
     # The resolved config in the checkpoint is the one in the state dir.
     assert snap["config"]["ppo"]["rollout_length"] == 8
     assert encode_checkpoint(snap, iteration=1, frames=64, policy_version=1)  # re-encodable
+
+
+def test_a_checkpoint_from_before_the_newer_env_keys_still_restores_the_env(
+    tmp_path: Path,
+) -> None:
+    """Checkpoints written before `env.curriculum` and `env.reset_mode` existed lack the
+    keys; with today's defaults (what they ran on the CPU) the episodes go on."""
+    state = tmp_path / "state"
+    run(state, "run.total_frames=64")
+    path = state / "checkpoints" / "ckpt-000000001.nrc"
+    header, snap = load_checkpoint(path)
+    for key in ("curriculum", "reset_mode"):
+        del snap["config"]["env"][key]
+    path.write_bytes(
+        encode_checkpoint(
+            snap,
+            iteration=header.iteration,
+            frames=header.frames,
+            policy_version=header.policy_version,
+            meta=header.meta,
+        )
+    )
+    resumed = run(state, "run.total_frames=128")
+    start = next(e for e in resumed if e["event"] == "resumed from checkpoint")
+    assert (start["iteration"], start["env_restored"]) == (1, True)
+    assert not [e for e in resumed if "new episodes start" in e["event"]]

@@ -21,9 +21,18 @@ Determinism: maps and dynamic-obstacle origins come from a CPU generator seeded 
 so envs built with the same config and seed share them whatever their num_envs, layout or
 device. Step-time randomness (spawns, obstacle goals and speeds) comes from a generator on
 the env's device that `set_seed` reseeds; `state_dict_env` / `load_state_dict_env` capture
-all mutable state for exact resume. The step path makes no host syncs; a partial reset
-makes one (`nonzero` on the reset mask, after torchrl's own sync to find a done env) so the
-spawns and LiDAR are computed for the reset envs only.
+all mutable state for exact resume.
+
+Auto-reset (`step_and_maybe_reset`), two ways (`env.reset_mode`; `auto` picks masked on CUDA,
+indexed elsewhere):
+- indexed: torchrl's loop. The host reads the done flags every step and, when an episode
+  ended, the reset envs' indices (`nonzero`), so spawns and LiDAR are computed for those
+  envs only: the least compute, about two host syncs per step and five more per reset.
+- masked: no host sync at all. Every step draws spawns for all envs, casts the LiDAR at
+  all of them and keeps the new values where an episode ended (`torch.where`): one more
+  LiDAR cast per step, and a GPU that never waits for the host. The spawn RNG is drawn for
+  all envs, so the two modes' episodes differ after the first reset, except in the
+  `navrl` layout, whose spawns draw nothing: there the modes agree bit for bit.
 
 Test and scripting hooks: `set_pillars` replaces the static boxes, `place_drones` starts
 episodes at given positions, and `dynamic` (a `DynamicObstacles`) exposes the moving
@@ -57,6 +66,7 @@ from navrl_daemon.env.obstacles import DYN_WIDTH_STEP, DynamicObstacles, generat
 from navrl_daemon.host_copy import host_copy
 
 Layout = Literal["train", "navrl"]
+ResetMode = Literal["auto", "indexed", "masked"]
 
 # --- SPEC §1.6: dynamic-obstacle observation -------------------------------------------------
 DYN_OBSERVED = 5  # feature_extractor.dyn_obs_num
@@ -122,6 +132,7 @@ class NavigationEnv(EnvBase):
         # Reseeding restores this: the same seed then replays the same obstacle motion.
         self._dynamic_start = self.dynamic.state_dict()
         self._gen = torch.Generator(device=self.device).manual_seed(seed)
+        self.masked_reset = masked_reset(cfg.reset_mode, self.device)
         self._allocate_state()
         self._make_specs()
 
@@ -200,6 +211,31 @@ class NavigationEnv(EnvBase):
         start, goal = self._draw_spawns(ids)
         self._begin_episodes(ids, start, goal)
         return self._reset_output()
+
+    def step_and_maybe_reset(
+        self, tensordict: TensorDictBase
+    ) -> tuple[TensorDictBase, TensorDictBase]:
+        """torchrl's step + auto-reset; with `masked_reset`, without a host sync.
+
+        Same outputs as torchrl's: the step's record (with the true final observation under
+        `next`) and the td to continue from, which holds the new episodes' observation,
+        zeroed stats and cleared done flags where an episode ended. Without an ended
+        episode the reset output equals the step's own (same state, same functions), so it
+        is written for all envs and no mask is needed there.
+        """
+        if not self.masked_reset:
+            return super().step_and_maybe_reset(tensordict)
+        if tensordict.device != self.device:
+            tensordict = tensordict.to(self.device)
+        record = self.step(tensordict)
+        following = self._step_mdp(record)
+        if self._post_step_mdp_hooks is not None:
+            record, following = self._post_step_mdp_hooks(record, following)
+        done = record.get(("next", "done")).reshape(self.num_envs)
+        start, goal = self._draw_spawns(self._all_ids)
+        self._begin_episodes_where(done, start, goal)
+        following.update(self._reset_output())
+        return record, following
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         cfg = self.cfg
@@ -307,21 +343,47 @@ class NavigationEnv(EnvBase):
     def _rand(self, *shape: int) -> Tensor:
         return torch.rand(shape, generator=self._gen, device=self.device)
 
-    def _begin_episodes(self, ids: Tensor, start: Tensor, goal: Tensor) -> None:
-        """Initial state of new episodes (SPEC §1.4): at rest, facing the goal, stats zeroed."""
+    def _episode_start(self, start: Tensor, goal: Tensor) -> dict[str, Tensor]:
+        """Initial state of new episodes (SPEC §1.4): at rest, facing the goal, stats zeroed.
+
+        Rows per new episode, keyed by state attribute (`stats.k` for the stats)."""
         zeros3 = torch.zeros_like(start)
-        self.pos = self.pos.index_copy(0, ids, start)
-        self.vel = self.vel.index_copy(0, ids, zeros3)
-        self.prev_vel = self.prev_vel.index_copy(0, ids, zeros3)
-        self.start = self.start.index_copy(0, ids, start)
-        self.goal = self.goal.index_copy(0, ids, goal)
-        self.yaw = self.yaw.index_copy(0, ids, yaw_of(goal - start))
         heights = torch.stack((start[:, 2], goal[:, 2]), -1)
-        band = torch.stack((heights.amin(-1), heights.amax(-1)), -1)
-        self.height_range = self.height_range.index_copy(0, ids, band)
-        self.step_count = self.step_count.index_fill(0, ids, 0)
-        self._stats = {k: v.index_fill(0, ids, 0.0) for k, v in self._stats.items()}
+        zeros = torch.zeros(start.shape[0], device=self.device)
+        return {
+            "pos": start,
+            "vel": zeros3,
+            "prev_vel": zeros3,
+            "start": start,
+            "goal": goal,
+            "yaw": yaw_of(goal - start),
+            "height_range": torch.stack((heights.amin(-1), heights.amax(-1)), -1),
+            "step_count": zeros.to(self.step_count.dtype),
+            **{f"stats.{k}": zeros for k in STAT_KEYS},
+        }
+
+    def _begin_episodes(self, ids: Tensor, start: Tensor, goal: Tensor) -> None:
+        """New episodes in envs `ids` (start, goal: [len(ids), 3])."""
+        for name, rows in self._episode_start(start, goal).items():
+            self._put(name, self._get(name).index_copy(0, ids, rows))
         self._rescan(ids)
+
+    def _begin_episodes_where(self, mask: Tensor, start: Tensor, goal: Tensor) -> None:
+        """New episodes where `mask` [N] is set (start, goal: [N, 3]); no host sync."""
+        for name, rows in self._episode_start(start, goal).items():
+            old = self._get(name)
+            self._put(name, torch.where(mask.view(-1, *[1] * (old.dim() - 1)), rows, old))
+        scan = self.lidar.distances(self.pos, self.yaw, self.map_id)
+        self.scan = torch.where(mask[:, None], scan, self.scan)
+
+    def _get(self, name: str) -> Tensor:
+        return self._stats[name[6:]] if name.startswith("stats.") else getattr(self, name)
+
+    def _put(self, name: str, value: Tensor) -> None:
+        if name.startswith("stats."):
+            self._stats[name[6:]] = value
+        else:
+            setattr(self, name, value)
 
     def _rescan(self, ids: Tensor) -> None:
         """Cast the LiDAR of these envs at their current pose (fresh scan after a reset)."""
@@ -434,6 +496,7 @@ class NavigationEnv(EnvBase):
 
     def _allocate_state(self) -> None:
         n, dev = self.num_envs, self.device
+        self._all_ids = torch.arange(n, device=dev)
         self.pos = torch.zeros(n, 3, device=dev)
         self.vel = torch.zeros(n, 3, device=dev)
         self.prev_vel = torch.zeros(n, 3, device=dev)
@@ -495,6 +558,13 @@ class NavigationEnv(EnvBase):
             shape=(n,),
             device=dev,
         )
+
+
+def masked_reset(mode: ResetMode, device: torch.device | str) -> bool:
+    """Whether `env.reset_mode` resets with masks (no host sync) on this device."""
+    if mode == "auto":
+        return torch.device(device).type == "cuda"
+    return mode == "masked"
 
 
 # Per-env state tensors saved by `state_dict_env` (besides stats, dynamic obstacles, RNG).

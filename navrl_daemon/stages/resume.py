@@ -124,8 +124,9 @@ def restore(
     env_restored = False
     saved = state.get("config", {})
     collected = state.get("collector")
-    # Checkpoints from before env.curriculum existed were saved without the key.
-    saved_env = {"curriculum": [], **saved.get("env", {})}
+    # Checkpoints from before env.curriculum / env.reset_mode existed lack those keys
+    # (they ran what the defaults give on the CPU: no curriculum, indexed resets).
+    saved_env = {"curriculum": [], "reset_mode": "auto", **saved.get("env", {})}
     same_env = saved_env == cfg.env.model_dump() and (
         saved.get("run", {}).get("seed") == cfg.run.seed
     )

@@ -11,10 +11,10 @@ import math
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from navrl_daemon.config import Config, PPOConfig
 from navrl_daemon.errors import ConfigError
+from navrl_daemon.host_reads import CountHostReads
 from navrl_daemon.rl import fast_update, ppo
 from navrl_daemon.rl.fast_update import FastUpdate, resolve
 from navrl_daemon.rl.policy import NavRLPolicy
@@ -234,20 +234,6 @@ def test_graph_is_captured_again_when_adam_state_is_replaced(make_batch, device)
 
 
 # ---------------------------------------------------------------------------- host syncs
-
-# Ops that hand a device value to the host: on CUDA each one waits for the GPU.
-HOST_READS = {"aten._local_scalar_dense", "aten.is_nonzero", "aten.item", "aten.nonzero"}
-
-
-class CountHostReads(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if str(func.overloadpacket) in HOST_READS:
-            self.count += 1
-        return func(*args, **(kwargs or {}))
 
 
 def _host_reads(make_batch, path: str, minibatches: int) -> int:

@@ -1,0 +1,122 @@
+"""Rollout speed and host reads per `env.reset_mode`: indexed (torchrl's) vs masked.
+
+Builds the daemon's Collector (env + acting policy) once per mode from the same config,
+warms each up, then times rollouts with the modes taking turns (so drift in the machine's
+load hits both), and counts in one rollout per mode the ops that hand a value to the host
+(`navrl_daemon.host_reads`: on CUDA each one waits for the GPU). Episodes are shortened
+with `--episode-length` so that resets happen inside the timed rollouts (NavRL's
+2200-step episodes reset a few envs per step at 1024 envs once training has begun; an
+untrained policy crashes sooner). Prints JSON: per mode median [min, max] rollout
+seconds, frames/s, resets per rollout, host reads per rollout; masked / indexed speed.
+
+Run: `.venv/bin/python benchmarks/reset_modes.py [--config config/navrl.toml]
+[--device cuda] [--repeats 7] [--episode-length 50] [KEY=VALUE ...]`
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from navrl_daemon.config import load_config
+from navrl_daemon.host_reads import CountHostReads
+from navrl_daemon.rl.training import Collector, make_policy
+
+REPO = Path(__file__).resolve().parents[1]
+MODES = ("indexed", "masked")
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", type=Path, default=REPO / "config" / "navrl.toml")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--episode-length", type=int, default=50, help="env.max_episode_length")
+    p.add_argument("overrides", nargs="*")
+    args = p.parse_args()
+    device = torch.device(args.device)
+    collectors, buffers = {}, {}
+    for mode in MODES:
+        cfg = load_config(
+            args.config,
+            [
+                f"run.device={args.device}",
+                f"env.max_episode_length={args.episode_length}",
+                *args.overrides,
+                f"env.reset_mode={mode}",
+            ],
+            environ={},
+        )
+        torch.manual_seed(cfg.run.seed)  # the same initial policy for both
+        collectors[mode] = Collector.build(cfg, make_policy(cfg, device), device)
+        buffers[mode] = collectors[mode].new_buffer()
+        for _ in range(3):  # warm-up: lazy modules, allocator, the first episode ends
+            collectors[mode].collect(buffers[mode])
+    seconds: dict[str, list[float]] = {m: [] for m in MODES}
+    resets: dict[str, list[int]] = {m: [] for m in MODES}
+    for _ in range(args.repeats):
+        for mode in MODES:
+            sync(device)
+            t0 = time.perf_counter()
+            collectors[mode].collect(buffers[mode])
+            sync(device)
+            seconds[mode].append(time.perf_counter() - t0)
+            resets[mode].append(int(buffers[mode]["next", "done"].sum()))
+    reads = {}
+    for mode in MODES:
+        with CountHostReads() as counter:
+            collectors[mode].collect(buffers[mode])
+        sync(device)
+        reads[mode] = {"total": counter.count, "by_op": dict(counter.by_op)}
+    frames = cfg.env.num_envs * cfg.ppo.rollout_length
+    per_mode = {
+        mode: {
+            "collect_s": {
+                "median": round(statistics.median(seconds[mode]), 4),
+                "min": round(min(seconds[mode]), 4),
+                "max": round(max(seconds[mode]), 4),
+            },
+            "frames_per_s": round(frames / statistics.median(seconds[mode])),
+            "resets_per_rollout": statistics.median(resets[mode]),
+            "host_reads_per_rollout": reads[mode],
+        }
+        for mode in MODES
+    }
+    ratio = statistics.median(seconds["indexed"]) / statistics.median(seconds["masked"])
+    print(
+        json.dumps(
+            {
+                "benchmark": "reset_modes",
+                "device": str(device),
+                "device_name": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+                "torch": torch.__version__,
+                "threads": torch.get_num_threads(),
+                "load_avg": os.getloadavg(),
+                "num_envs": cfg.env.num_envs,
+                "num_obstacles": cfg.env.num_obstacles,
+                "num_dynamic_obstacles": cfg.env.num_dynamic_obstacles,
+                "spawn": cfg.env.spawn,
+                "max_episode_length": cfg.env.max_episode_length,
+                "rollout_length": cfg.ppo.rollout_length,
+                "repeats": args.repeats,
+                "modes": per_mode,
+                "masked_over_indexed_speed": round(ratio, 3),
+            },
+            indent=1,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
