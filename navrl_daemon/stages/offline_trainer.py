@@ -119,6 +119,8 @@ class OfflineTrainer:
             for out in (self.evaluations, ckpt and ckpt.snapshots):
                 if out is not None:
                     out.close()
+            if ckpt is not None:  # the last snapshot's copies finish on their own
+                ckpt.staging.close(wait=False)
 
     def _step(self, batch: Any) -> dict[str, float]:
         if self.checkpoints is not None:

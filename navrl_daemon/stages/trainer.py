@@ -136,6 +136,8 @@ class Trainer:
             for out in outputs:
                 if out is not None:
                     out.close()
+            if ckpt is not None:  # the last snapshot's copies finish on their own
+                ckpt.staging.close(wait=False)
 
     async def _snapshot(self, collected: dict[str, Any] | None, *, final: bool) -> None:
         """Start staging the learner (the trainer's only stall) and queue the snapshot."""

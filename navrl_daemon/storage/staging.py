@@ -69,6 +69,7 @@ class SnapshotStaging:
         self._lock = threading.Lock()  # release() runs on the writer's thread
         self._copier: ThreadPoolExecutor | None = None
         self._pending: Future[None] | None = None  # the newest CPU copy (FIFO thread)
+        self._closed = False
 
     @property
     def slots_in_use(self) -> int:
@@ -79,6 +80,8 @@ class SnapshotStaging:
         """Start copying every tensor of `state` into a free slot. Raises RuntimeError when
         all `max_slots` are in use (a writer that never releases). The sources must stay
         unchanged until `fence()` returns."""
+        if self._closed:
+            raise RuntimeError("snapshot staging is closed")
         slot = self._take()
         copies: list[_Copy] = []
         try:
@@ -105,9 +108,12 @@ class SnapshotStaging:
         if pending is not None:
             wait([pending])
 
-    def close(self) -> None:
+    def close(self, *, wait: bool = True) -> None:
+        """No more stages. Copies already started still finish (`wait=False` does not
+        wait for them; the copier thread ends once they are done)."""
+        self._closed = True
         if self._copier is not None:
-            self._copier.shutdown(wait=True)
+            self._copier.shutdown(wait=wait)
 
     def _start(self, copies: list[_Copy]) -> Future[None]:
         if self._copier is None:

@@ -20,6 +20,7 @@ from navrl_daemon.rl.snapshot import (
     rng_state,
 )
 from navrl_daemon.rl.training import NonFiniteTraining, Training
+from navrl_daemon.storage.staging import SnapshotStaging
 from tests.conftest import TINY
 
 
@@ -198,3 +199,43 @@ def trainer_for(training: Training, compute, checkpoints, export_path: Path | No
         export_path=export_path,
         checkpoints=checkpoints,
     )
+
+
+def test_a_finished_trainer_leaves_no_copier_thread_behind() -> None:
+    """Each run's snapshot staging has a copier thread; the trainer closes it when it ends
+    (an in-process caller running the daemon again and again would pile them up)."""
+    import anyio
+
+    from navrl_daemon.runtime.channels import Channel
+    from navrl_daemon.runtime.compute import ComputeThread
+    from navrl_daemon.runtime.supervisor import Shutdown
+    from navrl_daemon.stages.trainer import Checkpointing, Trainer
+
+    training = Training.build(tiny(), "cpu")
+    rollouts, snapshots = Channel("rollouts", 1), Channel("snapshots", 4)
+    received = snapshots.receiver()
+    compute = ComputeThread()
+    staging = SnapshotStaging(2)
+    trainer = Trainer(
+        training.learner,
+        rollouts.receiver(),
+        [],
+        frames_per_iteration=64,
+        shutdown=Shutdown(),
+        compute=compute,
+        export_path=None,
+        checkpoints=Checkpointing(snapshots.sender(), 1, staging, dict, static={}),
+    )
+    training.collector.collect(training.buffer)
+    trainer._update(training.buffer)
+    anyio.run(lambda: trainer._snapshot(None, final=False))  # the copier thread starts
+    assert staging._copier is not None
+    threads = list(staging._copier._threads)
+    rollouts.sender().close()  # no more rollouts: run() ends at once
+    anyio.run(trainer.run)
+    snapshot = anyio.run(received.receive)
+    snapshot.staged.ready()  # the snapshot's copies were not cut short
+    for thread in threads:
+        thread.join(5)
+    assert threads and not any(t.is_alive() for t in threads)
+    compute.close()

@@ -152,3 +152,28 @@ def test_a_failed_copy_is_raised_by_ready_not_by_the_trainers_fence(monkeypatch)
     with pytest.raises(OSError, match="no memory"):
         staged.ready()
     staging.fence()  # the writer reports it; training goes on
+
+
+def _copier_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("snapshot-copy")]
+
+
+def test_close_lets_a_started_copy_finish_then_the_copier_thread_ends(monkeypatch) -> None:
+    before = set(_copier_threads())
+    staging = SnapshotStaging(1)
+    go = threading.Event()
+    copyto = np.copyto
+    monkeypatch.setattr(np, "copyto", lambda d, s, **kw: (go.wait(5), copyto(d, s, **kw)))
+    staged = staging.stage({"w": torch.arange(4.0)})
+    ours = set(_copier_threads()) - before
+    assert len(ours) == 1
+    staging.close(wait=False)  # returns with the copy still held up
+    assert not staged._future.done()
+    with pytest.raises(RuntimeError, match="closed"):
+        staging.stage({"w": torch.zeros(1)})
+    go.set()
+    staged.ready()
+    assert torch.equal(staged.state["w"], torch.arange(4.0))
+    (thread,) = ours
+    thread.join(5)
+    assert not thread.is_alive()
