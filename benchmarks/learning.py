@@ -12,6 +12,12 @@ daemon's final exported policy and NavRL's published checkpoint. With `env.curri
 daemon evaluates at its current stage; these three evaluate the env section itself (the
 curriculum's target), so the last two compare like with like.
 
+`goal` in the JSON is issue #13's verdict: the bar is NavRL's checkpoint on this eval
+(reach_goal at least, collision at most); `first_eval_at_bar` is the first evaluation at
+the curriculum's last stage (every one without a curriculum) that clears it, with its
+frames and wall seconds since launch; `met` says whether that, or the final export,
+cleared it within `--goal-s` seconds (default 480: the issue's 8 minutes of training).
+
 The machine's load average goes into the JSON: on a shared CPU the curve per second
 depends on it; the curve per frame does not (the run is deterministic under its seed up
 to the SIGTERM point and the evaluations it skipped).
@@ -134,6 +140,7 @@ def main() -> None:
     p.add_argument("--eval-every", type=int, default=10, help="iterations between evals")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "learning.json")
     p.add_argument("--navrl-checkpoint", type=Path, default=NAVRL_CHECKPOINT)
+    p.add_argument("--goal-s", type=float, default=480.0, help="issue #13: seconds to the bar")
     p.add_argument("overrides", nargs="*", help="KEY=VALUE config overrides")
     args = p.parse_args()
     overrides = [*args.overrides, f"eval.interval={args.eval_every}", "metrics.port=0"]
@@ -172,6 +179,14 @@ def main() -> None:
         }
         for row in rows
     ]
+    goal = goal_check(
+        curve,
+        final,
+        navrl,
+        last_stage=len(cfg.env.curriculum) - 1 if cfg.env.curriculum else None,
+        within_s=args.goal_s,
+        final_s=budget["stop_s"],
+    )
     result = {
         "benchmark": "learning",
         "config": str(args.config),
@@ -192,6 +207,7 @@ def main() -> None:
         "curve": curve,
         "final": final,
         "navrl_checkpoint": navrl,
+        "goal": goal,
         "machine": {
             "platform": platform.platform(),
             "cpus": os.cpu_count(),
@@ -206,12 +222,50 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     plot(result, args.out.with_suffix(".png"))
-    print(json.dumps({k: result[k] for k in ("budget", "final", "navrl_checkpoint")}, indent=1))
+    summary = ("budget", "final", "navrl_checkpoint", "goal")
+    print(json.dumps({k: result[k] for k in summary}, indent=1))
     print(
         json.dumps(
             [{k: r.get(k) for k in ("frames", "seconds", "reach_goal", "collision")} for r in curve]
         )
     )
+
+
+def goal_check(
+    curve: list[dict[str, Any]],
+    final: dict[str, Any] | None,
+    navrl: dict[str, Any] | None,
+    *,
+    last_stage: int | None,
+    within_s: float,
+    final_s: float,
+) -> dict[str, Any] | None:
+    """Issue #13's verdict: did an evaluation at the target env (the curriculum's last
+    stage) or the final export reach NavRL's reach_goal with no more collisions, within
+    `within_s` seconds of launch? None without NavRL's numbers."""
+    if navrl is None:
+        return None
+    bar = {"reach_goal": navrl["reach_goal"], "collision": navrl["collision"]}
+
+    def at_bar(row: dict[str, Any]) -> bool:
+        return row["reach_goal"] >= bar["reach_goal"] and row["collision"] <= bar["collision"]
+
+    target = [r for r in curve if last_stage is None or r.get("curriculum_stage") == last_stage]
+    first = next((r for r in target if at_bar(r)), None)
+    final_at_bar = None if final is None else at_bar(final)
+    met = (first is not None and first["seconds"] <= within_s) or (
+        bool(final_at_bar) and final_s <= within_s
+    )
+    return {
+        "bar": bar,
+        "within_s": within_s,
+        "target_stage_evals": len(target),
+        "first_eval_at_bar": None
+        if first is None
+        else {k: first[k] for k in ("frames", "seconds", "reach_goal", "collision")},
+        "final_at_bar": final_at_bar,
+        "met": met,
+    }
 
 
 def exported_at(log: Path) -> dict[str, Any]:
