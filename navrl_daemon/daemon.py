@@ -394,6 +394,9 @@ def build_stages(
     curriculum = _curriculum(cfg, ranks)
     train_cfg = cfg.model_copy(update={"env": curriculum.env_config(0)}) if curriculum else cfg
     collector = Collector.build(_rank_config(train_cfg, world), acting_copy(policy), device)
+    masked = getattr(collector.env, "masked_reset", None)  # the embedded env's choice
+    if masked is not None:
+        log.info("env reset mode", mode="masked" if masked else "indexed")
     first = collector.new_buffer()
     start_frames = 0
     if found is not None:
