@@ -4,13 +4,15 @@ Builds the daemon's Collector (env + acting policy) once per mode from the same 
 warms each up, then times rollouts with the modes taking turns (so drift in the machine's
 load hits both), and counts in one rollout per mode the ops that hand a value to the host
 (`navrl_daemon.host_reads`: on CUDA each one waits for the GPU). Episodes are shortened
-with `--episode-length` so that resets happen inside the timed rollouts (NavRL's
-2200-step episodes reset a few envs per step at 1024 envs once training has begun; an
-untrained policy crashes sooner). Prints JSON: per mode median [min, max] rollout
-seconds, frames/s, resets per rollout, host reads per rollout; masked / indexed speed.
+with `--episode-lengths` so that resets happen inside the timed rollouts; several lengths
+give one result each (NavRL's 2200-step episodes end at about half the steps at 1024
+envs once training runs, and the indexed mode does no reset work on the others; an
+untrained policy crashes sooner). Prints JSON: per length and mode median [min, max]
+rollout seconds, frames/s, resets per rollout, host reads per rollout; masked / indexed
+speed.
 
 Run: `.venv/bin/python benchmarks/reset_modes.py [--config config/navrl.toml]
-[--device cuda] [--repeats 7] [--episode-length 50] [KEY=VALUE ...]`
+[--device cuda] [--repeats 7] [--episode-lengths 50,2200] [KEY=VALUE ...]`
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import os
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -37,23 +40,18 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--config", type=Path, default=REPO / "config" / "navrl.toml")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--episode-length", type=int, default=50, help="env.max_episode_length")
-    p.add_argument("overrides", nargs="*")
-    args = p.parse_args()
-    device = torch.device(args.device)
+def measure(
+    cfg_path: Path, device: torch.device, length: int, repeats: int, overrides: list[str]
+) -> dict[str, Any]:
+    """Both modes at one episode length: timed rollouts taking turns, then host reads."""
     collectors, buffers = {}, {}
     for mode in MODES:
         cfg = load_config(
-            args.config,
+            cfg_path,
             [
-                f"run.device={args.device}",
-                f"env.max_episode_length={args.episode_length}",
-                *args.overrides,
+                f"run.device={device}",
+                f"env.max_episode_length={length}",
+                *overrides,
                 f"env.reset_mode={mode}",
             ],
             environ={},
@@ -64,15 +62,16 @@ def main() -> None:
         for _ in range(3):  # warm-up: lazy modules, allocator, the first episode ends
             collectors[mode].collect(buffers[mode])
     seconds: dict[str, list[float]] = {m: [] for m in MODES}
-    resets: dict[str, list[int]] = {m: [] for m in MODES}
-    for _ in range(args.repeats):
+    resets: dict[str, list[float]] = {m: [] for m in MODES}
+    for _ in range(repeats):
         for mode in MODES:
             sync(device)
             t0 = time.perf_counter()
             collectors[mode].collect(buffers[mode])
             sync(device)
             seconds[mode].append(time.perf_counter() - t0)
-            resets[mode].append(int(buffers[mode]["next", "done"].sum()))
+            done = buffers[mode]["next", "done"].squeeze(-1)  # [N, T]
+            resets[mode].append(float(done.sum()))
     reads = {}
     for mode in MODES:
         with CountHostReads() as counter:
@@ -94,6 +93,36 @@ def main() -> None:
         for mode in MODES
     }
     ratio = statistics.median(seconds["indexed"]) / statistics.median(seconds["masked"])
+    return {
+        "max_episode_length": length,
+        "modes": per_mode,
+        "masked_over_indexed_speed": round(ratio, 3),
+        "num_envs": cfg.env.num_envs,
+        "num_obstacles": cfg.env.num_obstacles,
+        "num_dynamic_obstacles": cfg.env.num_dynamic_obstacles,
+        "spawn": cfg.env.spawn,
+        "rollout_length": cfg.ppo.rollout_length,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", type=Path, default=REPO / "config" / "navrl.toml")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument(
+        "--episode-lengths",
+        type=lambda text: [int(x) for x in text.split(",")],
+        default=[50],
+        help="env.max_episode_length values, comma-separated: one result each",
+    )
+    p.add_argument("overrides", nargs="*")
+    args = p.parse_args()
+    device = torch.device(args.device)
+    runs = [
+        measure(args.config, device, length, args.repeats, args.overrides)
+        for length in args.episode_lengths
+    ]
     print(
         json.dumps(
             {
@@ -103,15 +132,8 @@ def main() -> None:
                 "torch": torch.__version__,
                 "threads": torch.get_num_threads(),
                 "load_avg": os.getloadavg(),
-                "num_envs": cfg.env.num_envs,
-                "num_obstacles": cfg.env.num_obstacles,
-                "num_dynamic_obstacles": cfg.env.num_dynamic_obstacles,
-                "spawn": cfg.env.spawn,
-                "max_episode_length": cfg.env.max_episode_length,
-                "rollout_length": cfg.ppo.rollout_length,
                 "repeats": args.repeats,
-                "modes": per_mode,
-                "masked_over_indexed_speed": round(ratio, 3),
+                "runs": runs,
             },
             indent=1,
         )

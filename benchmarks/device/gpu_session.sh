@@ -42,13 +42,13 @@ throughput)
     tests/rl/test_fast_update.py tests/rl/test_ppo.py tests/env/test_masked_reset.py
   step ppo_update 90 ppo_update_gpu.json python3 benchmarks/ppo_update.py \
     --devices $DEV --num-envs 1024 4096 --repeats 5
-  step throughput 230 throughput_gpu.json python3 benchmarks/throughput.py --device $DEV \
+  step throughput 220 throughput_gpu.json python3 benchmarks/throughput.py --device $DEV \
     --config $CONFIG --warmup 4 --iterations 12 --repeats 2 --lag1
   step collect 45 collect_profile_gpu.json python3 benchmarks/collect_profile.py \
     --device $DEV --config $CONFIG --table "$OUT/collect_ops_gpu.txt"
   step reset_modes 45 reset_modes_gpu.json python3 benchmarks/reset_modes.py \
-    --device $DEV --config $CONFIG --repeats 7
-  step stretch 70 throughput_4096_gpu.json python3 benchmarks/throughput.py --device $DEV \
+    --device $DEV --config $CONFIG --repeats 7 --episode-lengths 50,2200
+  step stretch 60 throughput_4096_gpu.json python3 benchmarks/throughput.py --device $DEV \
     --config $CONFIG --warmup 3 --iterations 8 --repeats 1 env.num_envs=4096
   ;;
 learning)
