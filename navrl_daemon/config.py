@@ -71,7 +71,7 @@ class CurriculumStage(Section):
     num_dynamic_obstacles: int | None = None
     dynamic_speed_range: list[float] | None = None
     goal_distance: list[float] | None = None
-    spawn: Literal["border", "local"] | None = None
+    spawn: Literal["border", "local", "crossing"] | None = None
     spawn_margin: float | None = None
     spawn_height: list[float] | None = None
     max_episode_length: int | None = None
@@ -106,7 +106,9 @@ class EnvConfig(Section):
     max_episode_length: Annotated[int, Field(ge=1, le=10_000_000)] = 2200
     # "border": NavRL's starts/goals on the four sides, spawn_margin outside the field.
     # "local": start anywhere free, goal at a horizontal distance drawn from goal_distance.
-    spawn: Literal["border", "local"] = "border"
+    # "crossing" (ours): like "border", but the goal is always on the opposite side, so
+    # every episode crosses the field as NavRL's evaluation layout does.
+    spawn: Literal["border", "local", "crossing"] = "border"
     spawn_margin: Annotated[float, Field(ge=0.0, le=100.0)] = 4.0
     goal_distance: Range = [2.0, 4.0]
     spawn_height: Range = [0.5, 2.5]

@@ -278,8 +278,12 @@ class NavigationEnv(EnvBase):
     def _draw_spawns(self, ids: Tensor) -> tuple[Tensor, Tensor]:
         if self.layout == "navrl":
             return self._navrl_layout(ids)
+        k = ids.shape[0]
         if self.cfg.spawn == "border":
-            return self._border_point(ids.shape[0]), self._border_point(ids.shape[0])
+            return self._border_point(k), self._border_point(k)
+        if self.cfg.spawn == "crossing":
+            side = self._random_side(k)
+            return self._border_point(k, side), self._border_point(k, side ^ 1)
         return self._local_spawns(ids)
 
     def _navrl_layout(self, ids: Tensor) -> tuple[Tensor, Tensor]:
@@ -293,10 +297,15 @@ class NavigationEnv(EnvBase):
         goal = torch.stack((goal_x, torch.full_like(i, -side), z), -1)
         return start, goal
 
-    def _border_point(self, k: int) -> Tensor:
-        """SPEC §1.4 training: a uniform side of the square at ±S, uniform along it."""
+    def _random_side(self, k: int) -> Tensor:
+        """Sides of the square: 0 (y = +S), 1 (y = -S), 2 (x = +S), 3 (x = -S)."""
+        return torch.randint(4, (k,), generator=self._gen, device=self.device)
+
+    def _border_point(self, k: int, side: Tensor | None = None) -> Tensor:
+        """SPEC §1.4 training: a uniform side of the square at ±S (or the given sides),
+        uniform along it. Side `i ^ 1` is the one opposite side `i`."""
         s = self.cfg.field_size / 2 + self.cfg.spawn_margin
-        side = torch.randint(4, (k,), generator=self._gen, device=self.device)
+        side = self._random_side(k) if side is None else side
         along = (2 * self._rand(k) - 1) * s
         x = torch.where(side < 2, along, torch.where(side == 2, s, -s))
         y = torch.where(side == 0, s, torch.where(side == 1, -s, along))

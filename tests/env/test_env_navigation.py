@@ -282,3 +282,20 @@ def test_save_and_load_resume_exactly():
     for t in range(10, 40):
         step, td = fresh.step_and_maybe_reset(with_action(td, actions[t]))
         assert (step == first[t - 10]).all()
+
+
+def test_crossing_spawns_put_the_goal_on_the_opposite_side():
+    cfg = EnvConfig(num_obstacles=0, num_dynamic_obstacles=0, spawn="crossing")
+    env = make_env(cfg, num_envs=512)
+    env.reset()
+    s = 24.0
+    start, goal = env.start[:, :2], env.goal[:, :2]
+    on_y = start[:, 1].abs() == s  # the start's side is a y side (else an x side)
+    assert torch.all(torch.where(on_y, start[:, 1], start[:, 0]).abs() == s)
+    torch.testing.assert_close(
+        torch.where(on_y, goal[:, 1], goal[:, 0]), -torch.where(on_y, start[:, 1], start[:, 0])
+    )
+    assert 0.4 < on_y.float().mean() < 0.6  # both axes, about equally
+    assert torch.all(torch.where(on_y, goal[:, 0], goal[:, 1]).abs() <= s)
+    assert start[:, 0].std() > 5 and goal[:, 0][on_y].std() > 5  # uniform along the side
+    assert torch.all((env.start[:, 2] >= 0.5) & (env.start[:, 2] <= 2.5))
