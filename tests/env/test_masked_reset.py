@@ -58,11 +58,15 @@ def test_masked_equals_indexed_bit_for_bit_in_the_navrl_layout(device):
     """NavRL's layout draws nothing at a reset, so both modes see the same episodes."""
     steps = 60
     # Starts on the field's edge among many pillars, fast steps: crashes and time-outs.
-    cfg = config(num_obstacles=150, spawn_margin=0.0, dt=0.1, max_episode_length=20)
-    cfg = cfg.model_copy(update={"reset_mode": "indexed"})
-    indexed, td_i = play(make_env(cfg, device=device, seed=3, layout="navrl"), steps)
-    cfg = cfg.model_copy(update={"reset_mode": "masked"})
-    masked, td_m = play(make_env(cfg, device=device, seed=3, layout="navrl"), steps)
+    scene = {"num_obstacles": 150, "spawn_margin": 0.0, "dt": 0.1, "max_episode_length": 20}
+    indexed, td_i = play(
+        make_env(config(**scene, reset_mode="indexed"), device=device, seed=3, layout="navrl"),
+        steps,
+    )
+    masked, td_m = play(
+        make_env(config(**scene, reset_mode="masked"), device=device, seed=3, layout="navrl"),
+        steps,
+    )
     resets = sum(int(r["next", "done"].sum()) for r in indexed)
     crashes = sum(int(r["next", "terminated"].sum()) for r in indexed)
     assert resets >= 2 * 16 and crashes > 0, (resets, crashes)
