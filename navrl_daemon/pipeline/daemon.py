@@ -35,6 +35,7 @@ from navrl_daemon.ops.logging import bind_process_fields
 from navrl_daemon.pipeline import offline
 from navrl_daemon.pipeline.ranks import Ranks, collector_for_rank
 from navrl_daemon.pipeline.telemetry import Telemetry
+from navrl_daemon.rl import ppo
 from navrl_daemon.rl.evaluate import evaluate
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.rl.snapshot import learner_state, restore_learner
@@ -164,13 +165,21 @@ def build_stages(
     found = _checkpoint_to_resume(checkpoints, ranks)
     torch.manual_seed(cfg.run.seed)  # the same initial weights on every rank
     policy = make_policy(cfg, device)
-    learner = Learner.build(cfg, policy, device)
-    if cfg.pipeline.compress_rollouts:
-        learner.minibatches = CompressedMinibatches(cfg.pipeline.compress_workers)
+    bc = offline.PPOPlusBC(cfg, device, telemetry) if cfg.offline.objective == "ppo+bc" else None
+    learner = Learner.build(  # ConfigError (78) here if ppo.update_path cannot run with these
+        cfg,
+        policy,
+        device,
+        reducer=ranks.reducer if ranks is not None else None,
+        minibatches=(
+            CompressedMinibatches(cfg.pipeline.compress_workers)
+            if cfg.pipeline.compress_rollouts
+            else ppo.frame_minibatches
+        ),
+        aux_loss=bc.term if bc is not None else None,
+    )
     if ranks is not None:
-        learner.reducer, learner.check_interval = ranks.reducer, cfg.distributed.check_interval
         torch.manual_seed(cfg.run.seed + world.rank)  # each rank samples its own actions
-    learner.update_path()  # ConfigError (78) now if it cannot run (the trainer logs it)
     curriculum = _curriculum(cfg, ranks)
     train_cfg = cfg.model_copy(update={"env": curriculum.env_config(0)}) if curriculum else cfg
     collector = Collector.build(_rank_config(train_cfg, world), acting_copy(policy), device)
@@ -268,9 +277,9 @@ def build_stages(
         rollback=rollback,
     )
     stages: list[Any] = [producer, trainer, *(owned.stages if owned else [])]
-    if cfg.offline.objective == "ppo+bc":  # + a BC term from prefetched archive batches
-        stages[1], prefetcher = offline.with_bc_term(cfg, trainer, device, shutdown, telemetry)
-        stages.append(prefetcher)
+    if bc is not None:  # + a BC term from prefetched archive batches
+        stages[1] = bc.trainer(trainer)
+        stages.append(bc.prefetcher(learner.version, shutdown))
     if owned is not None:
         stages.append(owned.writer)
     for channel in channels:

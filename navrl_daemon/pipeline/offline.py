@@ -323,33 +323,40 @@ def _mean(values: list[float]) -> float:
 # ---------------------------------------------------------------------------- ppo+bc
 
 
-def with_bc_term(
-    cfg: Config,
-    trainer: Trainer,
-    device: torch.device,
-    shutdown: Shutdown,
-    telemetry: Telemetry,
-) -> tuple[TrainerWithBCTerm, HDF5Prefetcher]:
-    """For "ppo+bc": `trainer`'s PPO updates get `offline.bc_coef` x the Beta NLL of prefetched
-    rollout-archive batches, one per minibatch. The archives are checked here (exit 65).
-    A resumed run starts the batch sequence where that many updates would have left it."""
-    reader = load_offline_data(cfg.prefetch, cfg.offline)
-    assert isinstance(reader, ArchiveReader)  # the config insists on layout "archive"
-    _log_data(reader, 0.0)
-    metrics = telemetry.metrics
-    batches: Channel[Lease[int]] = Channel("batches", cfg.prefetch.depth, Overflow.BLOCK)
-    metrics.watch_channel(batches)
-    per_update = cfg.ppo.epochs * cfg.ppo.minibatches
-    prefetcher = HDF5Prefetcher(
-        cfg.prefetch,
-        cfg.offline,
-        batches.sender(),
-        shutdown=shutdown,
-        on_batch=lambda _: metrics.prefetch_batch(),
-        first_batch=trainer.learner.version * per_update,
-        data=reader,
-    )
-    term = BCTerm(
-        batches.receiver(), coef=cfg.offline.bc_coef, device=device, on_wait=metrics.prefetch_wait
-    )
-    return TrainerWithBCTerm(trainer, term), prefetcher
+class PPOPlusBC:
+    """For "ppo+bc": the learner's PPO updates get `offline.bc_coef` x the Beta NLL of
+    prefetched rollout-archive batches, one per minibatch. Made before the learner (the
+    term is part of it); the prefetcher after resume, where the batch sequence restarts
+    where that many updates would have left it."""
+
+    def __init__(self, cfg: Config, device: torch.device, telemetry: Telemetry) -> None:
+        self.cfg = cfg
+        self.metrics = telemetry.metrics
+        self.batches: Channel[Lease[int]] = Channel("batches", cfg.prefetch.depth, Overflow.BLOCK)
+        self.metrics.watch_channel(self.batches)
+        self.term = BCTerm(
+            self.batches.receiver(),
+            coef=cfg.offline.bc_coef,
+            device=device,
+            on_wait=self.metrics.prefetch_wait,
+        )
+
+    def prefetcher(self, updates_done: int, shutdown: Shutdown) -> HDF5Prefetcher:
+        """The archives are checked here (exit 65)."""
+        cfg = self.cfg
+        reader = load_offline_data(cfg.prefetch, cfg.offline)
+        assert isinstance(reader, ArchiveReader)  # the config insists on layout "archive"
+        _log_data(reader, 0.0)
+        per_update = cfg.ppo.epochs * cfg.ppo.minibatches
+        return HDF5Prefetcher(
+            cfg.prefetch,
+            cfg.offline,
+            self.batches.sender(),
+            shutdown=shutdown,
+            on_batch=lambda _: self.metrics.prefetch_batch(),
+            first_batch=updates_done * per_update,
+            data=reader,
+        )
+
+    def trainer(self, trainer: Trainer) -> TrainerWithBCTerm:
+        return TrainerWithBCTerm(trainer, self.term)

@@ -208,14 +208,14 @@ class BCTerm:
 
 
 class TrainerWithBCTerm:
-    """The PPO Trainer, whose learner's `aux_loss` is `term` (see the module docstring)."""
+    """The PPO Trainer, whose learner was built with `term` as its `aux_loss` (see the
+    module docstring)."""
 
     name = "trainer"
 
     def __init__(self, trainer: Trainer, term: BCTerm) -> None:
         self.trainer = trainer
         self.term = term
-        trainer.learner.aux_loss = term
 
     async def run(self) -> None:
         self.term.token = anyio.lowlevel.current_token()

@@ -190,7 +190,7 @@ class Trainer:
                 self.checkpoints.staging.fence()  # a snapshot still reading the weights
             if not self._path_logged:  # at the first update: every stage has wired it
                 self._path_logged = True
-                log.info("ppo update path", path=self.learner.update_path())
+                log.info("ppo update path", path=self.learner.update_path)
             try:
                 losses = self.learner.update(
                     buffer,  # type: ignore[arg-type]
@@ -206,13 +206,13 @@ class Trainer:
                 return self._roll_back(rollback, err)
 
     def _report_capture_failure(self) -> None:
-        fast = self.learner.fast
-        if fast is not None and fast.capture_error and not self._capture_reported:
+        error = self.learner.ppo_update.capture_error
+        if error and not self._capture_reported:
             self._capture_reported = True
             log.error(
                 "CUDA graph capture failed: the PPO update goes on as ppo.update_path = "
                 "'fused' (the same maths, launched step by step)",
-                error=fast.capture_error,
+                error=error,
             )
 
     def _roll_back(
