@@ -58,7 +58,7 @@ from navrl_daemon.stages.archiver import RolloutArchiver, archive_channel
 from navrl_daemon.stages.cadence import Cadence, Position
 from navrl_daemon.stages.checkpoint_writer import CheckpointWriter
 from navrl_daemon.stages.coordinator import Coordinator, Found, SingleProcess, collector_for_rank
-from navrl_daemon.stages.curriculum import CurriculumFollower, promote
+from navrl_daemon.stages.curriculum import CurriculumFollower, NoCurriculum, promote
 from navrl_daemon.stages.evaluator import Evaluator, StageEvaluation, eval_scores
 from navrl_daemon.stages.messages import PolicyWeights, Rollout, Snapshot
 from navrl_daemon.stages.producer import RolloutProducer
@@ -206,8 +206,12 @@ def build_stages(ctx: RunContext) -> list[Stage]:
         cadence=ctx.cadence,
         start=start,
         coordinator=ctx.coordinator,
-        curriculum=CurriculumFollower(
-            curriculum, collector, ctx.threads.producer, on_stage=telemetry.curriculum_stage
+        curriculum=(
+            CurriculumFollower(
+                curriculum, collector, ctx.threads.producer, on_stage=telemetry.curriculum_stage
+            )
+            if curriculum is not None
+            else NoCurriculum()
         ),
         archive=owned.archive if owned else None,
         shutdown=ctx.shutdown,

@@ -6,7 +6,8 @@ process: its own); when that is not the stage the training env is built at, the 
 builds that stage's env and resets it, so the rollout starts fresh episodes there (the
 episodes running in the old env are dropped, their stats never counted). The stage
 travels in the collector state, so a resumed run trains at the stage it stopped at.
-Without a curriculum the follower does nothing and votes for stage 0.
+Without a curriculum the producer has a `NoCurriculum`, which votes for stage 0 and
+does nothing.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ log = structlog.get_logger("curriculum")
 class CurriculumFollower:
     def __init__(
         self,
-        curriculum: Curriculum | None,
+        curriculum: Curriculum,
         collector: Collector,
         compute: ComputeThread,
         on_stage: Callable[[int], None] = lambda _: None,
@@ -40,19 +41,16 @@ class CurriculumFollower:
     @property
     def stage(self) -> int:
         """The stage this process wants training at (its evaluator's decision)."""
-        return self.curriculum.stage if self.curriculum is not None else 0
+        return self.curriculum.stage
 
     def agreed(self, stage: int) -> None:
         """The ranks agreed to train at `stage` from the next rollout on (never back)."""
-        if self.curriculum is not None:
-            self.curriculum.follow(stage)
-            self._agreed = stage
+        self.curriculum.follow(stage)
+        self._agreed = stage
 
     async def before_rollout(self, iteration: int) -> None:
         """Put the collector on the agreed stage's env, if it is not on it already."""
         curriculum = self.curriculum
-        if curriculum is None:
-            return
         # Every rank applies the stage they voted for at this rollout, not its own newest
         # (rank 0's evaluator may have promoted since the vote).
         stage = curriculum.stage if self._agreed is None else self._agreed
@@ -70,7 +68,22 @@ class CurriculumFollower:
 
     def state_dict(self) -> dict[str, int] | None:
         """The curriculum's progress, for the collector state of a checkpoint."""
-        return self.curriculum.state_dict() if self.curriculum is not None else None
+        return self.curriculum.state_dict()
+
+
+class NoCurriculum:
+    """The follower of a run without a curriculum: one env, stage 0, nothing to keep."""
+
+    stage = 0
+
+    def agreed(self, stage: int) -> None:
+        pass
+
+    async def before_rollout(self, iteration: int) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, int] | None:
+        return None
 
 
 def use_stage(collector: Collector, curriculum: Curriculum, stage: int) -> None:

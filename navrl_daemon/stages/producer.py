@@ -34,7 +34,7 @@ from navrl_daemon.runtime.leases import Lease, LeasePool
 from navrl_daemon.runtime.supervisor import Shutdown
 from navrl_daemon.stages.cadence import Cadence, Position
 from navrl_daemon.stages.coordinator import Coordinator
-from navrl_daemon.stages.curriculum import CurriculumFollower
+from navrl_daemon.stages.curriculum import CurriculumFollower, NoCurriculum
 from navrl_daemon.stages.messages import PolicyWeights, Rollout
 
 log = structlog.get_logger("producer")
@@ -53,7 +53,7 @@ class RolloutProducer:
         cadence: Cadence,
         start: Position,
         coordinator: Coordinator,
-        curriculum: CurriculumFollower,
+        curriculum: CurriculumFollower | NoCurriculum,
         archive: Sender[Lease] | None = None,
         shutdown: Shutdown,
         compute: ComputeThread,

@@ -20,7 +20,7 @@ from navrl_daemon.runtime.leases import Lease, LeasePool
 from navrl_daemon.runtime.supervisor import Shutdown
 from navrl_daemon.stages.cadence import Cadence, Position
 from navrl_daemon.stages.coordinator import Coordinator, SingleProcess
-from navrl_daemon.stages.curriculum import CurriculumFollower
+from navrl_daemon.stages.curriculum import NoCurriculum
 from navrl_daemon.stages.messages import PolicyWeights, Rollout
 from navrl_daemon.stages.producer import RolloutProducer
 from tests.stages.fakes import FakeCollector, VotingCoordinator, rollout_buffer
@@ -70,7 +70,7 @@ class Run:
             ),
             start=start or Position(),
             coordinator=self.coordinator,
-            curriculum=CurriculumFollower(None, self.collector, self.compute),  # type: ignore[arg-type]
+            curriculum=NoCurriculum(),
             archive=self.archive.sender() if self.archive else None,
             shutdown=self.shutdown,
             compute=self.compute,
