@@ -390,23 +390,18 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _update_path(self) -> Config:
-        path = self.ppo.update_path
-        if path in ("auto", "eager"):
-            return self
+        # What this config alone says about the learner; the learner checks again with
+        # what it is built with (a distributed run's reducer, the device "auto" gave).
+        why_not = None
         if self.pipeline.compress_rollouts:
-            raise ValueError(
-                f'ppo.update_path: "{path}" runs NavRL\'s frame minibatches; '
-                'pipeline.compress_rollouts needs "eager" or "auto"'
-            )
-        if self.offline.objective == "ppo+bc":
-            raise ValueError(
-                f'ppo.update_path: "{path}" has no BC term; offline.objective = "ppo+bc" '
-                'needs "eager" or "auto"'
-            )
-        if path == "cuda_graph" and self.run.device == "cpu":
-            raise ValueError(
-                'ppo.update_path: "cuda_graph" needs a CUDA device; run.device is "cpu"'
-            )
+            why_not = NOT_FAST["env_groups"]
+        elif self.offline.objective == "ppo+bc":
+            why_not = NOT_FAST["aux_loss"]
+        device = None if self.run.device == "auto" else self.run.device.split(":")[0]
+        try:
+            resolve_update_path(self.ppo.update_path, device, why_not=why_not)
+        except ConfigError as err:
+            raise ValueError(str(err)) from None
         return self
 
     @property
@@ -571,3 +566,44 @@ def resolve_device(cfg: Config) -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+# ---------------------------------------------------------------------------- update path
+
+UpdatePath = Literal["eager", "fused", "cuda_graph"]
+
+# What the fast PPO update paths (rl/fast_update.py) do not cover, in the words of the
+# option that brings it in: they run NavRL's update, in one process, with no extra terms.
+NOT_FAST = {
+    "reducer": "data parallelism over ranks (distributed)",
+    "aux_loss": "an extra loss term (offline.objective = 'ppo+bc')",
+    "env_groups": "env-group minibatches (pipeline.compress_rollouts)",
+}
+
+
+def resolve_update_path(
+    requested: str, device_type: str | None, *, why_not: str | None = None
+) -> UpdatePath:
+    """The one rule for whether a `ppo.update_path` can run: the path an update runs on.
+
+    `device_type`: "cpu" or "cuda", None while unknown (run.device = "auto" at load time).
+    `why_not`: what rules the fast paths out (one of NOT_FAST), None when nothing does.
+    "auto" is "cuda_graph" on a CUDA device and "eager" otherwise; an explicit fast path
+    that cannot run is a ConfigError (exit 78), never a silent fallback. The config applies
+    it at load time; the learner (rl/training.py) again with what it is built with.
+    """
+    if requested == "auto":
+        return "cuda_graph" if device_type == "cuda" and why_not is None else "eager"
+    if requested == "eager":
+        return "eager"
+    if requested not in ("fused", "cuda_graph"):
+        raise ConfigError(f"ppo.update_path: unknown path {requested!r}")
+    if why_not is not None:
+        raise ConfigError(
+            f"ppo.update_path = {requested!r} does not support {why_not}; use 'eager' or 'auto'"
+        )
+    if requested == "cuda_graph" and device_type not in ("cuda", None):
+        raise ConfigError(
+            f"ppo.update_path = 'cuda_graph' needs a CUDA device; this run's is {device_type}"
+        )
+    return requested  # type: ignore[return-value]

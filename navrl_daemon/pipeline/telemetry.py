@@ -22,6 +22,7 @@ from navrl_daemon.ops.metrics import Metrics
 from navrl_daemon.runtime.distributed import World
 from navrl_daemon.runtime.sd_notify import ProgressWatchdog, SystemdNotifier
 from navrl_daemon.runtime.supervisor import Shutdown, State
+from navrl_daemon.stages.cadence import Cadence
 from navrl_daemon.stages.progress import ProgressLog
 from navrl_daemon.stages.trainer import IterationRecord
 from navrl_daemon.storage.atomic import write_atomic
@@ -50,11 +51,13 @@ class Telemetry:
         device: torch.device,
         observe: Callable[[IterationRecord], None] | None = None,
         world: World | None = None,
+        cadence: Cadence | None = None,
     ) -> None:
         self.cfg = cfg
         self.world = world or World()
         # Frames of one iteration over all ranks.
-        self.frames_per_iteration = cfg.frames_per_iteration * self.world.world_size
+        cadence = cadence or Cadence.of(cfg, self.world.world_size)
+        self.frames_per_iteration = cadence.frames_per_iteration
         self.observe = observe
         self.notifier = SystemdNotifier()
         self.watchdog = ProgressWatchdog(self.notifier)

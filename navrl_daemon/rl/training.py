@@ -21,7 +21,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.envs import EnvBase
 
-from navrl_daemon.config import Config, PPOConfig
+from navrl_daemon.config import Config, PPOConfig, UpdatePath
 from navrl_daemon.env import check_backend, make_env
 from navrl_daemon.rl import fast_update, ppo, schedules
 from navrl_daemon.rl.data_parallel import DataParallel
@@ -75,27 +75,49 @@ class Learner:
     policy: NavRLPolicy
     optimizers: dict[str, torch.optim.Optimizer]
     generator: torch.Generator
+    # The PPO update, its path (eager / fused / cuda_graph) resolved once when built
+    # (rl/fast_update.py): ppo.update's options are the update's, not the learner's.
+    ppo_update: fast_update.EagerUpdate | fast_update.FastUpdate = field(repr=False)
+    # Data parallelism over torch.distributed ranks (None: this process alone); every
+    # `distributed.check_interval` updates the ranks compare parameter checksums.
+    reducer: DataParallel | None = None
     # Number of updates applied: the version of the weights in `policy`.
     version: int = 0
     nonfinite_streak: int = 0
-    # Data parallelism over torch.distributed ranks (None: this process alone), and every
-    # how many updates the ranks compare parameter checksums (0: never).
-    reducer: DataParallel | None = None
-    check_interval: int = 0
-    # Extra loss terms per minibatch (ppo.update's `aux_loss`): the BC term of "ppo+bc".
-    aux_loss: Callable[[NavRLPolicy], dict[str, torch.Tensor]] | None = None
-    # How the batch is cut into minibatches: NavRL's uniform frames, or env groups decoded
-    # from a compressed copy (`pipeline.compress_rollouts`, storage/compressed_rollout.py).
-    minibatches: ppo.MinibatchSource = ppo.frame_minibatches
-    # The fused/graph update (rl/fast_update.py), made when the path first resolves to
-    # one (`update_path`); None: only the eager path has run.
-    fast: fast_update.FastUpdate | None = field(default=None, repr=False)
 
     @classmethod
-    def build(cls, cfg: Config, policy: NavRLPolicy, device: torch.device | str) -> Learner:
+    def build(
+        cls,
+        cfg: Config,
+        policy: NavRLPolicy,
+        device: torch.device | str,
+        *,
+        reducer: DataParallel | None = None,
+        minibatches: ppo.MinibatchSource = ppo.frame_minibatches,
+        aux_loss: fast_update.AuxLoss | None = None,
+    ) -> Learner:
+        """The learner, complete: `minibatches` (NavRL's uniform frames, or env groups of
+        a compressed copy: storage/compressed_rollout.py) and `aux_loss` (extra loss
+        terms per minibatch: the BC term of "ppo+bc") go to its update, whose path is
+        resolved here: ConfigError (exit 78) if `ppo.update_path` cannot run with them."""
+        device = torch.device(device)
         generator = torch.Generator(device=device)
         generator.manual_seed(cfg.run.seed)
-        return cls(cfg, policy, ppo.make_optimizers(policy, cfg.ppo), generator)
+        optimizers = ppo.make_optimizers(policy, cfg.ppo)
+        ppo_update = fast_update.build_update(
+            cfg.ppo,
+            policy,
+            optimizers,
+            device,
+            reducer=reducer,
+            aux_loss=aux_loss,
+            minibatches=minibatches,
+        )
+        return cls(cfg, policy, optimizers, generator, ppo_update, reducer)
+
+    @property
+    def update_path(self) -> UpdatePath:
+        return self.ppo_update.path
 
     def update(
         self,
@@ -107,62 +129,23 @@ class Learner:
         is called when `buffer` is no longer read, if that is before the update ends.
 
         The losses carry the actor's `lr` and the `entropy_coef` this update used, and
-        what the minibatch source reports, if it has a `report()` (compressed rollouts:
-        ratio and seconds spent compressing and decoding).
+        what the update reports (compressed rollouts: ratio and seconds spent compressing
+        and decoding).
         """
         ppo_cfg = self.apply_schedules()
-        if self.update_path() != "eager":
-            assert self.fast is not None
-            losses = self.fast(buffer, ppo_cfg, self.generator, abort=abort)
-        else:
-            losses = ppo.update(
-                self.policy,
-                self.optimizers,
-                buffer,
-                ppo_cfg,
-                self.generator,
-                abort=abort,
-                reducer=self.reducer,
-                aux_loss=self.aux_loss,
-                minibatches=self.minibatches,
-                release=release,
-            )
+        losses = self.ppo_update(buffer, ppo_cfg, self.generator, abort=abort, release=release)
         self._check_finite(losses)
         self.version += 1
-        every = self.check_interval
+        every = self.cfg.distributed.check_interval
         if self.reducer is not None and every and self.version % every == 0:
             self.reducer.check_same(self.policy)
         lr = self.optimizers["actor"].param_groups[0]["lr"]
-        report = getattr(self.minibatches, "report", None)  # e.g. the compressed source's
-        extra = report() if callable(report) else {}
-        return {**losses, "lr": lr, "entropy_coef": ppo_cfg.entropy_coef, **extra}
-
-    def update_path(self) -> fast_update.UpdatePath:
-        """`ppo.update_path` resolved for this learner as it is wired now (ConfigError if
-        it cannot run); resolved again at every update, since stages set the fields above
-        after building the learner."""
-        device = next(self.policy.parameters()).device
-        path = fast_update.resolve(
-            self.cfg.ppo.update_path, device, why_not=self._fast_unsupported()
-        )
-        if path != "eager" and (self.fast is None or self.fast.requested != path):
-            self.fast = fast_update.FastUpdate(
-                self.policy,
-                self.optimizers,
-                device,
-                graphs=path == "cuda_graph",
-                fallback=self.cfg.ppo.update_path == "auto",
-            )
-        return path
-
-    def _fast_unsupported(self) -> str | None:
-        if self.reducer is not None:
-            return "data parallelism over ranks (distributed)"
-        if self.aux_loss is not None:
-            return "an extra loss term (offline.objective = 'ppo+bc')"
-        if self.minibatches is not ppo.frame_minibatches:
-            return "env-group minibatches (pipeline.compress_rollouts)"
-        return None
+        return {
+            **losses,
+            "lr": lr,
+            "entropy_coef": ppo_cfg.entropy_coef,
+            **self.ppo_update.report(),
+        }
 
     @property
     def trained_frames(self) -> int:

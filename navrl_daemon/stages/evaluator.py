@@ -8,8 +8,9 @@ log, and an optional output channel (the checkpoint writer's keep-best).
 
 With a curriculum (env/curriculum.py) it evaluates at the curriculum's current stage
 (`StageEvaluation` rebuilds the eval env when the stage changes; `eval.layout` still
-chooses the spawn rule), and feeds every result to the curriculum, which decides
-promotions; the producer applies them between rollouts.
+chooses the spawn rule), and its `on_result` feeds every result to the curriculum
+(stages/curriculum.py: `promote`), which decides promotions; the producer applies them
+between rollouts.
 """
 
 from __future__ import annotations
@@ -52,7 +53,6 @@ class Evaluator:
         compute: ComputeThread,
         results: Sender[dict[str, Any]] | None = None,
         on_result: Callable[[dict[str, Any]], None] = lambda _: None,
-        curriculum: Curriculum | None = None,
     ) -> None:
         self.policy = policy
         self.evaluate = evaluate
@@ -62,7 +62,6 @@ class Evaluator:
         self.on_result = on_result
         self.shutdown = shutdown
         self.compute = compute
-        self.curriculum = curriculum
 
     async def run(self) -> None:
         try:
@@ -75,8 +74,6 @@ class Evaluator:
                 record = await self.compute.run(self._evaluate, weights)
                 await anyio.to_thread.run_sync(append_line, self.results_path, json.dumps(record))
                 log.info("evaluation", **record)
-                if self.curriculum is not None:
-                    self._promote(self.curriculum, record)
                 self.on_result(record)
                 if self.results is not None:
                     await self.results.send(record)
@@ -96,20 +93,6 @@ class Evaluator:
             "seconds": round(time.perf_counter() - t0, 3),
             **results,
         }
-
-    def _promote(self, curriculum: Curriculum, record: dict[str, Any]) -> None:
-        promotion = curriculum.observe(record)
-        if promotion is None:
-            return
-        rule = curriculum.stages[promotion.from_stage].promote
-        log.info(
-            "curriculum promotion",
-            from_stage=promotion.from_stage,
-            to_stage=promotion.to_stage,
-            name=curriculum.name(promotion.to_stage),
-            rule=rule.model_dump() if rule else None,
-            **promotion.result,
-        )
 
     async def flush(self, deadline: float) -> None:
         """Every result is appended and fsynced as it is made: nothing left to write."""

@@ -35,6 +35,7 @@ from navrl_daemon.runtime.channels import Receiver, Sender
 from navrl_daemon.runtime.compute import ComputeThread
 from navrl_daemon.runtime.leases import Lease
 from navrl_daemon.runtime.supervisor import Shutdown
+from navrl_daemon.stages.cadence import Cadence
 from navrl_daemon.stages.messages import PolicyWeights, Snapshot
 from navrl_daemon.stages.trainer import Checkpointing, Trainer
 from navrl_daemon.storage.policy_file import save_policy_state
@@ -66,8 +67,8 @@ class OfflineTrainer:
         export_path: Path,
         on_step: Callable[[StepRecord], None] = lambda _: None,
         on_end: Callable[[], None] = lambda: None,
+        cadence: Cadence,
         evaluations: Sender[PolicyWeights] | None = None,
-        eval_interval: int = 0,
         checkpoints: Checkpointing | None = None,
     ) -> None:
         self.learner = learner
@@ -79,8 +80,8 @@ class OfflineTrainer:
         self.export_path = export_path
         self.on_step = on_step
         self.on_end = on_end  # after the last step (a last, partial progress window)
+        self.cadence = cadence  # which steps evaluate and checkpoint
         self.evaluations = evaluations
-        self.eval_interval = eval_interval
         self.checkpoints = checkpoints
         if checkpoints is not None:
             checkpoints.last_version = learner.steps  # a resumed run's start is on disk
@@ -106,9 +107,9 @@ class OfflineTrainer:
                     stats = await self.compute.run(self._step, lease.meta["batch"])
                 step = self.learner.steps
                 record = StepRecord(step, self.samples, time.perf_counter() - t1, t1 - t0, stats)
-                if self.evaluations is not None and step % self.eval_interval == 0:
+                if self.evaluations is not None and self.cadence.evaluates(step):
                     await self.evaluations.send(await self._weights())
-                if ckpt and ckpt.interval and step % ckpt.interval == 0:
+                if ckpt and self.cadence.checkpoints(step):
                     await self._snapshot(final=False)
                 self.on_step(record)
             self.on_end()
@@ -208,14 +209,14 @@ class BCTerm:
 
 
 class TrainerWithBCTerm:
-    """The PPO Trainer, whose learner's `aux_loss` is `term` (see the module docstring)."""
+    """The PPO Trainer, whose learner was built with `term` as its `aux_loss` (see the
+    module docstring)."""
 
     name = "trainer"
 
     def __init__(self, trainer: Trainer, term: BCTerm) -> None:
         self.trainer = trainer
         self.term = term
-        trainer.learner.aux_loss = term
 
     async def run(self) -> None:
         self.term.token = anyio.lowlevel.current_token()

@@ -26,8 +26,8 @@ from navrl_daemon.env.curriculum import Curriculum
 from navrl_daemon.errors import DataError
 from navrl_daemon.rl.snapshot import SNAPSHOT_VERSION, restore_collector, restore_learner
 from navrl_daemon.rl.training import Collector, Learner
+from navrl_daemon.stages.curriculum import use_stage
 from navrl_daemon.stages.evaluator import read_results
-from navrl_daemon.stages.producer import use_stage
 from navrl_daemon.storage.checkpoint import CheckpointDir, CheckpointHeader
 
 log = structlog.get_logger("resume")
