@@ -249,6 +249,7 @@ class Telemetry:
                 log.info("history cut back to the checkpoint", iteration=iteration, dropped=dropped)
         self._row_iteration = iteration
         self._resumed_from = iteration or None
+        self.metrics.checkpoint_schedule(self.cfg.checkpoint.interval, iteration)
         self.progress.window_frames = frames  # frames/s of the first window counts from here
         self.progress.window_start = time.perf_counter()
         url = None if self.server is None else f"http://{self.server.url_host}:{self.server.port}"
@@ -306,10 +307,10 @@ class Telemetry:
             self.metrics.stage_busy(stage, ratio)
         if self.history is not None:
             row = self._history_row(summary)
-            try:
-                self.history.append(row)
-            except OSError as err:
-                log.warning("history row not written", iteration=row["iteration"], error=str(err))
+            error = self.history.append(row)  # a failed row waits for the next one
+            if error is not None:
+                self.metrics.write_failed("history")
+                log.warning("history row not written", iteration=row["iteration"], error=str(error))
 
     def _history_row(self, summary: dict[str, Any]) -> dict[str, Any]:
         """The summary as a history row: which iterations it covers (`iterations` ending at
@@ -346,8 +347,10 @@ class Telemetry:
         self.metrics.evaluation(record)
         self.metrics.stage_time("evaluator", "evaluate", record["seconds"])
 
-    def checkpoint_written(self, seconds: float, raw_bytes: int, stored_bytes: int) -> None:
-        self.metrics.checkpoint_written(seconds, raw_bytes, stored_bytes)
+    def checkpoint_written(
+        self, seconds: float, raw_bytes: int, stored_bytes: int, iteration: int
+    ) -> None:
+        self.metrics.checkpoint_written(seconds, raw_bytes, stored_bytes, iteration)
         self._checkpoint = {
             "time": time.time(),
             "write_s": round(seconds, 6),
@@ -380,7 +383,7 @@ def build_stages(
     offline_run.refuse_distributed(cfg, world.distributed)
     if cfg.offline.objective == "bc":  # no env: prefetcher → offline trainer (offline_run.py)
         return offline_run.bc_stages(cfg, state_dir, device, shutdown, threads, telemetry)
-    checkpoints = CheckpointDir(state_dir / "checkpoints")
+    checkpoints = CheckpointDir(state_dir / "checkpoints", accept=resume.CheckpointFit(cfg))
     found = _checkpoint_to_resume(checkpoints, ranks)
     torch.manual_seed(cfg.run.seed)  # the same initial weights on every rank
     policy = make_policy(cfg, device)
@@ -486,6 +489,7 @@ def build_stages(
         start_frames=start_frames,
         checkpoints=owned.checkpointing if owned else None,
         rollback=rollback,
+        on_export_failed=functools.partial(telemetry.metrics.write_failed, "export"),
     )
     stages: list[Any] = [producer, trainer, *(owned.stages if owned else [])]
     if cfg.offline.objective == "ppo+bc":  # + a BC term from prefetched archive batches
@@ -586,6 +590,7 @@ def _state_dir_stages(
                 shutdown=shutdown,
                 compute=threads.evaluator,
                 on_result=on_eval,
+                on_write_failed=functools.partial(telemetry.metrics.write_failed, "eval_results"),
                 curriculum=curriculum,
             )
         )

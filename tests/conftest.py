@@ -12,6 +12,8 @@ import pytest
 import structlog
 import torch
 
+from tests.small_disk import small_disk  # noqa: F401 (a fixture for every test)
+
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = REPO.parent / "shared" / "reference" / "navrl"
 NAVRL_CHECKPOINT = REFERENCE / "navrl_checkpoint.pt"

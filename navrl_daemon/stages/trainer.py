@@ -5,7 +5,8 @@ released the moment the update is done (with `pipeline.compress_rollouts`, as so
 batch is compressed, before the epochs), so the producer can refill that buffer. When the
 rollout channel ends (the producer stopped) the trainer has trained on every rollout it
 was handed; it then stages a final snapshot for the checkpoint writer, and its flush
-exports the final policy in NavRL's layout.
+exports the final policy in NavRL's layout (a failed export is logged, never fatal:
+stages/export.py).
 
 Checkpoints: every `checkpoint.interval` updates the trainer stages its learner state
 (host copies into reusable buffers, made off the training thread; storage/staging.py)
@@ -37,8 +38,8 @@ from navrl_daemon.runtime.channels import Receiver, Sender
 from navrl_daemon.runtime.compute import ComputeThread
 from navrl_daemon.runtime.leases import Lease
 from navrl_daemon.runtime.supervisor import Shutdown
+from navrl_daemon.stages.export import export_policy
 from navrl_daemon.stages.messages import PolicyWeights, Snapshot
-from navrl_daemon.storage.policy_file import save_policy_state
 from navrl_daemon.storage.staging import SnapshotStaging
 
 log = structlog.get_logger("trainer")
@@ -95,8 +96,10 @@ class Trainer:
         start_frames: int = 0,
         checkpoints: Checkpointing | None = None,
         rollback: Callable[[Learner], Path] | None = None,
+        on_export_failed: Callable[[], None] = lambda: None,
     ) -> None:
         self.learner = learner
+        self.on_export_failed = on_export_failed
         self.rollouts = rollouts
         self.weights = list(weights)
         self.evaluations = evaluations
@@ -260,10 +263,10 @@ class Trainer:
             log.info("nothing trained: policy not exported", path=str(self.export_path))
             return  # never replace an earlier run's export with untrained weights
         state = await self._run_locked(self.learner.policy.state_dict)
-        await anyio.to_thread.run_sync(save_policy_state, self.export_path, state)
-        log.info(
-            "policy exported",
-            path=str(self.export_path),
+        await export_policy(
+            self.export_path,
+            state,  # type: ignore[arg-type]
+            on_failed=self.on_export_failed,
             iteration=self.learner.version,
             frames=self.frames,
         )
