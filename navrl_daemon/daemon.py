@@ -68,6 +68,7 @@ from navrl_daemon.storage.checkpoint import CheckpointDir
 from navrl_daemon.storage.compressed_rollout import CompressedMinibatches
 from navrl_daemon.storage.history import DAEMON_FILE, HISTORY_FILE, HistoryFile
 from navrl_daemon.storage.staging import SnapshotStaging
+from navrl_daemon.storage.state_dir import check_writable
 
 log = structlog.get_logger("daemon")
 
@@ -91,10 +92,21 @@ def run(cfg: Config, state_dir: Path) -> int:
     if not world.leader:  # rank 0 owns the state dir; this rank only trains
         anyio.run(serving)
         return 0
+    check_writable(state_dir, written_dirs(cfg))  # ConfigError (78) naming the path
     with StateDirLock(state_dir):
         write_atomic(state_dir / "config.toml", to_toml(cfg).encode())
         anyio.run(serving)
     return 0
+
+
+def written_dirs(cfg: Config) -> list[str]:
+    """The directories of the state dir that a run of `cfg` writes files into."""
+    names = ["checkpoints", "export"]
+    if cfg.eval.interval:
+        names.append("eval")
+    if cfg.archive.interval:
+        names.append("archive")
+    return names
 
 
 async def serve(

@@ -12,7 +12,7 @@ import pytest
 import structlog
 import torch
 
-from tests.small_disk import small_disk  # noqa: F401 (a fixture for every test)
+from tests.small_disk import read_only, small_disk  # noqa: F401 (fixtures for every test)
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = REPO.parent / "shared" / "reference" / "navrl"
