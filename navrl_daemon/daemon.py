@@ -557,6 +557,7 @@ def _state_dir_stages(
                 shutdown=shutdown,
                 on_written=telemetry.metrics.archive_written,
                 on_failed=telemetry.metrics.archive_dropped,
+                resumed_from=producer.iteration,
             )
         )
 

@@ -110,6 +110,8 @@ class Trainer:
         self.export_path = export_path
         self.on_iteration = on_iteration
         self.checkpoints = checkpoints
+        if checkpoints is not None:  # a resumed run's start is on disk: never rewritten
+            checkpoints.last_version = learner.version
         # Where the learner goes back to after too many non-finite updates: the writer's
         # newest checkpoint (a rank without a writer gets rank 0's; runtime/distributed.py).
         self.rollback = rollback or (checkpoints.rollback if checkpoints else None)
