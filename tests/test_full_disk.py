@@ -35,6 +35,7 @@ def test_checkpoints_make_room_when_keep_last_does_not_fit(small_disk) -> None:
         "checkpoint.interval=1",
         "checkpoint.keep_last=5",
         "eval.interval=2",
+        timeout=1800,  # ten iterations and five evaluations on a busy 2-core machine
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     log = events(proc.stderr)
@@ -93,7 +94,7 @@ def test_a_failed_export_on_shutdown_keeps_the_final_checkpoint_and_exits_0(
     exit 1. The final checkpoint is written first and the export is a copy of its policy."""
     state = tmp_path / "state"
     (state / "export" / "policy.pt").mkdir(parents=True)
-    proc = navrl_cli("run", "--state-dir", str(state), *TINY, "run.total_frames=192")
+    proc = navrl_cli("run", "--state-dir", str(state), *TINY, "run.total_frames=192", timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     log = events(proc.stderr)
     failed = [e for e in log if e["event"].startswith("policy export failed")]

@@ -309,9 +309,9 @@ def test_the_iterations_redone_after_a_crash_are_not_archived_twice(tmp_path: Pa
     (state / "checkpoints" / "ckpt-000000005.nrc").unlink()  # as if killed before it
     log = run(state, *common, "run.total_frames=448")
     assert next(e for e in log if e["event"] == "resumed from checkpoint")["iteration"] == 4
+    seen = archived_segments(state)
+    assert set(seen.values()) == {1}, [k for k, n in seen.items() if n > 1]
+    assert sorted({it for it, _ in seen}) == [0, 1, 2, 3, 4, 5, 6]
+    assert len(seen) == 7 * 8  # every env of every iteration
     skipped = [e["iteration"] for e in log if e["event"].startswith("rollout already archived")]
     assert skipped == [4]
-    seen = archived_segments(state)
-    assert sorted({it for it, _ in seen}) == [0, 1, 2, 3, 4, 5, 6]
-    assert set(seen.values()) == {1}, [k for k, n in seen.items() if n > 1]
-    assert len(seen) == 7 * 8  # every env of every iteration
