@@ -131,7 +131,7 @@ class RolloutArchiver:
         # Resumed from checkpoint `resumed_from`: iterations after it up to this one were
         # archived before a crash, and are about to be redone.
         archived = last_archived_iteration(directory) if resumed_from else None
-        self._archived_through = archived if archived is not None else 0
+        self._archived_through = archived if archived is not None else -1  # rollouts from 0
         self._host: TensorDictBase | None = None  # pinned staging buffer for CUDA rollouts
         self._broken: list[ArchiveWriter] = []  # see _abandon_file
 
