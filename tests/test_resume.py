@@ -11,6 +11,7 @@ import resource
 import signal
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -273,3 +274,44 @@ def test_a_checkpoint_from_before_the_newer_env_keys_still_restores_the_env(
     start = next(e for e in resumed if e["event"] == "resumed from checkpoint")
     assert (start["iteration"], start["env_restored"]) == (1, True)
     assert not [e for e in resumed if "new episodes start" in e["event"]]
+
+
+def test_rerunning_a_finished_run_leaves_its_final_checkpoint_alone(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    first = run(state, "run.total_frames=192")
+    assert [e["iteration"] for e in first if e["event"] == "checkpoint written"] == [3]
+    final = state / "checkpoints" / "ckpt-000000003.nrc"
+    before = (final.read_bytes(), final.stat().st_mtime_ns, final.stat().st_ino)
+    again = run(state, "run.total_frames=192")  # nothing left to train
+    assert not [e for e in again if e["event"] == "checkpoint written"]
+    assert (final.read_bytes(), final.stat().st_mtime_ns, final.stat().st_ino) == before
+
+
+def archived_segments(state: Path) -> Counter:
+    """(iteration, env) → how many times the archive holds it."""
+    from navrl_daemon.storage.archive import ArchiveFile, archive_files
+
+    seen: Counter = Counter()
+    for path in archive_files(state / "archive"):
+        with ArchiveFile.open(path) as f:
+            f.verify()
+            seen.update(zip(f.rows["iteration"].tolist(), f.rows["env"].tolist(), strict=True))
+    return seen
+
+
+def test_the_iterations_redone_after_a_crash_are_not_archived_twice(tmp_path: Path) -> None:
+    """A crash after iteration 5's rollout was archived but before its checkpoint: the run
+    resumes from 4 and redoes that rollout, which used to land in the archive a second time
+    (a new file). The archive numbers rollouts from 0: rollout i is trained into i + 1."""
+    state = tmp_path / "state"
+    common = ("checkpoint.interval=2", "archive.interval=1", "archive.on_full=block")
+    run(state, *common, "run.total_frames=320")  # rollouts 0..4 archived, checkpoints 2, 4, 5
+    (state / "checkpoints" / "ckpt-000000005.nrc").unlink()  # as if killed before it
+    log = run(state, *common, "run.total_frames=448")
+    assert next(e for e in log if e["event"] == "resumed from checkpoint")["iteration"] == 4
+    seen = archived_segments(state)
+    assert set(seen.values()) == {1}, [k for k, n in seen.items() if n > 1]
+    assert sorted({it for it, _ in seen}) == [0, 1, 2, 3, 4, 5, 6]
+    assert len(seen) == 7 * 8  # every env of every iteration
+    skipped = [e["iteration"] for e in log if e["event"].startswith("rollout already archived")]
+    assert skipped == [4]

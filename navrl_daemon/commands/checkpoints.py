@@ -1,8 +1,11 @@
 """`navrl-daemon checkpoints list|verify|export|import`: the files in STATE_DIR/checkpoints.
 
-- `list`: one entry per `.nrc` file (header fields, sizes, whether it loads).
-- `verify`: loads every file (magic, lengths, checksum, weights-only load); exit 65 and a
-  line per bad file when any is not valid.
+- `list`: one entry per `.nrc` file (header fields, sizes, whether it is valid).
+- `verify`: loads every file (magic, lengths, checksum, weights-only load) and checks that
+  its contents fit the run (kind, policy and optimiser shapes: the check `run` makes,
+  stages/resume.py `CheckpointFit`) against `--config`, else the state dir's `config.toml`
+  (the config its run resolved), else the built-in one; exit 65 and a line per bad file
+  when any is not valid. Files `run` moved aside (`checkpoints/rejected/`) are not listed.
 - `export --format navrl`: the policy of a checkpoint as a plain state_dict in NavRL's key
   layout (what NavRL's ROS runner loads).
 - `import --format navrl FILE`: a NavRL policy file becomes checkpoint 0 of an empty state
@@ -23,9 +26,10 @@ from navrl_daemon.commands.common import (
     state_dir,
     state_dir_arg,
 )
-from navrl_daemon.config import Config
+from navrl_daemon.config import Config, load_config
 from navrl_daemon.errors import DataError, UsageError
 from navrl_daemon.storage.checkpoint import (
+    Accept,
     CheckpointDir,
     encode_checkpoint,
     load_checkpoint,
@@ -65,6 +69,16 @@ def _directory(cfg: Config, args: argparse.Namespace) -> CheckpointDir:
     return CheckpointDir(state_dir(cfg, args) / "checkpoints")
 
 
+def _fit(cfg: Config, args: argparse.Namespace) -> Accept:
+    """The run check against the config the files were written under (see the docstring)."""
+    from navrl_daemon.stages.resume import CheckpointFit
+
+    saved = state_dir(cfg, args) / "config.toml"
+    if args.config is None and saved.is_file():
+        cfg = load_config(saved)
+    return CheckpointFit(cfg)
+
+
 def describe(path: Path, why: str | None) -> dict[str, Any]:
     """One `list` entry; header fields are null when the header itself is unreadable."""
     entry: dict[str, Any] = {"path": str(path), "valid": why is None, "reason": why}
@@ -88,7 +102,7 @@ def describe(path: Path, why: str | None) -> dict[str, Any]:
 
 def handle_list(cfg: Config, args: argparse.Namespace) -> int:
     directory = _directory(cfg, args)
-    entries = [describe(p, why) for p, why in verify(directory.files())]
+    entries = [describe(p, why) for p, why in verify(directory.files(), _fit(cfg, args))]
     if args.json:
         print_json(entries)
         return 0
@@ -106,7 +120,7 @@ def handle_list(cfg: Config, args: argparse.Namespace) -> int:
 
 def handle_verify(cfg: Config, args: argparse.Namespace) -> int:
     files = args.files or _directory(cfg, args).files()
-    results = verify(files)
+    results = verify(files, _fit(cfg, args))
     bad = [(p, why) for p, why in results if why is not None]
     if args.json:
         print_json([{"path": str(p), "valid": why is None, "reason": why} for p, why in results])

@@ -39,6 +39,9 @@ STATES = ("starting", "running", "draining", "stopped")
 # Durations from 1 ms (a channel hop) to 60 s (a NavRL-scale update or checkpoint).
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 POLICY_LAG_BUCKETS = (0, 1, 2, 4, 8)
+# The `file` label of navrl_write_failures_total: eval/results.jsonl, history.jsonl,
+# export/*.pt.
+WRITTEN_FILES = ("eval_results", "history", "export")
 
 # PPO's loss dict (rl/ppo.py STAT_NAMES) → (metric, label value).
 # "bc": the behaviour-cloning loss of an offline objective (x bc_coef under "ppo+bc").
@@ -212,6 +215,23 @@ class Metrics:
         self.checkpoint_failures_total = Counter(
             "navrl_checkpoint_failures", "Checkpoint writes that failed.", registry=r
         )
+        self.checkpoint_missed_intervals = Gauge(
+            "navrl_checkpoint_missed_intervals",
+            "Checkpoint intervals that passed without their checkpoint since the newest one "
+            "this run wrote (or resumed from); 0 while checkpoints land on schedule.",
+            registry=r,
+        )
+        self._checkpoint_interval = 0
+        self._checkpointed_iteration = 0
+        self.write_failures_total = Counter(
+            "navrl_write_failures",
+            "Writes of a state-dir file other than checkpoints and the archive that failed "
+            "(a failed row is retried with the next one; the export is not).",
+            ["file"],
+            registry=r,
+        )
+        for name in WRITTEN_FILES:
+            self.write_failures_total.labels(file=name)
         self.archive_bytes_total = Counter(
             "navrl_archive_bytes",
             "Rollout bytes archived, before (raw) and after (stored) compression.",
@@ -304,6 +324,9 @@ class Metrics:
             self.explained_variance.set(losses["explained_var"])
         self.nonfinite_updates_total.inc(losses.get("nonfinite_updates", 0))
         self.last_iteration_timestamp.set(time.time() if now is None else now)
+        if self._checkpoint_interval:
+            behind = (policy_version - self._checkpointed_iteration) // self._checkpoint_interval
+            self.checkpoint_missed_intervals.set(max(0, behind - 1))  # one may be in flight
 
     def episodes(self, stats: dict[str, float]) -> None:
         """Means of the training episodes finished in a window (`EpisodeStats.take()`);
@@ -341,9 +364,23 @@ class Metrics:
 
     # checkpoints, archive, prefetch
 
+    def checkpoint_schedule(self, interval: int, iteration: int) -> None:
+        """Checkpoints are due every `interval` iterations (0: none); the run starts from
+        a checkpoint of `iteration` (0: a new run)."""
+        self._checkpoint_interval = interval
+        self._checkpointed_iteration = iteration
+
     def checkpoint_written(
-        self, seconds: float, raw_bytes: int, stored_bytes: int, now: float | None = None
+        self,
+        seconds: float,
+        raw_bytes: int,
+        stored_bytes: int,
+        iteration: int | None = None,
+        now: float | None = None,
     ) -> None:
+        if iteration is not None:
+            self._checkpointed_iteration = max(self._checkpointed_iteration, iteration)
+            self.checkpoint_missed_intervals.set(0)
         self.checkpoint_write_seconds.observe(seconds)
         self.checkpoint_bytes.labels(kind="raw").set(raw_bytes)
         self.checkpoint_bytes.labels(kind="stored").set(stored_bytes)
@@ -354,6 +391,10 @@ class Metrics:
 
     def checkpoint_failed(self) -> None:
         self.checkpoint_failures_total.inc()
+
+    def write_failed(self, file: str) -> None:
+        """`file`: one of WRITTEN_FILES."""
+        self.write_failures_total.labels(file=file).inc()
 
     def archive_written(self, raw_bytes: int, stored_bytes: int, segments: int = 1) -> None:
         self.archive_bytes_total.labels(kind="raw").inc(raw_bytes)

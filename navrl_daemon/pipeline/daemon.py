@@ -67,6 +67,7 @@ from navrl_daemon.storage.atomic import write_atomic
 from navrl_daemon.storage.checkpoint import CheckpointDir
 from navrl_daemon.storage.compressed_rollout import CompressedMinibatches
 from navrl_daemon.storage.staging import SnapshotStaging
+from navrl_daemon.storage.state_dir import check_writable
 
 log = structlog.get_logger("daemon")
 
@@ -80,10 +81,21 @@ def run(cfg: Config, state_dir: Path) -> int:
     if not world.leader:  # rank 0 owns the state dir; this rank only trains
         anyio.run(serving)
         return 0
+    check_writable(state_dir, written_dirs(cfg))  # ConfigError (78) naming the path
     with StateDirLock(state_dir):
         write_atomic(state_dir / "config.toml", to_toml(cfg).encode())
         anyio.run(serving)
     return 0
+
+
+def written_dirs(cfg: Config) -> list[str]:
+    """The directories of the state dir that a run of `cfg` writes files into."""
+    names = ["checkpoints", "export"]
+    if cfg.eval.interval:
+        names.append("eval")
+    if cfg.archive.interval:
+        names.append("archive")
+    return names
 
 
 async def serve(
@@ -157,7 +169,7 @@ def build_stages(ctx: RunContext) -> list[Stage]:
     offline.refuse_distributed(cfg, world.distributed)
     if cfg.offline.objective == "bc":  # no env: prefetcher → offline trainer (offline.py)
         return offline.bc_stages(ctx)
-    checkpoints = CheckpointDir(ctx.state_dir / "checkpoints")
+    checkpoints = CheckpointDir(ctx.state_dir / "checkpoints", accept=resume.CheckpointFit(cfg))
     found = ctx.coordinator.newest_checkpoint(checkpoints)
     torch.manual_seed(cfg.run.seed)  # the same initial weights on every rank
     policy = make_policy(cfg, ctx.device)
@@ -197,7 +209,9 @@ def build_stages(ctx: RunContext) -> list[Stage]:
     if world.leader:  # the final snapshot's env state: every rank's, gathered by the
         # producers when they stopped together
         final_state = lambda: producer.final_state  # noqa: E731
-        owned = _state_dir_stages(ctx, checkpoints, policy, curriculum, final_state)
+        owned = _state_dir_stages(
+            ctx, checkpoints, policy, curriculum, final_state, resumed_from=start.iteration
+        )
     producer = RolloutProducer(
         collector,
         pool,
@@ -228,6 +242,7 @@ def build_stages(ctx: RunContext) -> list[Stage]:
         export_path=ctx.state_dir / "export" / "policy.pt" if owned else None,  # rank 0's
         rollback=functools.partial(ctx.coordinator.rollback, checkpoints),
         on_iteration=telemetry.iteration,
+        on_export_failed=functools.partial(telemetry.metrics.write_failed, "export"),
         shutdown=ctx.shutdown,
         compute=ctx.threads.trainer,
     )
@@ -298,6 +313,7 @@ def _state_dir_stages(
     policy: NavRLPolicy,
     curriculum: Curriculum | None,
     final_state: Callable[[], dict[str, Any] | None],
+    resumed_from: int,
 ) -> StateDirStages:
     """Archiver, evaluator and checkpoint writer, with their channels."""
     cfg, telemetry = ctx.cfg, ctx.telemetry
@@ -317,6 +333,7 @@ def _state_dir_stages(
                 shutdown=ctx.shutdown,
                 on_written=telemetry.metrics.archive_written,
                 on_failed=telemetry.metrics.archive_dropped,
+                resumed_from=resumed_from,
             )
         )
 
@@ -365,6 +382,7 @@ def _state_dir_stages(
                 shutdown=ctx.shutdown,
                 compute=ctx.threads.evaluator,
                 on_result=on_eval,
+                on_write_failed=functools.partial(telemetry.metrics.write_failed, "eval_results"),
             )
         )
 

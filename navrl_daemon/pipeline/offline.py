@@ -59,7 +59,7 @@ from navrl_daemon.storage.staging import SnapshotStaging
 
 log = structlog.get_logger("daemon")
 
-OFFLINE = "offline"  # the `kind` of an offline run's checkpoints
+OFFLINE = resume.OFFLINE  # the `kind` of an offline run's checkpoints
 EXPORT_NAMES = {"navigation": "policy.pt", "image_joint": "image_joint_policy.pt"}
 
 
@@ -90,7 +90,7 @@ def _bc_stages(ctx: RunContext, data: MultimodalDataset | ArchiveReader, t0: flo
     threads, telemetry = ctx.threads, ctx.telemetry
     _log_data(data, time.perf_counter() - t0)
     learner = _bc_learner(cfg, data, device)
-    checkpoints = CheckpointDir(state_dir / "checkpoints")
+    checkpoints = CheckpointDir(state_dir / "checkpoints", accept=resume.CheckpointFit(cfg))
     found = resume.newest_checkpoint(checkpoints)
     frames = 0
     if found is not None:
@@ -167,6 +167,7 @@ def _bc_stages(ctx: RunContext, data: MultimodalDataset | ArchiveReader, t0: flo
                 shutdown=shutdown,
                 compute=threads.evaluator,
                 on_result=on_eval,
+                on_write_failed=functools.partial(metrics.write_failed, "eval_results"),
             )
         )
     progress = OfflineProgress(telemetry, cfg.log.summary_interval, cfg.prefetch.batch_size)
@@ -178,6 +179,7 @@ def _bc_stages(ctx: RunContext, data: MultimodalDataset | ArchiveReader, t0: flo
         shutdown=shutdown,
         compute=threads.trainer,
         export_path=state_dir / "export" / EXPORT_NAMES[learner.kind],
+        on_export_failed=functools.partial(metrics.write_failed, "export"),
         on_step=progress,
         on_end=progress.summarise,
         cadence=ctx.cadence,

@@ -113,6 +113,7 @@ class Telemetry:
                 log.info("history cut back to the checkpoint", iteration=iteration, dropped=dropped)
         self._row_iteration = iteration
         self._resumed_from = iteration or None
+        self.metrics.checkpoint_schedule(self.cfg.checkpoint.interval, iteration)
         self.progress.window_frames = frames  # frames/s of the first window counts from here
         self.progress.window_start = time.perf_counter()
         url = None if self.server is None else f"http://{self.server.url_host}:{self.server.port}"
@@ -170,10 +171,10 @@ class Telemetry:
             self.metrics.stage_busy(stage, ratio)
         if self.history is not None:
             row = self._history_row(summary)
-            try:
-                self.history.append(row)
-            except OSError as err:
-                log.warning("history row not written", iteration=row["iteration"], error=str(err))
+            error = self.history.append(row)  # a failed row waits for the next one
+            if error is not None:
+                self.metrics.write_failed("history")
+                log.warning("history row not written", iteration=row["iteration"], error=str(error))
 
     def _history_row(self, summary: dict[str, Any]) -> dict[str, Any]:
         """The summary as a history row: which iterations it covers (`iterations` ending at
@@ -210,8 +211,10 @@ class Telemetry:
         self.metrics.evaluation(record)
         self.metrics.stage_time("evaluator", "evaluate", record["seconds"])
 
-    def checkpoint_written(self, seconds: float, raw_bytes: int, stored_bytes: int) -> None:
-        self.metrics.checkpoint_written(seconds, raw_bytes, stored_bytes)
+    def checkpoint_written(
+        self, seconds: float, raw_bytes: int, stored_bytes: int, iteration: int
+    ) -> None:
+        self.metrics.checkpoint_written(seconds, raw_bytes, stored_bytes, iteration)
         self._checkpoint = {
             "time": time.time(),
             "write_s": round(seconds, 6),

@@ -7,11 +7,13 @@ is worth a thread) and appended to `DIR/rollouts-<seq:06d>.h5` (storage/archive.
 the format). A file past `archive.max_file_bytes` is closed and the next started; past
 `archive.max_total_bytes` in the directory, the oldest files are removed. `flush`
 closes the open file, which marks it complete; after a kill -9 the file being written
-reads back up to its last whole segment. A write that fails (disk full, I/O error) turns
-archiving off until the daemon restarts (HDF5 cannot be trusted after one: see
-`_abandon_file`); it is logged, every rollout not archived counts as a drop, and training
-goes on. The producer sends only due rollouts here;
-a lease that is not due is released untouched.
+reads back up to its last whole segment. A run resumed from a checkpoint redoes the
+iterations a crash lost after it; those that were archived before the crash are not
+archived again (each iteration is in the archive once). A write that fails (disk full,
+I/O error) turns archiving off until the daemon restarts (HDF5 cannot be trusted after
+one: see `_abandon_file`); it is logged, every rollout not archived counts as a drop,
+and training goes on. The producer sends only due rollouts here; a lease that is not due
+is released untouched.
 While draining (first signal) it still archives what is queued; once `shutdown.abort` is
 set (second signal) it releases leases without archiving them.
 
@@ -58,7 +60,9 @@ from navrl_daemon.storage.archive import (
     archive_files,
     archive_name,
     encode_segments,
+    last_archived_iteration,
     next_sequence,
+    remove_temp_files,
 )
 from navrl_daemon.storage.codec import parse_key_filters
 from navrl_daemon.storage.episode_store import Arrays, rollout_arrays
@@ -105,6 +109,7 @@ class RolloutArchiver:
         shutdown: Shutdown,
         on_written: Callable[[int, int, int], None] = lambda raw, stored, segments: None,
         on_failed: Callable[[], None] = lambda: None,
+        resumed_from: int = 0,
     ) -> None:
         self.cfg = cfg
         self.directory = directory
@@ -119,7 +124,14 @@ class RolloutArchiver:
         self._files = anyio.CapacityLimiter(1)  # one thread at a time touches the HDF5 file
         self._schema: Schema | None = None
         self._writer: ArchiveWriter | None = None
+        removed = remove_temp_files(directory)
+        if removed:
+            log.warning("removed half-created archive files", files=[p.name for p in removed])
         self._next_seq = next_sequence(directory)  # a restart never appends to an old file
+        # Resumed from checkpoint `resumed_from`: iterations after it up to this one were
+        # archived before a crash, and are about to be redone.
+        archived = last_archived_iteration(directory) if resumed_from else None
+        self._archived_through = archived if archived is not None else -1  # rollouts from 0
         self._host: TensorDictBase | None = None  # pinned staging buffer for CUDA rollouts
         self._broken: list[ArchiveWriter] = []  # see _abandon_file
 
@@ -129,6 +141,9 @@ class RolloutArchiver:
                 with lease:
                     iteration = int(lease.meta["iteration"])
                     if not is_due(self.cfg, iteration) or self.shutdown.abort.is_set():
+                        continue
+                    if iteration <= self._archived_through:
+                        log.info("rollout already archived before the restart", iteration=iteration)
                         continue
                     if self._broken:
                         self.on_failed()  # archiving is off since a write failed

@@ -2,9 +2,11 @@
 
 The trainer only stages a snapshot (a host copy) and drops it into a coalescing queue;
 here it is serialised, compressed by `checkpoint.workers` threads, written durably
-(storage/checkpoint.py) and old files pruned. A failed write (disk full, I/O error,
-permissions, a non-finite tensor) is logged and counted and training goes on: the next
-interval tries again and every file already written stays. On shutdown the trainer sends
+(storage/checkpoint.py) and old files pruned (files that are not valid checkpoints are moved
+aside, never counted). Low on disk space, older checkpoints are deleted to make room before
+a write, never the newest valid one. A failed write (disk full, I/O error, permissions, a
+non-finite tensor) is logged and counted and training goes on: the next interval tries
+again and every file already written stays. On shutdown the trainer sends
 its final snapshot and closes the queue; `run` writes whatever is pending, then ends.
 """
 
@@ -23,7 +25,12 @@ import structlog
 from navrl_daemon.config import CheckpointConfig
 from navrl_daemon.runtime.channels import Receiver
 from navrl_daemon.stages.messages import Snapshot
-from navrl_daemon.storage.checkpoint import CheckpointDir, encode_checkpoint, parse_header
+from navrl_daemon.storage.checkpoint import (
+    REJECTED,
+    CheckpointDir,
+    encode_checkpoint,
+    parse_header,
+)
 
 log = structlog.get_logger("checkpoint_writer")
 
@@ -38,7 +45,8 @@ class CheckpointWriter:
         cfg: CheckpointConfig,
         *,
         meta: dict[str, Any],
-        on_written: Callable[[float, int, int], None] = lambda *_: None,
+        # seconds, raw bytes, stored bytes, iteration
+        on_written: Callable[[float, int, int, int], None] = lambda *_: None,
         on_failed: Callable[[], None] = lambda: None,
         scores: dict[int, float] | None = None,
     ) -> None:
@@ -94,6 +102,11 @@ class CheckpointWriter:
                 executor=self._pool,
             )
             path = self.directory.write(data, snapshot.iteration)
+            if self.directory.made_room:
+                log.warning(
+                    "low disk space: older checkpoints removed to make room",
+                    files=[p.name for p in self.directory.made_room],
+                )
         except (OSError, ValueError, TypeError) as err:
             self.failures += 1
             self.on_failed()
@@ -107,7 +120,7 @@ class CheckpointWriter:
         seconds = time.perf_counter() - t0
         header = parse_header(data)
         self.written.append(path)
-        self.on_written(seconds, header.raw_bytes, header.stored_bytes)
+        self.on_written(seconds, header.raw_bytes, header.stored_bytes, snapshot.iteration)
         log.info(
             "checkpoint written",
             path=str(path),
@@ -129,6 +142,13 @@ class CheckpointWriter:
         except OSError as err:
             log.warning("pruning old checkpoints failed", error=_describe(err))
             return
+        for path, why in self.directory.rejected:
+            log.warning(
+                "not a valid checkpoint: moved aside, it never counts",
+                file=str(path),
+                to=str(self.directory.path / REJECTED),
+                reason=why,
+            )
         if removed:
             log.info("old checkpoints removed", files=[p.name for p in removed])
 

@@ -3,8 +3,10 @@
 It has its own env (same map as training) and its own policy copy; its work runs on the
 compute thread it is given (on CPU the one training uses, so evaluation costs training
 exactly its own compute); its input channel coalesces, so a slow evaluation skips versions instead
-of slowing the trainer. Results go to `eval/results.jsonl` (one fsynced line each), the
-log, and an optional output channel (the checkpoint writer's keep-best).
+of slowing the trainer. Results go to `eval/results.jsonl` (one fsynced line each, all or
+nothing), the log, and an optional output channel (the checkpoint writer's keep-best). A
+result that cannot be written (disk full) is logged, counted and written with the next
+one: evaluation, like training, goes on.
 
 With a curriculum (env/curriculum.py) it evaluates at the curriculum's current stage
 (`StageEvaluation` rebuilds the eval env when the stage changes; `eval.layout` still
@@ -15,6 +17,7 @@ between rollouts.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -34,7 +37,7 @@ from navrl_daemon.runtime.channels import Receiver, Sender
 from navrl_daemon.runtime.compute import ComputeThread
 from navrl_daemon.runtime.supervisor import Shutdown
 from navrl_daemon.stages.messages import PolicyWeights
-from navrl_daemon.storage.atomic import append_line
+from navrl_daemon.storage.history import JsonLinesFile
 
 log = structlog.get_logger("evaluator")
 
@@ -53,11 +56,14 @@ class Evaluator:
         compute: ComputeThread,
         results: Sender[dict[str, Any]] | None = None,
         on_result: Callable[[dict[str, Any]], None] = lambda _: None,
+        on_write_failed: Callable[[], None] = lambda: None,
     ) -> None:
         self.policy = policy
         self.evaluate = evaluate
         self.weights = weights
         self.results_path = results_path
+        self.results_file = JsonLinesFile(results_path)
+        self.on_write_failed = on_write_failed
         self.results = results
         self.on_result = on_result
         self.shutdown = shutdown
@@ -72,7 +78,7 @@ class Evaluator:
                     iteration=weights.version, policy_version=weights.version
                 )
                 record = await self.compute.run(self._evaluate, weights)
-                await anyio.to_thread.run_sync(append_line, self.results_path, json.dumps(record))
+                await self._write(record)
                 log.info("evaluation", **record)
                 self.on_result(record)
                 if self.results is not None:
@@ -80,6 +86,22 @@ class Evaluator:
         finally:
             if self.results is not None:
                 self.results.close()
+
+    async def _write(self, record: dict[str, Any] | None) -> None:
+        """Append `record` (None: only what is waiting); a failure is logged and counted,
+        and the rows wait for the next try."""
+        file = self.results_file
+        write = file.flush if record is None else functools.partial(file.append, record)
+        error = await anyio.to_thread.run_sync(write)
+        if error is not None:
+            self.on_write_failed()
+            log.error(
+                "evaluation result not written: kept, retried with the next one",
+                path=str(self.results_path),
+                error=f"{type(error).__name__}: {error}",
+                waiting=len(file.waiting),
+                dropped=file.dropped,
+            )
 
     def _evaluate(self, weights: PolicyWeights) -> dict[str, Any]:
         self.policy.load_state_dict(weights.state)
@@ -95,7 +117,9 @@ class Evaluator:
         }
 
     async def flush(self, deadline: float) -> None:
-        """Every result is appended and fsynced as it is made: nothing left to write."""
+        """Results are appended and fsynced as they are made; retry any still waiting."""
+        if self.results_file.waiting:
+            await self._write(None)
 
 
 class StageEvaluation:

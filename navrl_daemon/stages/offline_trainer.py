@@ -36,9 +36,9 @@ from navrl_daemon.runtime.compute import ComputeThread
 from navrl_daemon.runtime.leases import Lease
 from navrl_daemon.runtime.supervisor import Shutdown
 from navrl_daemon.stages.cadence import Cadence
+from navrl_daemon.stages.export import export_policy
 from navrl_daemon.stages.messages import PolicyWeights, Snapshot
 from navrl_daemon.stages.trainer import Checkpointing, Trainer
-from navrl_daemon.storage.policy_file import save_policy_state
 
 log = structlog.get_logger("trainer")
 
@@ -70,8 +70,10 @@ class OfflineTrainer:
         cadence: Cadence,
         evaluations: Sender[PolicyWeights] | None = None,
         checkpoints: Checkpointing | None = None,
+        on_export_failed: Callable[[], None] = lambda: None,
     ) -> None:
         self.learner = learner
+        self.on_export_failed = on_export_failed
         self.batches = batches
         self.steps = steps
         self.batch_size = batch_size
@@ -151,10 +153,10 @@ class OfflineTrainer:
             log.info("nothing trained: policy not exported", path=str(self.export_path))
             return  # never replace an earlier run's export with untrained weights
         state = await self.compute.run(self.learner.policy.state_dict)
-        await anyio.to_thread.run_sync(save_policy_state, self.export_path, state)
-        log.info(
-            "policy exported",
-            path=str(self.export_path),
+        await export_policy(
+            self.export_path,
+            state,
+            on_failed=self.on_export_failed,
             kind=self.learner.kind,
             steps=self.learner.steps,
             samples=self.samples,

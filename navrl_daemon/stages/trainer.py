@@ -5,7 +5,8 @@ released the moment the update is done (with `pipeline.compress_rollouts`, as so
 batch is compressed, before the epochs), so the producer can refill that buffer. When the
 rollout channel ends (the producer stopped) the trainer has trained on every rollout it
 was handed; it then stages a final snapshot for the checkpoint writer, and its flush
-exports the final policy in NavRL's layout.
+exports the final policy in NavRL's layout (a failed export is logged, never fatal:
+stages/export.py).
 
 Checkpoints: every `checkpoint.interval` updates (stages/cadence.py) the trainer stages its
 learner state (host copies into reusable buffers, made off the training thread;
@@ -38,8 +39,8 @@ from navrl_daemon.runtime.channels import Receiver, Sender
 from navrl_daemon.runtime.compute import ComputeThread
 from navrl_daemon.runtime.supervisor import Shutdown
 from navrl_daemon.stages.cadence import Cadence
+from navrl_daemon.stages.export import export_policy
 from navrl_daemon.stages.messages import PolicyWeights, Rollout, Snapshot
-from navrl_daemon.storage.policy_file import save_policy_state
 from navrl_daemon.storage.staging import SnapshotStaging
 
 log = structlog.get_logger("trainer")
@@ -92,16 +93,20 @@ class Trainer:
         # many non-finite updates; returns its path (stages/coordinator.py).
         rollback: Callable[[Learner], Path] | None = None,
         on_iteration: Callable[[IterationRecord], None] = lambda _: None,
+        on_export_failed: Callable[[], None] = lambda: None,
         shutdown: Shutdown,
         compute: ComputeThread,
     ) -> None:
         self.learner = learner
+        self.on_export_failed = on_export_failed
         self.rollouts = rollouts
         self.weights = list(weights)
         self.cadence = cadence
         self.frames = start_frames
         self.evaluations = evaluations
         self.checkpoints = checkpoints
+        if checkpoints is not None:  # a resumed run's start is on disk: never rewritten
+            checkpoints.last_version = learner.version
         self.export_path = export_path
         self.rollback = rollback
         self.on_iteration = on_iteration
@@ -254,10 +259,10 @@ class Trainer:
             log.info("nothing trained: policy not exported", path=str(self.export_path))
             return  # never replace an earlier run's export with untrained weights
         state = await self._run_locked(self.learner.policy.state_dict)
-        await anyio.to_thread.run_sync(save_policy_state, self.export_path, state)
-        log.info(
-            "policy exported",
-            path=str(self.export_path),
+        await export_policy(
+            self.export_path,
+            state,  # type: ignore[arg-type]
+            on_failed=self.on_export_failed,
             iteration=self.learner.version,
             frames=self.frames,
         )

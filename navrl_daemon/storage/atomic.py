@@ -31,10 +31,42 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def append_line(path: Path, line: str) -> None:
-    """Append one line and flush it to disk (JSON-lines logs a reader may tail)."""
+def append_line(path: Path, line: str, *, fsync: bool = True) -> None:
+    """Append one line, all or nothing (JSON-lines logs a reader may tail).
+
+    A tail without its newline (a crash or a full disk mid-append) is cut before the line
+    goes on, so the new line is never glued to a torn one; a write that fails (ENOSPC,
+    EIO) truncates the file back to where it was and raises. `fsync=False` only flushes."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a", encoding="utf-8") as f:
-        f.write(line.rstrip("\n") + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    data = (line.rstrip("\n") + "\n").encode()
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = _cut_torn_tail(fd)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if fsync:
+                os.fsync(fd)
+        except BaseException:
+            os.ftruncate(fd, size)
+            raise
+    finally:
+        os.close(fd)
+
+
+def _cut_torn_tail(fd: int) -> int:
+    """Truncate an open file after its last newline; returns the size it then has."""
+    size = os.fstat(fd).st_size
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        return size
+    end = size
+    while end > 0:  # back to the last newline, a block at a time
+        start = max(0, end - 65536)
+        newline = os.pread(fd, end - start, start).rfind(b"\n")
+        if newline >= 0:
+            end = start + newline + 1
+            break
+        end = start
+    os.ftruncate(fd, end)
+    return end

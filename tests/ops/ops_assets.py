@@ -60,6 +60,9 @@ METRICS: dict[str, str] = {
     "navrl_checkpoint_last_success_timestamp_seconds": GAUGE,
     "navrl_checkpoint_bytes": GAUGE,
     "navrl_checkpoint_failures_total": COUNTER,
+    "navrl_checkpoint_missed_intervals": GAUGE,
+    # other state-dir files: eval results, history, export
+    "navrl_write_failures_total": COUNTER,
     # archive
     "navrl_archive_bytes_total": COUNTER,
     "navrl_archive_segments_total": COUNTER,
@@ -88,7 +91,7 @@ METRICS: dict[str, str] = {
 }
 # Label names the exprs may match or group on: the target's, the histograms' and ours.
 LABELS = {"job", "instance", "le", "stage", "phase", "queue", "pool", "term", "group", "kind"}
-LABELS |= {"state", "version", "torch", "device"}
+LABELS |= {"state", "version", "torch", "device", "file"}
 
 _HISTOGRAM_SERIES = ("_bucket", "_sum", "_count")
 

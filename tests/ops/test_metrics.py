@@ -187,6 +187,31 @@ def test_state_is_one_hot_over_all_four_states() -> None:
         m.set_state("paused")
 
 
+def test_checkpoint_missed_intervals_count_whole_intervals_without_a_checkpoint() -> None:
+    """The metric behind NavrlCheckpointsMissed: every write failing (a read-only or
+    replaced checkpoints dir, a full disk) makes it climb while training goes on."""
+    m = make_metrics()
+
+    def iterate(*versions: int) -> None:
+        for version in versions:
+            m.iteration(frames_delta=64, policy_version=version, policy_lag=0, losses={})
+
+    m.checkpoint_schedule(interval=2, iteration=10)  # resumed from checkpoint 10
+    iterate(11, 12, 13)
+    assert value(m, "navrl_checkpoint_missed_intervals") == 0  # 12's write may be in flight
+    iterate(14)
+    assert value(m, "navrl_checkpoint_missed_intervals") == 1
+    iterate(15, 16, 17, 18)
+    assert value(m, "navrl_checkpoint_missed_intervals") == 3
+    m.checkpoint_written(0.1, 100, 50, iteration=18)
+    assert value(m, "navrl_checkpoint_missed_intervals") == 0
+    iterate(19, 20, 21)
+    assert value(m, "navrl_checkpoint_missed_intervals") == 0
+    m.write_failed("eval_results")
+    assert value(m, "navrl_write_failures_total", file="eval_results") == 1
+    assert value(m, "navrl_write_failures_total", file="export") == 0
+
+
 def test_checkpoint_archive_and_prefetch() -> None:
     m = make_metrics()
     m.checkpoint_written(1.2, raw_bytes=4_000_000, stored_bytes=1_500_000, now=2000.0)

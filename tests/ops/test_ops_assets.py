@@ -42,6 +42,7 @@ REQUIRED_ALERTS = {
     "NavrlNonFiniteUpdates",
     "NavrlQueueSaturated",
     "NavrlArchiveDropping",
+    "NavrlCheckpointsMissed",
 }
 
 
