@@ -323,8 +323,8 @@ class Telemetry:
             "time": round(now, 3),
             **{k: v for k, v in summary.items() if k not in ("iteration", "frames", "phases")},
             "checkpoint_stall_s": round(stall - self._stall_s, 6),
-            "checkpoint_age_s": (
-                round(now - self._checkpoint["time"], 3) if self._checkpoint else None
+            "checkpoint_age_s": (  # monotonic: a wall-clock step (NTP) changes no age
+                round(time.monotonic() - self._checkpoint["at"], 3) if self._checkpoint else None
             ),
             "checkpoint_write_s": self._checkpoint.get("write_s"),
             "checkpoint_raw_bytes": self._checkpoint.get("raw_bytes"),
@@ -349,7 +349,7 @@ class Telemetry:
     def checkpoint_written(self, seconds: float, raw_bytes: int, stored_bytes: int) -> None:
         self.metrics.checkpoint_written(seconds, raw_bytes, stored_bytes)
         self._checkpoint = {
-            "time": time.time(),
+            "at": time.monotonic(),
             "write_s": round(seconds, 6),
             "raw_bytes": raw_bytes,
             "stored_bytes": stored_bytes,
@@ -541,6 +541,8 @@ def _state_dir_stages(
                 shutdown=shutdown,
                 on_written=telemetry.metrics.archive_written,
                 on_failed=telemetry.metrics.archive_dropped,
+                on_rotated=telemetry.metrics.archive_rotated,
+                on_usage=telemetry.metrics.archive_usage,
             )
         )
 

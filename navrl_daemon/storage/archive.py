@@ -33,6 +33,7 @@ then open it with `swmr=True`, and trust no row whose blob lies beyond its datas
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -485,6 +486,7 @@ class ArchiveFile:
         rows = {name: v[:segments] for name, v in rows.items()}
         fd = os.open(path, os.O_RDONLY)
         try:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # held while open: rotation never deletes this file
             chunks = ChunkMap.for_datasets(fd, blobs)
         except BaseException:
             os.close(fd)
