@@ -22,9 +22,9 @@ import pytest
 import torch
 
 from navrl_daemon.config import load_config
-from navrl_daemon.daemon import Telemetry
 from navrl_daemon.ops.http import Health
 from navrl_daemon.ops.metrics import Metrics
+from navrl_daemon.pipeline.telemetry import Telemetry
 from navrl_daemon.runtime.sd_notify import ProgressWatchdog, SystemdNotifier
 from navrl_daemon.storage.archive import (
     ArchiveFile,

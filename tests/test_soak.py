@@ -26,7 +26,7 @@ from typing import Any
 import anyio
 
 from navrl_daemon.config import load_config
-from navrl_daemon.daemon import serve
+from navrl_daemon.pipeline.daemon import serve
 from navrl_daemon.stages.trainer import IterationRecord
 from tests.conftest import REPO, SUBPROCESS_ENV, TINY
 
