@@ -13,9 +13,9 @@ ever deleted and the answer says why the rollout does not fit.
   `flock` on the file. A held file is skipped, never deleted: its reader keeps its data,
   and deleting it would free nothing (an open file keeps its blocks until closed).
 
-Deletion takes an exclusive lock first (non-blocking), so a reader that opens the file at
-that moment waits until it is gone. No asyncio here; the archiver calls it from its
-file thread.
+Deletion takes an exclusive lock first (non-blocking: a held file is skipped at once). A
+reader that opens the file in that instant reads it unlocked; its open file stays
+readable after the unlink. No asyncio here; the archiver calls it from its file thread.
 """
 
 from __future__ import annotations
