@@ -22,6 +22,8 @@ series and reports the slope per hour, then a verdict against issue #27's goals:
   load average of each window is in the JSON, and frames per CPU-second of the daemon
   (its own work rate, much less sensitive to other processes' load) is compared as well.
 
+With `SOAK_MALLOC_TRIM_S=S` in the environment, a probed daemon also calls glibc's
+`malloc_trim(0)` every S seconds (an experiment on where RSS goes, not a daemon feature).
 `--probe malloc` writes glibc's `malloc_info` at the end of the warm-up, half-way and at
 the end (what the allocator holds from the system and how much of it sits free in its
 bins: fragmentation, not live data); `--probe tracemalloc` also starts tracemalloc at the
@@ -48,6 +50,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tracemalloc
 import urllib.request
@@ -447,12 +450,12 @@ def soak(
     segments = last.get("archive_segments_total", 0)
     stored = last.get('archive_bytes_total{kind="stored"}', 0)
     rollout_bytes = int(stored * cfg.env.num_envs / segments) if segments else 0
-    ckpts = sorted((state / "checkpoints").glob("ckpt-*.nrc"))
-    ckpt_bytes = max((p.stat().st_size for p in ckpts), default=0)
     caps = {
         # One rollout of slack: rotation makes room before an append, from an estimate.
         "archive": cfg.archive.max_total_bytes + rollout_bytes,
-        "checkpoints": (cfg.checkpoint.keep_last + 1) * ckpt_bytes + (64 << 10),
+        # keep_last files and the one just written, before the old one goes; the manifest.
+        "checkpoints": (cfg.checkpoint.keep_last + 1) * largest_checkpoint(state, log_path)
+        + (64 << 10),
     }
     doc: dict[str, Any] = {
         "benchmark": "soak",
@@ -483,6 +486,19 @@ def soak(
     if probe == "tracemalloc":
         doc["tracemalloc"] = diff_snapshots(sorted(snapshots.glob("snap-*.bin")))  # type: ignore[union-attr]
     return doc
+
+
+def largest_checkpoint(state: Path, log_path: Path) -> int:
+    """Bytes of the largest checkpoint file of the run: the largest stored size the log
+    reports plus a header (a file on disk's size less its logged stored size)."""
+    stored = {}
+    for line in log_path.read_text().splitlines():
+        if '"checkpoint written"' in line:
+            row = json.loads(line)
+            stored[Path(row["path"]).name] = int(row["stored_bytes"])
+    on_disk = [p for p in (state / "checkpoints").glob("ckpt-*.nrc") if p.name in stored]
+    header = max((p.stat().st_size - stored[p.name] for p in on_disk), default=0)
+    return max(stored.values(), default=0) + header
 
 
 def _log_census(log_path: Path) -> dict[str, Any]:
@@ -562,6 +578,16 @@ def probed_child(snapshots: Path, probe: str, argv: list[str]) -> int:
         taken[0] += 1
 
     signal.signal(signal.SIGUSR1, dump)
+    trim_s = float(os.environ.get("SOAK_MALLOC_TRIM_S", "0"))
+    if trim_s > 0:  # an experiment: does giving freed heap back keep RSS flat?
+        libc.malloc_trim.argtypes = [ctypes.c_size_t]
+
+        def trim() -> None:
+            while True:
+                time.sleep(trim_s)
+                libc.malloc_trim(0)
+
+        threading.Thread(target=trim, name="malloc-trim", daemon=True).start()
     return main(argv)
 
 
