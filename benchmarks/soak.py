@@ -450,13 +450,7 @@ def soak(
     segments = last.get("archive_segments_total", 0)
     stored = last.get('archive_bytes_total{kind="stored"}', 0)
     rollout_bytes = int(stored * cfg.env.num_envs / segments) if segments else 0
-    caps = {
-        # One rollout of slack: rotation makes room before an append, from an estimate.
-        "archive": cfg.archive.max_total_bytes + rollout_bytes,
-        # keep_last files and the one just written, before the old one goes; the manifest.
-        "checkpoints": (cfg.checkpoint.keep_last + 1) * largest_checkpoint(state, log_path)
-        + (64 << 10),
-    }
+    caps = configured_caps(cfg, rollout_bytes, state, log_path)
     doc: dict[str, Any] = {
         "benchmark": "soak",
         "minutes": minutes,
@@ -488,6 +482,17 @@ def soak(
     return doc
 
 
+def configured_caps(cfg: Any, rollout_bytes: int, state: Path, log_path: Path) -> dict[str, int]:
+    """What the archive and checkpoint directories may hold at most, by the config."""
+    return {
+        # One rollout of slack: rotation makes room before an append, from its size.
+        "archive": cfg.archive.max_total_bytes + rollout_bytes,
+        # keep_last files and the one just written, before the oldest goes; the manifest.
+        "checkpoints": (cfg.checkpoint.keep_last + 1) * largest_checkpoint(state, log_path)
+        + (64 << 10),
+    }
+
+
 def largest_checkpoint(state: Path, log_path: Path) -> int:
     """Bytes of the largest checkpoint file of the run: the largest stored size the log
     reports plus a header (a file on disk's size less its logged stored size)."""
@@ -499,6 +504,18 @@ def largest_checkpoint(state: Path, log_path: Path) -> int:
     on_disk = [p for p in (state / "checkpoints").glob("ckpt-*.nrc") if p.name in stored]
     header = max((p.stat().st_size - stored[p.name] for p in on_disk), default=0)
     return max(stored.values(), default=0) + header
+
+
+def reanalyse(path: Path, workdir: Path) -> dict[str, Any]:
+    """An earlier run's document with its caps and analysis recomputed by this version."""
+    sys.path.insert(0, str(REPO))
+    from navrl_daemon.config import load_config
+
+    doc = json.loads(path.read_text())
+    cfg = load_config(Path(doc["config"]), doc["overrides"], environ={})
+    rollout_bytes = doc["archive_rollout_stored_bytes"]
+    caps = configured_caps(cfg, rollout_bytes, workdir / "state", workdir / "daemon.log")
+    return {**doc, "caps_bytes": caps, **analyse(doc["samples"], doc["warmup_min"] * 60.0, caps)}
 
 
 def _log_census(log_path: Path) -> dict[str, Any]:
@@ -647,8 +664,17 @@ def main() -> None:
         help="snapshots at the warm-up's end, half-way and the end: glibc's malloc_info "
         "(malloc), and Python allocations diffed by site (tracemalloc)",
     )
+    ap.add_argument(
+        "--reanalyse",
+        type=Path,
+        metavar="JSON",
+        help="recompute caps and verdict of an earlier run's JSON (its --workdir kept)",
+    )
     ap.add_argument("overrides", nargs="*", help="KEY=VALUE after the soak's own")
     args = ap.parse_args()
+    if args.reanalyse is not None:
+        print(json.dumps(reanalyse(args.reanalyse, args.workdir), indent=1))
+        return
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
         workdir = args.workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
