@@ -256,11 +256,15 @@ class ArchiveConfig(Section):
     key_filters: list[Annotated[str, Field(pattern=ARCHIVE_KEY_FILTER)]] = []
     # A file past this size is closed (marked complete) and the next one started.
     max_file_bytes: Annotated[int, Field(ge=1 << 20)] = 1 << 30
-    # Oldest files are removed while the archive dir holds more than this.
+    # The archive files together stay under this (see on_full).
     max_total_bytes: Annotated[int, Field(ge=1 << 20)] = 20 << 30
-    # Rollouts waiting for the archiver; when full, "block" holds up the producer and
-    # "drop" skips the rollout (counted in navrl_archive_dropped_total).
-    on_full: Literal["block", "drop"] = "drop"
+    # When a rollout finds no room. "rotate": the oldest finished files no reader holds are
+    # deleted to make room under max_total_bytes and 512 MiB free on the disk (the newest
+    # rollouts are kept; for weeks unattended); an archiver that is behind skips the
+    # rollout. "drop": nothing is ever deleted; a rollout that does not fit, or finds the
+    # archiver behind, is skipped. "block": like "drop", but a full queue holds up the
+    # producer instead. Skipped rollouts count in navrl_archive_dropped_total.
+    on_full: Literal["rotate", "drop", "block"] = "rotate"
     queue_size: Annotated[int, Field(ge=1, le=64)] = 1
 
     @model_validator(mode="after")

@@ -20,7 +20,7 @@ import math
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
 from prometheus_client import (
@@ -76,6 +76,11 @@ class ChannelStatsLike(Protocol):
     blocked_seconds: float
 
 
+class ArchiveUsageLike(Protocol):
+    files: int
+    bytes: int
+
+
 class WatchedPool(Protocol):
     """What the lease collector reads: runtime.leases.LeasePool."""
 
@@ -97,10 +102,16 @@ class Metrics:
         device: str,
         stage_phases: Iterable[tuple[str, str]] = (),
         registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`stage_phases`: the (stage, phase) pairs to export before their first timing."""
+        """`stage_phases`: the (stage, phase) pairs to export before their first timing.
+        `clock` times the ages (monotonic: a step of the wall clock changes no age)."""
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        self._clock = clock
+        self._started = clock()
+        self._last_iteration_at: float | None = None
+        self._last_checkpoint_at: float | None = None
 
         # training
         self.frames_total = Counter("navrl_frames", "Environment frames trained on.", registry=r)
@@ -164,6 +175,12 @@ class Metrics:
             "Unix time the last training iteration completed; 0 before the first.",
             registry=r,
         )
+        Gauge(
+            "navrl_last_iteration_age_seconds",
+            "Seconds since the last training iteration completed (since the daemon started, "
+            "before the first), on the monotonic clock: a wall-clock step changes nothing.",
+            registry=r,
+        ).set_function(lambda: self._age(self._last_iteration_at))
 
         # pipeline
         self.stage_seconds = Histogram(
@@ -206,6 +223,12 @@ class Metrics:
             "Unix time the last checkpoint was written; 0 before the first of this process.",
             registry=r,
         )
+        Gauge(
+            "navrl_checkpoint_age_seconds",
+            "Seconds since this process last wrote a checkpoint (since it started, before "
+            "the first), on the monotonic clock: a wall-clock step changes nothing.",
+            registry=r,
+        ).set_function(lambda: self._age(self._last_checkpoint_at))
         self.checkpoint_bytes = Gauge(
             "navrl_checkpoint_bytes",
             "Size of the last checkpoint in bytes, before (raw) and after (stored) compression.",
@@ -244,6 +267,24 @@ class Metrics:
         self.archive_dropped_total = Counter(
             "navrl_archive_dropped",
             "Rollouts the archiver dropped because it did not keep up.",
+            registry=r,
+        )
+        self.archive_disk_bytes = Gauge(
+            "navrl_archive_disk_bytes",
+            "Bytes of the rollout archive files in the state dir now.",
+            registry=r,
+        )
+        self.archive_files = Gauge(
+            "navrl_archive_files", "Rollout archive files in the state dir now.", registry=r
+        )
+        self.archive_rotated_files_total = Counter(
+            "navrl_archive_rotated_files",
+            'Oldest archive files deleted to make room (archive.on_full = "rotate").',
+            registry=r,
+        )
+        self.archive_rotated_bytes_total = Counter(
+            "navrl_archive_rotated_bytes",
+            'Bytes of the archive files deleted to make room (archive.on_full = "rotate").',
             registry=r,
         )
         self.prefetch_wait_seconds = Histogram(
@@ -327,6 +368,7 @@ class Metrics:
         if self._checkpoint_interval:
             behind = (policy_version - self._checkpointed_iteration) // self._checkpoint_interval
             self.checkpoint_missed_intervals.set(max(0, behind - 1))  # one may be in flight
+        self._last_iteration_at = self._clock()
 
     def episodes(self, stats: dict[str, float]) -> None:
         """Means of the training episodes finished in a window (`EpisodeStats.take()`);
@@ -385,6 +427,7 @@ class Metrics:
         self.checkpoint_bytes.labels(kind="raw").set(raw_bytes)
         self.checkpoint_bytes.labels(kind="stored").set(stored_bytes)
         self.checkpoint_last_success_timestamp.set(time.time() if now is None else now)
+        self._last_checkpoint_at = self._clock()
 
     def checkpoint_stall(self, seconds: float) -> None:
         self.checkpoint_stall_seconds.observe(seconds)
@@ -404,6 +447,15 @@ class Metrics:
     def archive_dropped(self, count: int = 1) -> None:
         self.archive_dropped_total.inc(count)
 
+    def archive_rotated(self, files: int, nbytes: int) -> None:
+        self.archive_rotated_files_total.inc(files)
+        self.archive_rotated_bytes_total.inc(nbytes)
+
+    def archive_usage(self, usage: ArchiveUsageLike) -> None:
+        """The archive directory's files and bytes (storage.archive_retention.ArchiveUsage)."""
+        self.archive_files.set(usage.files)
+        self.archive_disk_bytes.set(usage.bytes)
+
     def prefetch_wait(self, seconds: float) -> None:
         self.prefetch_wait_seconds.observe(seconds)
 
@@ -419,6 +471,9 @@ class Metrics:
 
     def curriculum_stage(self, stage: int) -> None:
         self.curriculum_stage_gauge.set(stage)
+
+    def _age(self, since: float | None) -> float:
+        return self._clock() - (self._started if since is None else since)
 
     # exposition
 

@@ -334,6 +334,8 @@ def _state_dir_stages(
                 on_written=telemetry.metrics.archive_written,
                 on_failed=telemetry.metrics.archive_dropped,
                 resumed_from=resumed_from,
+                on_rotated=telemetry.metrics.archive_rotated,
+                on_usage=telemetry.metrics.archive_usage,
             )
         )
 

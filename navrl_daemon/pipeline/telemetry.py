@@ -188,8 +188,8 @@ class Telemetry:
             "time": round(now, 3),
             **{k: v for k, v in summary.items() if k not in ("iteration", "frames", "phases")},
             "checkpoint_stall_s": round(stall - self._stall_s, 6),
-            "checkpoint_age_s": (
-                round(now - self._checkpoint["time"], 3) if self._checkpoint else None
+            "checkpoint_age_s": (  # monotonic: a wall-clock step (NTP) changes no age
+                round(time.monotonic() - self._checkpoint["at"], 3) if self._checkpoint else None
             ),
             "checkpoint_write_s": self._checkpoint.get("write_s"),
             "checkpoint_raw_bytes": self._checkpoint.get("raw_bytes"),
@@ -216,7 +216,7 @@ class Telemetry:
     ) -> None:
         self.metrics.checkpoint_written(seconds, raw_bytes, stored_bytes, iteration)
         self._checkpoint = {
-            "time": time.time(),
+            "at": time.monotonic(),
             "write_s": round(seconds, 6),
             "raw_bytes": raw_bytes,
             "stored_bytes": stored_bytes,

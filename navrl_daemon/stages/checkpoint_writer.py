@@ -56,9 +56,9 @@ class CheckpointWriter:
         self.meta = meta
         self.on_written = on_written
         self.on_failed = on_failed
-        # Eval reach_goal by iteration, for `keep_best` (see `record_eval`).
+        # Eval reach_goal by iteration, for `keep_best` (see `record_eval`); only those of
+        # files on disk and of iterations not written yet are kept (`_prune`).
         self.scores: dict[int, float] = dict(scores or {})
-        self.written: list[Path] = []
         self.failures = 0
         self._pool = ThreadPoolExecutor(cfg.workers, thread_name_prefix="checkpoint")
 
@@ -119,9 +119,9 @@ class CheckpointWriter:
             return
         seconds = time.perf_counter() - t0
         header = parse_header(data)
-        self.written.append(path)
         self.on_written(seconds, header.raw_bytes, header.stored_bytes, snapshot.iteration)
-        log.info(
+        removed = self._prune(path, snapshot.iteration)
+        log.info(  # one line per checkpoint, with the old files it replaced
             "checkpoint written",
             path=str(path),
             iteration=snapshot.iteration,
@@ -130,10 +130,11 @@ class CheckpointWriter:
             raw_bytes=header.raw_bytes,
             stored_bytes=header.stored_bytes,
             seconds=round(seconds, 4),
+            **({"removed": [p.name for p in removed]} if removed else {}),
         )
-        self._prune(path)
 
-    def _prune(self, newest: Path) -> None:
+    def _prune(self, newest: Path, iteration: int) -> list[Path]:
+        """Delete old files (keep_last, keep_best); forget the scores no file can use."""
         scores = {self.directory.path / f"ckpt-{it:09d}.nrc": s for it, s in self.scores.items()}
         try:
             removed = self.directory.prune(
@@ -141,7 +142,7 @@ class CheckpointWriter:
             )
         except OSError as err:
             log.warning("pruning old checkpoints failed", error=_describe(err))
-            return
+            return []
         for path, why in self.directory.rejected:
             log.warning(
                 "not a valid checkpoint: moved aside, it never counts",
@@ -149,8 +150,12 @@ class CheckpointWriter:
                 to=str(self.directory.path / REJECTED),
                 reason=why,
             )
-        if removed:
-            log.info("old checkpoints removed", files=[p.name for p in removed])
+        gone = {int(p.stem.removeprefix("ckpt-")) for p in removed}
+        # Files are written in iteration order: an older iteration with no file now never
+        # gets one, so its score can go (the dict stays as small as the kept files).
+        on_disk = {int(p.stem.removeprefix("ckpt-")) for p in scores if p.exists()} - gone
+        self.scores = {it: s for it, s in self.scores.items() if it > iteration or it in on_disk}
+        return removed
 
 
 def _describe(err: BaseException) -> str:

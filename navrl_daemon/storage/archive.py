@@ -37,6 +37,8 @@ then open it with `swmr=True`, and trust no row whose blob lies beyond its datas
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -528,6 +530,10 @@ class ArchiveFile:
         rows = {name: v[:segments] for name, v in rows.items()}
         fd = os.open(path, os.O_RDONLY)
         try:
+            # Held while open, so rotation never deletes the file (archive_retention.py); if
+            # someone holds it exclusively (rotation at that instant, an outside writer), read.
+            with contextlib.suppress(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             chunks = ChunkMap.for_datasets(fd, blobs)
         except BaseException:
             os.close(fd)
