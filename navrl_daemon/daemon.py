@@ -58,7 +58,7 @@ from navrl_daemon.runtime.supervisor import Shutdown, State, Supervisor
 from navrl_daemon.stages import resume
 from navrl_daemon.stages.archiver import RolloutArchiver, archive_channel
 from navrl_daemon.stages.checkpoint_writer import CheckpointWriter
-from navrl_daemon.stages.evaluator import Evaluator, StageEvaluation, eval_scores
+from navrl_daemon.stages.evaluator import BestPolicy, Evaluator, StageEvaluation, eval_scores
 from navrl_daemon.stages.messages import PolicyWeights, Snapshot
 from navrl_daemon.stages.producer import RolloutProducer
 from navrl_daemon.stages.progress import ProgressLog
@@ -587,6 +587,7 @@ def _state_dir_stages(
                 compute=threads.evaluator,
                 on_result=on_eval,
                 curriculum=curriculum,
+                best=BestPolicy(state_dir / "export" / "best.pt"),
             )
         )
 

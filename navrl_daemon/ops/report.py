@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from navrl_daemon.ops.plots import Series, curves_plot
+from navrl_daemon.rl.evaluate import eval_rank
 
 
 @dataclass
@@ -114,18 +115,9 @@ def learning_curves(
 
 
 def best_eval(evals: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-    """Highest reach_goal; ties go to fewer collisions, then the later iteration."""
+    """The best evaluation by `eval_rank`; None without a scored one."""
     scored = [r for r in evals if _number(r.get("reach_goal")) is not None]
-    if not scored:
-        return None
-    return max(
-        scored,
-        key=lambda r: (
-            r["reach_goal"],
-            -(_number(r.get("collision")) or 0.0),
-            _number(r.get("iteration")) or 0,
-        ),
-    )
+    return max(scored, key=eval_rank) if scored else None
 
 
 def render_html(records: RunRecords, images: dict[str, bytes]) -> str:
