@@ -376,6 +376,9 @@ class LogConfig(Section):
     format: Literal["auto", "json", "console"] = "auto"
     # A progress summary (log, history.jsonl, TensorBoard) every N iterations.
     summary_interval: PosInt = 10
+    # Write the summaries and evaluations as TensorBoard event files too, in
+    # STATE_DIR/tensorboard (`tensorboard --logdir STATE_DIR/tensorboard`).
+    tensorboard: bool = True
 
 
 class Config(Section):

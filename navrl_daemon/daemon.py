@@ -37,6 +37,7 @@ from navrl_daemon.errors import DataError, StageFailed
 from navrl_daemon.ops.http import Health, MetricsServer
 from navrl_daemon.ops.logging import bind_process_fields
 from navrl_daemon.ops.metrics import Metrics
+from navrl_daemon.ops.tensorboard import TensorBoardLog, open_tensorboard
 from navrl_daemon.rl.evaluate import evaluate
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.rl.snapshot import learner_state, restore_learner
@@ -212,6 +213,7 @@ class Telemetry:
             on_summary=self.summary,
         )
         self.history: HistoryFile | None = None
+        self.tensorboard: TensorBoardLog | None = None
         self.daemon_file: Path | None = None
         self._row_iteration = 0  # the iteration the next history row's window starts after
         self._resumed_from: int | None = None
@@ -247,6 +249,8 @@ class Telemetry:
             self.history = history
             if dropped:
                 log.info("history cut back to the checkpoint", iteration=iteration, dropped=dropped)
+        if self.cfg.log.tensorboard:
+            self.tensorboard = open_tensorboard(state_dir, frames)
         self._row_iteration = iteration
         self._resumed_from = iteration or None
         self.progress.window_frames = frames  # frames/s of the first window counts from here
@@ -310,6 +314,8 @@ class Telemetry:
                 self.history.append(row)
             except OSError as err:
                 log.warning("history row not written", iteration=row["iteration"], error=str(err))
+            if self.tensorboard is not None:
+                self.tensorboard.history_row(row)
 
     def _history_row(self, summary: dict[str, Any]) -> dict[str, Any]:
         """The summary as a history row: which iterations it covers (`iterations` ending at
@@ -345,6 +351,8 @@ class Telemetry:
     def evaluation(self, record: dict[str, Any]) -> None:
         self.metrics.evaluation(record)
         self.metrics.stage_time("evaluator", "evaluate", record["seconds"])
+        if self.tensorboard is not None:
+            self.tensorboard.evaluation(record)
 
     def checkpoint_written(self, seconds: float, raw_bytes: int, stored_bytes: int) -> None:
         self.metrics.checkpoint_written(seconds, raw_bytes, stored_bytes)
@@ -359,6 +367,8 @@ class Telemetry:
     def close(self) -> None:
         self.progress.summarise()
         self.progress.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
         if self.server is not None:
             self.server.stop()
         if self.daemon_file is not None:
