@@ -68,6 +68,7 @@ from navrl_daemon.storage.atomic import write_atomic
 from navrl_daemon.storage.checkpoint import CheckpointDir
 from navrl_daemon.storage.compressed_rollout import CompressedMinibatches
 from navrl_daemon.storage.history import DAEMON_FILE, HISTORY_FILE, HistoryFile
+from navrl_daemon.storage.run_config import record_run_config
 from navrl_daemon.storage.staging import SnapshotStaging
 
 log = structlog.get_logger("daemon")
@@ -93,7 +94,7 @@ def run(cfg: Config, state_dir: Path) -> int:
         anyio.run(serving)
         return 0
     with StateDirLock(state_dir):
-        write_atomic(state_dir / "config.toml", to_toml(cfg).encode())
+        record_run_config(state_dir, to_toml(cfg))  # an earlier run's, if different, kept
         anyio.run(serving)
     return 0
 
@@ -152,6 +153,8 @@ async def serve(
                 failure = err  # raised below, not wrapped in the task group's ExceptionGroup
             finally:
                 tg.cancel_scope.cancel()
+        if shutdown.reason is None:  # run.total_frames reached: say so to Prometheus
+            await telemetry.finished(cfg.metrics.final_scrape_s)
     finally:
         telemetry.close()
         threads.close()
@@ -203,6 +206,7 @@ class Telemetry:
             torch_version=torch.__version__,
             device=str(device),
             stage_phases=STAGE_PHASES,
+            eval_interval=cfg.eval.interval,
         )
         self.health = Health(stall_after_s=cfg.metrics.stall_after_s)
         self.server: MetricsServer | None = None
@@ -251,6 +255,7 @@ class Telemetry:
                 log.info("history cut back to the checkpoint", iteration=iteration, dropped=dropped)
         if self.cfg.log.tensorboard:
             self.tensorboard = open_tensorboard(state_dir, frames)
+        self.metrics.watch_state_dir(str(state_dir))
         self._row_iteration = iteration
         self._resumed_from = iteration or None
         self.progress.window_frames = frames  # frames/s of the first window counts from here
@@ -268,6 +273,15 @@ class Telemetry:
         self.health.set_state(str(state))
         if state is State.DRAINING:
             self.notifier.stopping(f"draining: {reason or 'finished'}")
+
+    async def finished(self, final_scrape_s: float) -> None:
+        """State "finished", served for `final_scrape_s` more seconds so that a scrape
+        records it (the down alert tells a finished run from a crash by it)."""
+        self.metrics.set_state("finished")
+        self.health.set_state("finished")
+        if self.server is not None and final_scrape_s > 0:
+            log.info("finished: serving metrics a last time", seconds=final_scrape_s)
+            await anyio.sleep(final_scrape_s)
 
     async def extend_stop_timeout(self, shutdown: Shutdown) -> None:
         """While draining, keep asking systemd for EXTEND_STOP_S more, every third of it.

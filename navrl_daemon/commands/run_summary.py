@@ -83,7 +83,7 @@ def render(doc: dict[str, Any]) -> str:
         "",
         f"navrl-daemon: run {doc['outcome']} at iteration {doc['iteration']} ({done}); exit 0",
         f"  state dir    {doc['state_dir']}  (history.jsonl, eval/results.jsonl, "
-        f"{doc['checkpoints']} checkpoint files)",
+        f"{doc['checkpoints']} checkpoint file(s))",
     ]
     if doc["policy"]:
         lines.append(f"  policy       {doc['policy']}  (the last weights, NavRL's layout)")

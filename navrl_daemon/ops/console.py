@@ -59,6 +59,8 @@ class ProgressTableRenderer:
     def __call__(self, logger: Any, name: str, event: dict[str, Any]) -> str:
         if event.get("event") == "progress" and "frames_per_second" in event:
             return progress_table(event)
+        if event.get("event") == "evaluation" and "reach_goal" in event:
+            return evaluation_line(event)
         return str(self.fallback(logger, name, event))
 
 
@@ -135,6 +137,17 @@ def progress_table(s: dict[str, Any]) -> str:
     if s.get("rolled_back"):
         lines.append(_row("ROLLED BACK", "to the newest valid checkpoint (see the log above)"))
     return "\n".join(lines)
+
+
+def evaluation_line(e: dict[str, Any]) -> str:
+    """One evaluation (stages/evaluator.py's record) on one line."""
+    stage = f", curriculum stage {e['curriculum_stage']}" if "curriculum_stage" in e else ""
+    return (
+        f"─── evaluation of iteration {e.get('iteration')} · {_clock(e.get('timestamp'))}: "
+        f"reach_goal {_num(e.get('reach_goal'))}, collision {_num(e.get('collision'))}, "
+        f"return {_num(e.get('return'))}, length {_num(e.get('episode_len'))} steps "
+        f"({e.get('episodes')} drones, {_num(e.get('seconds'))} s{stage})"
+    )
 
 
 def _row(label: str, *cells: str) -> str:
