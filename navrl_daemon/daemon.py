@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -279,9 +280,14 @@ class Telemetry:
         records it (the down alert tells a finished run from a crash by it)."""
         self.metrics.set_state("finished")
         self.health.set_state("finished")
-        if self.server is not None and final_scrape_s > 0:
-            log.info("finished: serving metrics a last time", seconds=final_scrape_s)
-            await anyio.sleep(final_scrape_s)
+        if self.server is None or final_scrape_s <= 0:
+            return
+        log.info("finished: serving metrics a last time", seconds=final_scrape_s)
+        # The supervisor no longer owns the signals: a SIGINT/SIGTERM ends the wait early.
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            with anyio.move_on_after(final_scrape_s):
+                async for _ in signals:
+                    break
 
     async def extend_stop_timeout(self, shutdown: Shutdown) -> None:
         """While draining, keep asking systemd for EXTEND_STOP_S more, every third of it.

@@ -153,3 +153,104 @@ def test_report_files_follow_the_umask(run_dir: Path, tmp_path: Path) -> None:
         os.umask(old)
     modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
     assert modes and set(modes.values()) == {0o644}, modes
+
+
+def test_tensorboard_holds_the_history_scalars(run_dir: Path) -> None:
+    """Every number of every history.jsonl row is a TensorBoard point at step = frames, and
+    every evaluation is under eval/."""
+    acc_module = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    from navrl_daemon.ops.tensorboard import history_tag, scalars
+
+    acc = acc_module.EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    board = {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
+    rows = [json.loads(x) for x in (run_dir / "history.jsonl").read_text().splitlines()]
+    expected = {
+        (history_tag(k), r["frames"]): v
+        for r in rows
+        for k, v in scalars(r).items()
+        if history_tag(k) is not None
+    }
+    assert len(expected) > 20 * len(rows) // 2
+    got = {(tag, step): board.get(tag, {}).get(step) for tag, step in expected}
+    assert got == pytest.approx(expected, rel=1e-6, abs=1e-9)  # float32 in the event file
+    evals = [json.loads(x) for x in (run_dir / "eval" / "results.jsonl").read_text().splitlines()]
+    assert sorted(board["eval/reach_goal"]) == [e["frames"] for e in evals]
+
+
+def test_report_embeds_the_episode_video_and_shows_config_changes(
+    run_dir: Path, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    shutil.copytree(run_dir, state)
+    # A resume with a changed setting keeps the earlier config (run.total_frames: no work).
+    proc = navrl_cli("run", "--state-dir", str(state), *RUN, "ppo.entropy_coef=0.01")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(list((state / "configs").glob("config-*.toml"))) == 1
+    out = tmp_path / "report"
+    proc = navrl_cli("report", "--state-dir", str(state), "--out", str(out), "--episodes", "3")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    page = (out / "report.html").read_text()
+    assert 'src="data:image/gif;base64,' in page
+    assert "-entropy_coef = 0.001" in page and "+entropy_coef = 0.01" in page
+    from PIL import Image
+
+    with Image.open(out / "episodes.gif") as gif:
+        assert gif.size == (640, 320) and 2 <= gif.n_frames <= 120
+
+
+def test_export_onnx_from_the_cli_runs_in_onnx_runtime(run_dir: Path, tmp_path: Path) -> None:
+    pytest.importorskip("onnxscript", reason="the export extra: pip install '.[export]'")
+    ort = pytest.importorskip("onnxruntime", reason="the export extra: pip install '.[export]'")
+    import numpy as np
+
+    out = tmp_path / "policy.onnx"
+    proc = navrl_cli(
+        "checkpoints", "export", "--state-dir", str(run_dir), "--format", "onnx", "--out", str(out)
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    assert names == ["state", "lidar", "direction", "dynamic_obstacle"]
+    feeds = {
+        i.name: np.random.default_rng(0).random([3, *i.shape[1:]], dtype=np.float32)
+        for i in session.get_inputs()
+    }
+    action, normalized = session.run(None, feeds)
+    assert action.shape == (3, 1, 3) and ((normalized > 0) & (normalized < 1)).all()
+
+
+@pytest.mark.parametrize("suffix", [".gif", ".mp4"])
+def test_eval_video_is_written_and_bad_suffixes_exit_2(
+    run_dir: Path, tmp_path: Path, suffix: str
+) -> None:
+    video = tmp_path / f"episodes{suffix}"
+    proc = navrl_cli("eval", "--state-dir", str(run_dir), "--video", str(video), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout)["video"] == str(video)
+    head = video.read_bytes()[:12]
+    assert head.startswith(b"GIF89a") if suffix == ".gif" else head[4:8] == b"ftyp"
+    bad = navrl_cli("eval", "--state-dir", str(run_dir), "--video", str(tmp_path / "x.avi"))
+    assert bad.returncode == 2 and "--video" in bad.stderr
+
+
+def test_the_way_to_the_command_is_told(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After `make run` the command is not on PATH: the README says where it is, and the
+    end-of-run summary spells every next command the way this one was started."""
+    from navrl_daemon.commands.run_summary import command_prefix
+
+    setup = (REPO / "README.md").read_text().split("## Commands")[0]
+    assert ".venv/bin/navrl-daemon" in setup and "source .venv/bin/activate" in setup
+
+    script = tmp_path / ".venv" / "bin" / "navrl-daemon"
+    script.parent.mkdir(parents=True)
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", [str(script), "run"])
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    assert command_prefix() == ".venv/bin/navrl-daemon"
+    monkeypatch.setenv("PATH", f"{script.parent}:/usr/bin")
+    assert command_prefix() == "navrl-daemon"
+    monkeypatch.setattr(sys, "argv", ["/x/navrl_daemon/__main__.py", "run"])
+    assert command_prefix().endswith(" -m navrl_daemon")

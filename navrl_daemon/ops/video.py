@@ -38,7 +38,9 @@ class VideoError(OSError):
     """The video cannot be written here (no ffmpeg for MP4); the message says what to do."""
 
 
-def frames(traj: Trajectories, title: str = "", max_frames: int = MAX_FRAMES) -> Iterator[Image]:
+def frames(
+    traj: Trajectories, title: str = "", max_frames: int = MAX_FRAMES
+) -> Iterator[Image.Image]:
     """RGB frames of map 0's drones (as `trajectory_plot`), every k-th step so that there
     are at most `max_frames`, the last step always included."""
     outcomes = traj.outcomes()
@@ -72,7 +74,7 @@ def frames(traj: Trajectories, title: str = "", max_frames: int = MAX_FRAMES) ->
         for w, h in zip(width, height, strict=True)
     ]
     label = fig.text(0.5, 0.955, "", ha="center", va="center", fontsize=9)
-    dt_title = f"{title} — " if title else ""
+    prefix = f"{title} — " if title else ""
     for row in rows:
         for k, i in enumerate(shown):
             end = min(row, int(last[i])) + 1  # a finished drone stays where it ended
@@ -88,7 +90,7 @@ def frames(traj: Trajectories, title: str = "", max_frames: int = MAX_FRAMES) ->
             circle.set_center((x, y))
             patch.set_xy((x - w / 2, z - h / 2))
         flying = int((last[shown] > row).sum()) if shown else 0
-        label.set_text(f"{dt_title}step {row}: {flying} of {len(shown)} drones flying")
+        label.set_text(f"{prefix}step {row}: {flying} of {len(shown)} drones flying")
         canvas.draw()
         yield Image.frombuffer("RGBA", canvas.get_width_height(), canvas.buffer_rgba()).convert(
             "RGB"
@@ -141,7 +143,7 @@ def ffmpeg_executable() -> str | None:
         return None
 
 
-def _write_mp4(path: Path, images: Iterator[Image]) -> None:
+def _write_mp4(path: Path, images: Iterator[Image.Image]) -> None:
     exe = ffmpeg_executable()
     if exe is None:
         raise VideoError(
