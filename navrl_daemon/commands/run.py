@@ -17,8 +17,8 @@ def register(sub: Any) -> None:
 
 
 def handle(cfg: Config, args: argparse.Namespace) -> int:
-    from navrl_daemon import daemon
     from navrl_daemon.commands.run_summary import print_run_summary
+    from navrl_daemon.pipeline import daemon
     from navrl_daemon.runtime.distributed import World
 
     root = state_dir(cfg, args)
