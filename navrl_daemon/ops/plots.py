@@ -158,7 +158,7 @@ def curves_figure(
         ax.set_title(panel.title, fontsize=10)
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
-        drawn = False
+        lowest = math.inf
         for s in panel.series:
             pts = [(x, y) for x, y in zip(s.x, s.y, strict=True) if y is not None]
             if not pts:
@@ -166,14 +166,14 @@ def curves_figure(
             xs, ys = zip(*pts, strict=True)
             style = {"marker": "o", "ms": 4, "ls": "--"} if s.markers else {"lw": 1.5}
             ax.plot(xs, ys, label=s.label, **style)
-            drawn = True
-        if not drawn:
+            lowest = min(lowest, *ys)
+        if lowest == math.inf:
             ax.text(0.5, 0.5, "no data yet", ha="center", va="center", transform=ax.transAxes)
             continue
         if panel.ylim is not None:
             ax.set_ylim(*panel.ylim)
-        elif panel.from_zero and ax.get_ylim()[0] > 0:
-            ax.set_ylim(bottom=0)
+        elif panel.from_zero and lowest >= 0:
+            ax.set_ylim(0, max(ax.get_ylim()[1], 1e-9))
         for i, x in enumerate(marks):
             ax.axvline(x, color="0.5", ls=":", lw=1, label=mark_label if i == 0 else None)
         ax.legend(fontsize=8)
