@@ -103,8 +103,8 @@ def render(doc: dict[str, Any]) -> str:
         "the best policy for ONNX Runtime (robots, ROS)",
         "train on: resumes from the newest checkpoint",
     ]
-    width = max(len(c) for c in doc["next"])
-    lines += [f"    {c:<{width}}  # {why}" for c, why in zip(doc["next"], comments, strict=True)]
+    for command, why in zip(doc["next"], comments, strict=True):
+        lines += [f"    # {why}", f"    {command}"]
     return "\n".join(lines) + "\n"
 
 
