@@ -20,7 +20,6 @@ from typing import Any
 from navrl_daemon.commands.common import config_args, json_arg, print_json, state_dir, state_dir_arg
 from navrl_daemon.config import Config
 from navrl_daemon.errors import DataError
-from navrl_daemon.storage.archive import ArchiveFile, archive_files
 
 UNCHECKED_INDEX = (
     "index not checksummed (written before index checksums): its iteration, env, "
@@ -48,6 +47,8 @@ def register(sub: Any) -> None:
 
 
 def handle(cfg: Config, args: argparse.Namespace) -> int:
+    from navrl_daemon.storage.archive import archive_files  # h5py and torch: only when used
+
     paths = list(args.files) or archive_files(state_dir(cfg, args) / "archive")
     entries = [_entry(path, verify=args.action == "verify") for path in paths]
     doc = _totals(entries)
@@ -66,6 +67,8 @@ def handle(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def _entry(path: Path, *, verify: bool) -> dict[str, Any]:
+    from navrl_daemon.storage.archive import ArchiveFile
+
     try:
         with ArchiveFile.open(path) as f:
             if verify:

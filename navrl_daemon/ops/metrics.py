@@ -17,6 +17,7 @@ pool reads are plain attribute reads.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import threading
 import time
@@ -35,7 +36,9 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-STATES = ("starting", "running", "draining", "stopped")
+# "finished": run.total_frames reached (the daemon keeps serving for metrics.final_scrape_s
+# so Prometheus sees it, and the down alert can tell a finished run from a crash).
+STATES = ("starting", "running", "draining", "stopped", "finished")
 # Durations from 1 ms (a channel hop) to 60 s (a NavRL-scale update or checkpoint).
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 POLICY_LAG_BUCKETS = (0, 1, 2, 4, 8)
@@ -101,11 +104,13 @@ class Metrics:
         torch_version: str,
         device: str,
         stage_phases: Iterable[tuple[str, str]] = (),
+        eval_interval: int = 0,
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`stage_phases`: the (stage, phase) pairs to export before their first timing.
-        `clock` times the ages (monotonic: a step of the wall clock changes no age)."""
+        """`stage_phases`: the (stage, phase) pairs to export before their first timing;
+        `eval_interval`: eval.interval (0: no evaluations are expected). `clock` times the
+        ages (monotonic: a step of the wall clock changes no age)."""
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
         self._clock = clock
@@ -307,6 +312,16 @@ class Metrics:
             for key, (_, name, what) in _EPISODE_STATS.items()
         }
         self.evaluations_total = Counter("navrl_evaluations", "Evaluations completed.", registry=r)
+        self.last_evaluation_timestamp = Gauge(
+            "navrl_last_evaluation_timestamp_seconds",
+            "Unix time the last evaluation finished; 0 before the first of this process.",
+            registry=r,
+        )
+        Gauge(
+            "navrl_eval_interval_iterations",
+            "eval.interval: iterations between evaluations (0: evaluation is off).",
+            registry=r,
+        ).set(eval_interval)
         self.curriculum_stage_gauge = Gauge(
             "navrl_curriculum_stage",
             "Index of the env.curriculum stage the training env is at (0 without one).",
@@ -317,6 +332,8 @@ class Metrics:
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
         r.register(_GpuMemoryCollector(device))
+        self.disk = _StateDirDiskCollector()
+        r.register(self.disk)
         Gauge(
             "navrl_build_info",
             "Always 1; the labels say which daemon, torch and device this is.",
@@ -464,10 +481,15 @@ class Metrics:
 
     # evaluation
 
-    def evaluation(self, result: dict[str, float]) -> None:
+    def evaluation(self, result: dict[str, float], now: float | None = None) -> None:
         """One finished evaluation (`rl.evaluate.evaluate`'s result)."""
         _set_means(self.eval, result)
         self.evaluations_total.inc()
+        self.last_evaluation_timestamp.set(time.time() if now is None else now)
+
+    def watch_state_dir(self, path: str) -> None:
+        """Export the free space of the state dir's file system, read at scrape time."""
+        self.disk.path = path
 
     def curriculum_stage(self, stage: int) -> None:
         self.curriculum_stage_gauge.set(stage)
@@ -559,8 +581,11 @@ class _QueueCollector(Collector):
 
 
 class _GpuMemoryCollector(Collector):
-    """torch.cuda's allocated and reserved bytes on the daemon's device; 0 when it is not
-    a CUDA device or CUDA is not initialised yet."""
+    """torch.cuda's allocated and reserved bytes on the daemon's device, and the device's
+    own used and total bytes (every process on it: cudaMemGetInfo); 0 when it is not a
+    CUDA device or CUDA is not initialised yet."""
+
+    KINDS = ("allocated", "reserved", "device_used", "device_total")
 
     def __init__(self, device: str) -> None:
         self.device = device
@@ -569,28 +594,64 @@ class _GpuMemoryCollector(Collector):
         return iter([self._family()])
 
     def collect(self) -> Iterator[Metric]:
-        allocated = reserved = 0
+        values = dict.fromkeys(self.KINDS, 0)
         # Never import torch or initialise CUDA from a scrape: the first takes seconds and
         # the second would create a CUDA context in the HTTP thread of a CPU run.
         torch = sys.modules.get("torch")
         if self.device.startswith("cuda") and torch is not None and torch.cuda.is_initialized():
             try:
-                allocated = torch.cuda.memory_allocated(self.device)
-                reserved = torch.cuda.memory_reserved(self.device)
+                free, total = torch.cuda.mem_get_info(self.device)
+                values.update(
+                    allocated=torch.cuda.memory_allocated(self.device),
+                    reserved=torch.cuda.memory_reserved(self.device),
+                    device_used=total - free,
+                    device_total=total,
+                )
             except RuntimeError:
-                allocated = reserved = 0  # the device went away; the log says why
+                values = dict.fromkeys(self.KINDS, 0)  # the device went away; the log says why
         family = self._family()
-        family.add_metric(["allocated"], allocated)
-        family.add_metric(["reserved"], reserved)
+        for kind, value in values.items():
+            family.add_metric([kind], value)
         return iter([family])
 
     @staticmethod
     def _family() -> GaugeMetricFamily:
         return GaugeMetricFamily(
             "navrl_gpu_memory_bytes",
-            "GPU memory of the daemon's device held by torch tensors (allocated) and by "
-            "torch's caching allocator (reserved), in bytes.",
+            "GPU memory of the daemon's device: held by torch tensors (allocated) and by "
+            "torch's caching allocator (reserved), used by every process on the device "
+            "(device_used) and its size (device_total), in bytes.",
             labels=["kind"],
+        )
+
+
+class _StateDirDiskCollector(Collector):
+    """Free bytes on the state dir's file system (what a non-root process may still write,
+    as the archiver's free-space guard counts it), read with statvfs at scrape time; no
+    sample until the state dir is known."""
+
+    def __init__(self) -> None:
+        self.path: str | None = None
+
+    def describe(self) -> Iterator[Metric]:
+        return iter([self._family()])
+
+    def collect(self) -> Iterator[Metric]:
+        family = self._family()
+        if self.path is not None:
+            try:
+                st = os.statvfs(self.path)
+            except OSError:
+                pass  # the dir went away: no sample, and the log of the failing write says why
+            else:
+                family.add_metric([], st.f_bavail * st.f_frsize)
+        return iter([family])
+
+    @staticmethod
+    def _family() -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            "navrl_state_dir_free_bytes",
+            "Free bytes on the file system of the state dir (checkpoints, archive, history).",
         )
 
 

@@ -59,13 +59,13 @@ from navrl_daemon.stages.cadence import Cadence, Position
 from navrl_daemon.stages.checkpoint_writer import CheckpointWriter
 from navrl_daemon.stages.coordinator import Coordinator, Found, SingleProcess, collector_for_rank
 from navrl_daemon.stages.curriculum import CurriculumFollower, NoCurriculum, promote
-from navrl_daemon.stages.evaluator import Evaluator, StageEvaluation, eval_scores
+from navrl_daemon.stages.evaluator import BestPolicy, Evaluator, StageEvaluation, eval_scores
 from navrl_daemon.stages.messages import PolicyWeights, Rollout, Snapshot
 from navrl_daemon.stages.producer import RolloutProducer
 from navrl_daemon.stages.trainer import Checkpointing, IterationRecord, Trainer
-from navrl_daemon.storage.atomic import write_atomic
 from navrl_daemon.storage.checkpoint import CheckpointDir
 from navrl_daemon.storage.compressed_rollout import CompressedMinibatches
+from navrl_daemon.storage.run_config import record_run_config
 from navrl_daemon.storage.staging import SnapshotStaging
 from navrl_daemon.storage.state_dir import check_writable
 
@@ -83,7 +83,7 @@ def run(cfg: Config, state_dir: Path) -> int:
         return 0
     check_writable(state_dir, written_dirs(cfg))  # ConfigError (78) naming the path
     with StateDirLock(state_dir):
-        write_atomic(state_dir / "config.toml", to_toml(cfg).encode())
+        record_run_config(state_dir, to_toml(cfg))  # an earlier run's, if different, kept
         anyio.run(serving)
     return 0
 
@@ -154,6 +154,8 @@ async def serve(
                 failure = err  # raised below, not wrapped in the task group's ExceptionGroup
             finally:
                 tg.cancel_scope.cancel()
+        if shutdown.reason is None:  # run.total_frames reached: say so to Prometheus
+            await telemetry.finished(cfg.metrics.final_scrape_s)
     finally:
         telemetry.close()
         threads.close()
@@ -385,6 +387,7 @@ def _state_dir_stages(
                 compute=ctx.threads.evaluator,
                 on_result=on_eval,
                 on_write_failed=functools.partial(telemetry.metrics.write_failed, "eval_results"),
+                best=BestPolicy(ctx.state_dir / "export" / "best.pt"),
             )
         )
 

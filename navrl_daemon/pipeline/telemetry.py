@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +20,7 @@ from navrl_daemon.config import Config
 from navrl_daemon.errors import StageFailed
 from navrl_daemon.ops.http import Health, MetricsServer
 from navrl_daemon.ops.metrics import Metrics
+from navrl_daemon.ops.tensorboard import TensorBoardLog, open_tensorboard
 from navrl_daemon.runtime.distributed import World
 from navrl_daemon.runtime.sd_notify import ProgressWatchdog, SystemdNotifier
 from navrl_daemon.runtime.supervisor import Shutdown, State
@@ -66,6 +68,7 @@ class Telemetry:
             torch_version=torch.__version__,
             device=str(device),
             stage_phases=STAGE_PHASES,
+            eval_interval=cfg.eval.interval,
         )
         self.health = Health(stall_after_s=cfg.metrics.stall_after_s)
         self.server: MetricsServer | None = None
@@ -76,6 +79,7 @@ class Telemetry:
             on_summary=self.summary,
         )
         self.history: HistoryFile | None = None
+        self.tensorboard: TensorBoardLog | None = None
         self.daemon_file: Path | None = None
         self._row_iteration = 0  # the iteration the next history row's window starts after
         self._resumed_from: int | None = None
@@ -111,6 +115,9 @@ class Telemetry:
             self.history = history
             if dropped:
                 log.info("history cut back to the checkpoint", iteration=iteration, dropped=dropped)
+        if self.cfg.log.tensorboard:
+            self.tensorboard = open_tensorboard(state_dir, frames)
+        self.metrics.watch_state_dir(str(state_dir))
         self._row_iteration = iteration
         self._resumed_from = iteration or None
         self.metrics.checkpoint_schedule(self.cfg.checkpoint.interval, iteration)
@@ -129,6 +136,20 @@ class Telemetry:
         self.health.set_state(str(state))
         if state is State.DRAINING:
             self.notifier.stopping(f"draining: {reason or 'finished'}")
+
+    async def finished(self, final_scrape_s: float) -> None:
+        """State "finished", served for `final_scrape_s` more seconds so that a scrape
+        records it (the down alert tells a finished run from a crash by it)."""
+        self.metrics.set_state("finished")
+        self.health.set_state("finished")
+        if self.server is None or final_scrape_s <= 0:
+            return
+        log.info("finished: serving metrics a last time", seconds=final_scrape_s)
+        # The supervisor no longer owns the signals: a SIGINT/SIGTERM ends the wait early.
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            with anyio.move_on_after(final_scrape_s):
+                async for _ in signals:
+                    break
 
     async def extend_stop_timeout(self, shutdown: Shutdown) -> None:
         """While draining, keep asking systemd for EXTEND_STOP_S more, every third of it.
@@ -175,6 +196,8 @@ class Telemetry:
             if error is not None:
                 self.metrics.write_failed("history")
                 log.warning("history row not written", iteration=row["iteration"], error=str(error))
+            if self.tensorboard is not None:
+                self.tensorboard.history_row(row)
 
     def _history_row(self, summary: dict[str, Any]) -> dict[str, Any]:
         """The summary as a history row: which iterations it covers (`iterations` ending at
@@ -210,6 +233,8 @@ class Telemetry:
     def evaluation(self, record: dict[str, Any]) -> None:
         self.metrics.evaluation(record)
         self.metrics.stage_time("evaluator", "evaluate", record["seconds"])
+        if self.tensorboard is not None:
+            self.tensorboard.evaluation(record)
 
     def checkpoint_written(
         self, seconds: float, raw_bytes: int, stored_bytes: int, iteration: int
@@ -226,6 +251,8 @@ class Telemetry:
     def close(self) -> None:
         self.progress.summarise()
         self.progress.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
         if self.server is not None:
             self.server.stop()
         if self.daemon_file is not None:

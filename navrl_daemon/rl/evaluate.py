@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -48,8 +50,20 @@ class Trajectories:
         ]
 
 
+# Told (steps done, envs whose first episode has finished) every CHECK_EVERY steps.
+Progress = Callable[[int, int], None]
+CHECK_EVERY = 16  # steps between the host syncs that check whether every env finished
+
+
 @torch.no_grad()
-def evaluate(env: EnvBase, policy: NavRLPolicy, *, seed: int, max_steps: int) -> dict[str, float]:
+def evaluate(
+    env: EnvBase,
+    policy: NavRLPolicy,
+    *,
+    seed: int,
+    max_steps: int,
+    progress: Progress | None = None,
+) -> dict[str, float]:
     """Mean stats over the envs' first episodes.
 
     The env is reseeded and fully reset, so the same weights always give the same numbers.
@@ -57,17 +71,24 @@ def evaluate(env: EnvBase, policy: NavRLPolicy, *, seed: int, max_steps: int) ->
     the result). An env still running after `max_steps` reports its stats so far and counts
     in `unfinished`.
     """
-    return _evaluate(env, policy, seed=seed, max_steps=max_steps, recorder=None)
+    return _evaluate(env, policy, seed=seed, max_steps=max_steps, recorder=None, progress=progress)
 
 
 @torch.no_grad()
 def evaluate_recorded(
-    env: NavigationEnv, policy: NavRLPolicy, *, seed: int, max_steps: int
+    env: NavigationEnv,
+    policy: NavRLPolicy,
+    *,
+    seed: int,
+    max_steps: int,
+    progress: Progress | None = None,
 ) -> tuple[dict[str, float], Trajectories]:
     """`evaluate`, plus every drone's path and the obstacles (the embedded env only): the
     same numbers as `evaluate`, at the cost of a copy of the positions per step."""
     recorder = _Recorder(env)
-    results = _evaluate(env, policy, seed=seed, max_steps=max_steps, recorder=recorder)
+    results = _evaluate(
+        env, policy, seed=seed, max_steps=max_steps, recorder=recorder, progress=progress
+    )
     return results, recorder.trajectories()
 
 
@@ -78,6 +99,7 @@ def _evaluate(
     seed: int,
     max_steps: int,
     recorder: _Recorder | None,
+    progress: Progress | None,
 ) -> dict[str, float]:
     env.set_seed(seed)
     td = env.reset()
@@ -100,8 +122,12 @@ def _evaluate(
         newly = record["next", "done"].squeeze(-1) & ~finished
         first[newly] = last[newly]
         finished |= newly
-        if step % 16 == 15 and bool(finished.all()):  # a host sync: not every step
-            break
+        if step % CHECK_EVERY == CHECK_EVERY - 1:  # a host sync: not every step
+            done = int(finished.sum())
+            if progress is not None:
+                progress(step + 1, done)
+            if done == n:
+                break
     first[~finished] = last[~finished]
     if recorder is not None:
         recorder.stats = first
@@ -111,6 +137,23 @@ def _evaluate(
         **dict(zip(STAT_KEYS, means, strict=True)),
         "unfinished": int((~finished).sum()),
     }
+
+
+def eval_rank(record: dict[str, Any]) -> tuple[float, float, float, float]:
+    """How evaluation results compare (higher is better): the later curriculum stage (a
+    harder task), then reach_goal, then fewer collisions, then the later iteration. The
+    one rule for `export/best.pt`, `checkpoints list` and the report's best evaluation."""
+
+    def number(key: str) -> float:
+        v = record.get(key)
+        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0.0
+
+    return (
+        number("curriculum_stage"),
+        number("reach_goal"),
+        -number("collision"),
+        number("iteration"),
+    )
 
 
 class _Recorder:

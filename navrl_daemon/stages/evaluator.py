@@ -4,7 +4,8 @@ It has its own env (same map as training) and its own policy copy; its work runs
 compute thread it is given (on CPU the one training uses, so evaluation costs training
 exactly its own compute); its input channel coalesces, so a slow evaluation skips versions instead
 of slowing the trainer. Results go to `eval/results.jsonl` (one fsynced line each, all or
-nothing), the log, and an optional output channel (the checkpoint writer's keep-best). A
+nothing), the log, and an optional output channel (the checkpoint writer's keep-best);
+with a `BestPolicy`, the weights of the best evaluation so far go to `export/best.pt`. A
 result that cannot be written (disk full) is logged, counted and written with the next
 one: evaluation, like training, goes on.
 
@@ -30,14 +31,16 @@ from torchrl.envs import EnvBase
 
 from navrl_daemon.config import Config
 from navrl_daemon.env.curriculum import Curriculum
-from navrl_daemon.rl.evaluate import evaluate
+from navrl_daemon.rl.evaluate import eval_rank, evaluate
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.rl.training import eval_steps, make_eval_env
 from navrl_daemon.runtime.channels import Receiver, Sender
 from navrl_daemon.runtime.compute import ComputeThread
 from navrl_daemon.runtime.supervisor import Shutdown
 from navrl_daemon.stages.messages import PolicyWeights
+from navrl_daemon.storage.atomic import write_atomic
 from navrl_daemon.storage.history import JsonLinesFile
+from navrl_daemon.storage.policy_file import save_policy_state
 
 log = structlog.get_logger("evaluator")
 
@@ -57,8 +60,10 @@ class Evaluator:
         results: Sender[dict[str, Any]] | None = None,
         on_result: Callable[[dict[str, Any]], None] = lambda _: None,
         on_write_failed: Callable[[], None] = lambda: None,
+        best: BestPolicy | None = None,
     ) -> None:
         self.policy = policy
+        self.best = best
         self.evaluate = evaluate
         self.weights = weights
         self.results_path = results_path
@@ -81,6 +86,8 @@ class Evaluator:
                 await self._write(record)
                 log.info("evaluation", **record)
                 self.on_result(record)
+                if self.best is not None:
+                    await anyio.to_thread.run_sync(self.best.offer, record, weights.state)
                 if self.results is not None:
                     await self.results.send(record)
         finally:
@@ -120,6 +127,45 @@ class Evaluator:
         """Results are appended and fsynced as they are made; retry any still waiting."""
         if self.results_file.waiting:
             await self._write(None)
+
+
+class BestPolicy:
+    """`export/best.pt`: the policy of the best evaluation so far (`eval_rank`), in NavRL's
+    layout like `export/policy.pt`, and `best.json` beside it: that evaluation's record.
+    The best so far starts from `best.json` of an earlier run on the state dir."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.record_path = path.with_suffix(".json")
+        self.rank: tuple[float, ...] | None = None
+        try:
+            earlier = json.loads(self.record_path.read_text())
+        except (OSError, ValueError):
+            earlier = None
+        if isinstance(earlier, dict) and path.exists():
+            self.rank = eval_rank(earlier)
+
+    def offer(self, record: dict[str, Any], state: dict[str, Any]) -> bool:
+        """Write `state` if `record` is the best so far; whether it was. A failed write is
+        logged: evaluation and training go on."""
+        rank = eval_rank(record)
+        if self.rank is not None and rank < self.rank:
+            return False
+        try:
+            save_policy_state(self.path, state)
+            write_atomic(self.record_path, (json.dumps(record, indent=1) + "\n").encode())
+        except OSError as err:
+            log.warning("best policy not exported", path=str(self.path), error=str(err))
+            return False
+        self.rank = rank
+        log.info(
+            "best policy so far exported",
+            path=str(self.path),
+            iteration=record.get("iteration"),
+            reach_goal=record.get("reach_goal"),
+            collision=record.get("collision"),
+        )
+        return True
 
 
 class StageEvaluation:

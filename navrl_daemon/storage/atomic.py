@@ -1,4 +1,9 @@
-"""Durable file replacement: temp file in the same dir → fsync → rename → fsync dir."""
+"""Durable file replacement: temp file in the same dir → fsync → rename → fsync dir.
+
+The file gets the mode a plain `open(path, "w")` would give it (0666 less the umask), not
+the 0600 of the temp file it starts as: a report or an exported policy is meant to be read
+by others where the umask allows it (a systemd unit's `UMask=` still decides).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ def write_atomic(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -21,6 +27,21 @@ def write_atomic(path: Path, data: bytes) -> None:
         Path(tmp).unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def current_umask() -> int:
+    """The process umask, read without setting it (os.umask would change it for a moment
+    under every other thread)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # no /proc (not Linux): the racy way
+    os.umask(mask)
+    return mask
 
 
 def fsync_dir(directory: Path) -> None:

@@ -25,14 +25,16 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lz4.frame
 import numpy as np
-import torch
 
 from navrl_daemon.errors import DataError
 from navrl_daemon.storage.atomic import fsync_dir, write_atomic
+
+if TYPE_CHECKING:
+    import torch
 
 MAGIC = b"NRC1"
 FORMAT_VERSION = 1
@@ -84,6 +86,8 @@ def _checksum(payload: bytes) -> str:
 
 def _check_state(value: Any, path: str) -> None:
     """Refuse what `torch.load(weights_only=True)` could not read back, and non-finite floats."""
+    import torch  # here, not at the top: `status` and `checkpoints list` read headers only
+
     if isinstance(value, torch.Tensor):
         if (value.is_floating_point() or value.is_complex()) and not _all_finite(value):
             raise ValueError(f"state {path}: non-finite values; a checkpoint is never written")
@@ -102,6 +106,8 @@ def _check_state(value: Any, path: str) -> None:
 def _all_finite(t: torch.Tensor) -> bool:
     """Through numpy where it can: this runs on the writer's thread, and a torch CPU kernel
     there would start a second OpenMP team that slows the trainer's (runtime/compute.py)."""
+    import torch
+
     if t.device.type == "cpu" and t.dtype not in (torch.bfloat16, torch.float16):
         return bool(np.isfinite(t.detach().numpy()).all())
     return bool(torch.isfinite(t).all())
@@ -131,6 +137,8 @@ def encode_checkpoint(
     _check_state(state, "state")
     if chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    import torch
+
     buf = io.BytesIO()
     torch.save(state, buf)
     raw = buf.getbuffer()
@@ -233,6 +241,8 @@ def _load(
     raw = _decompress(header, payload, executor)
     if len(raw) != header.raw_bytes:
         raise _Invalid(f"raw size mismatch ({len(raw)} bytes, header says {header.raw_bytes})")
+    import torch
+
     try:
         state = torch.load(io.BytesIO(raw), weights_only=True, map_location=map_location)
     except Exception as e:  # the trust boundary: whatever torch refuses, we refuse

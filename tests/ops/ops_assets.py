@@ -82,7 +82,11 @@ METRICS: dict[str, str] = {
     "navrl_eval_return": GAUGE,
     "navrl_eval_episode_length_steps": GAUGE,
     "navrl_evaluations_total": COUNTER,
+    "navrl_last_evaluation_timestamp_seconds": GAUGE,
+    "navrl_eval_interval_iterations": GAUGE,
     "navrl_curriculum_stage": GAUGE,
+    # disk
+    "navrl_state_dir_free_bytes": GAUGE,
     # process: prometheus_client's process collector, and ours
     "process_resident_memory_bytes": GAUGE,
     "process_virtual_memory_bytes": GAUGE,
