@@ -7,6 +7,7 @@ is allowed, and maps to exit 78 through `ConfigError`.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import re
@@ -110,6 +111,10 @@ class EnvConfig(Section):
     # every episode crosses the field as NavRL's evaluation layout does.
     spawn: Literal["border", "local", "crossing"] = "border"
     spawn_margin: Annotated[float, Field(ge=0.0, le=100.0)] = 4.0
+    # Ours, with spawn = "border": the share of episodes whose goal is on the side opposite
+    # the start (they cross the field, as NavRL's evaluation does); the rest draw the goal's
+    # side independently, as NavRL. 0: NavRL's rule (which crosses a quarter of the time).
+    crossing_share: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
     goal_distance: Range = [2.0, 4.0]
     spawn_height: Range = [0.5, 2.5]
     action_limit: PosFloat = 2.0
@@ -125,6 +130,12 @@ class EnvConfig(Section):
     # Training stages, easiest first, promoted on evaluations (env/curriculum.py); empty:
     # train on this section as it is.
     curriculum: list[CurriculumStage] = []
+    # Density levels per env (ours; empty: NavRL, every env flies its whole map): pillar
+    # counts, ascending, each the first k pillars of the env's map (a prefix is itself a
+    # valid map: each pillar is placed against the earlier ones only). Every env starts at
+    # level 0; after an episode that reached its goal it moves up one level, after a
+    # collision down one (env/navigation.py). Evaluations fly the whole map.
+    map_levels: list[NonNegInt] = []
 
     @field_validator("num_dynamic_obstacles")
     @classmethod
@@ -139,6 +150,22 @@ class EnvConfig(Section):
             lo, hi = getattr(self, name)
             if lo > hi:
                 raise ValueError(f"{name}: [min, max] with min <= max, got [{lo}, {hi}]")
+        return self
+
+    @model_validator(mode="after")
+    def _levels_and_spawns(self) -> EnvConfig:
+        levels = self.map_levels
+        if any(b <= a for a, b in itertools.pairwise(levels)):
+            raise ValueError(f"map_levels: pillar counts in ascending order, got {levels}")
+        if levels and levels[-1] > self.num_obstacles:
+            raise ValueError(
+                f"map_levels: a level is a prefix of the map's num_obstacles = "
+                f"{self.num_obstacles} pillars, got {levels[-1]}"
+            )
+        if self.crossing_share > 0 and self.spawn != "border":
+            raise ValueError(
+                f'crossing_share: mixes crossings into spawn = "border", got spawn = "{self.spawn}"'
+            )
         return self
 
     @model_validator(mode="after")
@@ -222,6 +249,15 @@ class EvalConfig(Section):
     seed: NonNegInt = 0
     # 0 = env.max_episode_length.
     max_steps: NonNegInt = 0
+    # The maps evaluated on: -1 the training maps (run.seed's); any other seed draws maps
+    # training never flies (unless it equals run.seed).
+    map_seed: Annotated[int, Field(ge=-1)] = -1
+    # Maps the evaluation's drones are split over (drone i on map i % num_maps); 0:
+    # env.num_maps.
+    num_maps: Annotated[int, Field(ge=0, le=1024)] = 0
+    # Also evaluate every time on maps of this seed (-1: off); reported beside the main
+    # numbers with a `held_out_` prefix (e.g. held_out_reach_goal).
+    held_out_seed: Annotated[int, Field(ge=-1)] = -1
 
 
 class CheckpointConfig(Section):

@@ -224,7 +224,7 @@ class Training:
     learner: Learner
     buffer: TensorDictBase
     frames: int = 0
-    eval_env: EnvBase | None = field(default=None, repr=False)
+    evaluations: Evaluations | None = field(default=None, repr=False)
 
     @classmethod
     def build(cls, cfg: Config, device: str | torch.device) -> Training:
@@ -253,12 +253,10 @@ class Training:
         return IterationResult(self.iteration, self.frames, collect_s, update_s, losses)
 
     def evaluate(self) -> dict[str, Any]:
-        """NavRL's evaluation on a separate env that shares the training map."""
-        if self.eval_env is None:
-            self.eval_env = make_eval_env(self.cfg, self.device)
-        return evaluate(
-            self.eval_env, self.policy, seed=self.cfg.eval.seed, max_steps=eval_steps(self.cfg)
-        )
+        """NavRL's evaluation on separate envs (`Evaluations`: the eval section's maps)."""
+        if self.evaluations is None:
+            self.evaluations = Evaluations(self.cfg, self.device)
+        return self.evaluations(self.policy)
 
 
 def acting_copy(policy: NavRLPolicy) -> NavRLPolicy:
@@ -268,14 +266,42 @@ def acting_copy(policy: NavRLPolicy) -> NavRLPolicy:
     return clone
 
 
-def make_eval_env(cfg: Config, device: str | torch.device) -> EnvBase:
+def make_eval_env(
+    cfg: Config, device: str | torch.device, *, map_seed: int | None = None
+) -> EnvBase:
+    """The evaluation's env: the whole map (no density levels), `eval.num_maps` maps drawn
+    from `map_seed` (default `eval.map_seed`; -1 there: run.seed, the training maps)."""
+    if map_seed is None:
+        map_seed = cfg.eval.map_seed if cfg.eval.map_seed >= 0 else cfg.run.seed
+    env_cfg = cfg.env.model_copy(
+        update={"map_levels": [], "num_maps": cfg.eval.num_maps or cfg.env.num_maps}
+    )
     return make_env(
-        cfg.env,
+        env_cfg,
         device=device,
-        seed=cfg.run.seed,
+        seed=map_seed,
         num_envs=cfg.eval.num_envs,
         layout=cfg.eval.layout,
     )
+
+
+class Evaluations:
+    """NavRL's evaluation (`evaluate`) on the eval section's maps and, with
+    `eval.held_out_seed`, again on maps of that seed, reported as `held_out_<stat>`."""
+
+    def __init__(self, cfg: Config, device: str | torch.device) -> None:
+        self.seed = cfg.eval.seed
+        self.max_steps = eval_steps(cfg)
+        self.env = make_eval_env(cfg, device)
+        held_out = cfg.eval.held_out_seed
+        self.held_out = make_eval_env(cfg, device, map_seed=held_out) if held_out >= 0 else None
+
+    def __call__(self, policy: NavRLPolicy) -> dict[str, Any]:
+        results = evaluate(self.env, policy, seed=self.seed, max_steps=self.max_steps)
+        if self.held_out is not None:
+            other = evaluate(self.held_out, policy, seed=self.seed, max_steps=self.max_steps)
+            results.update({f"held_out_{k}": v for k, v in other.items()})
+        return results
 
 
 def eval_steps(cfg: Config) -> int:
