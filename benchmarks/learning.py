@@ -318,7 +318,8 @@ def frames_to_reach(
         for row in curve:
             if last_stage is not None and row.get("curriculum_stage") != last_stage:
                 continue
-            if reach in row and row[reach] >= bar and row[collision] <= 1.0 - bar:
+            # Rounded: 1 - 0.9 is 0.09999999999999998 in floats, and 0.1 must pass.
+            if reach in row and row[reach] >= bar and row[collision] <= round(1.0 - bar, 9):
                 return {k: row[k] for k in ("frames", "seconds", reach, collision)}
         return None
 

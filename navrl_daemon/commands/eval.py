@@ -33,6 +33,12 @@ def register(sub: Any) -> None:
         metavar="FILE.png",
         help="also draw the map and each drone's path, coloured by outcome (embedded env)",
     )
+    p.add_argument(
+        "--probe",
+        action="store_true",
+        help="also probe LiDAR use (flown blind, action gap near pillars) and the altitude "
+        "and path of each outcome (embedded env)",
+    )
     json_arg(p)
     p.set_defaults(handler=handle)
 
@@ -59,6 +65,8 @@ def handle(cfg: Config, args: argparse.Namespace) -> int:
         results = evaluate(env, policy, seed=cfg.eval.seed, max_steps=eval_steps(cfg))
     else:
         results = _evaluate_and_plot(cfg, env, policy, path, args.plot)
+    if args.probe:
+        results = {**results, **_probe(cfg, env, policy)}
     results = {
         "checkpoint": str(path),
         "layout": cfg.eval.layout,
@@ -70,6 +78,21 @@ def handle(cfg: Config, args: argparse.Namespace) -> int:
     else:
         print_fields(results)
     return 0
+
+
+def _probe(cfg: Config, env: Any, policy: Any) -> dict[str, Any]:
+    """rl/probes.py on this evaluation: LiDAR use, and path statistics per outcome."""
+    from navrl_daemon.env.navigation import NavigationEnv
+    from navrl_daemon.rl.evaluate import evaluate_recorded
+    from navrl_daemon.rl.probes import lidar_use, path_stats
+    from navrl_daemon.rl.training import eval_steps
+
+    if not isinstance(env, NavigationEnv):
+        raise UsageError(f"--probe needs env.backend = 'navigation', not {cfg.env.backend!r}")
+    steps = eval_steps(cfg)
+    use = lidar_use(env, policy, seed=cfg.eval.seed, max_steps=steps)
+    _, traj = evaluate_recorded(env, policy, seed=cfg.eval.seed, max_steps=steps)
+    return {"lidar_use": use, "paths": path_stats(traj, env.cfg.dt)}
 
 
 def _evaluate_and_plot(
