@@ -211,7 +211,14 @@ class PPOConfig(Section):
     max_nonfinite_updates: Annotated[int, Field(ge=0, le=1_000_000)] = 3
     # "constant": NavRL's fixed learning rates. "linear": every lr decays to
     # lr_final_fraction times its value over schedule_frames (rl/schedules.py).
-    lr_schedule: Literal["constant", "linear"] = "constant"
+    # "kl_adaptive" (rsl_rl's rule, for large batches): after each update every lr is
+    # divided by 1.5 when the update moved the policy by more than 2 x desired_kl (KL
+    # from the rollout's policy), multiplied by 1.5 when by less than desired_kl / 2,
+    # keeping the actor's within [lr_min, lr_max].
+    lr_schedule: Literal["constant", "linear", "kl_adaptive"] = "constant"
+    desired_kl: Annotated[float, Field(gt=0.0, le=1.0)] = 0.01
+    lr_min: PosFloat = 1e-5
+    lr_max: PosFloat = 1e-2
     lr_final_fraction: Annotated[float, Field(ge=0.0, le=1.0)] = 0.1
     # "constant": NavRL's entropy_coef. "linear": entropy_coef to entropy_coef_final.
     entropy_schedule: Literal["constant", "linear"] = "constant"
@@ -442,6 +449,23 @@ class Config(Section):
         if path == "cuda_graph" and self.run.device == "cpu":
             raise ValueError(
                 'ppo.update_path: "cuda_graph" needs a CUDA device; run.device is "cpu"'
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _kl_adaptive(self) -> Config:
+        ppo = self.ppo
+        if ppo.lr_schedule != "kl_adaptive":
+            return self
+        if not ppo.lr_min <= ppo.actor_lr <= ppo.lr_max:
+            raise ValueError(
+                f"ppo.actor_lr: the kl_adaptive schedule starts from it and keeps it within "
+                f"[lr_min, lr_max] = [{ppo.lr_min}, {ppo.lr_max}], got {ppo.actor_lr}"
+            )
+        if self.pipeline.compress_rollouts:
+            raise ValueError(
+                'ppo.lr_schedule: "kl_adaptive" measures the KL on the rollout after the '
+                "update; pipeline.compress_rollouts hands the rollout back before it ends"
             )
         return self
 

@@ -29,6 +29,9 @@ from navrl_daemon.rl.evaluate import evaluate
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.rl.rollout import EpisodeStats, collect, first_step, make_rollout_buffer
 
+# Frames of the rollout the kl_adaptive schedule measures the KL on after each update.
+KL_SAMPLE_ROWS = 1024
+
 
 class NonFiniteTraining(RuntimeError):
     """Too many consecutive PPO updates produced non-finite losses."""
@@ -133,9 +136,28 @@ class Learner:
         if self.reducer is not None and every and self.version % every == 0:
             self.reducer.check_same(self.policy)
         lr = self.optimizers["actor"].param_groups[0]["lr"]
+        if ppo_cfg.lr_schedule == "kl_adaptive":
+            losses["approx_kl"] = self._adapt_lr_to_kl(buffer)
         report = getattr(self.minibatches, "report", None)  # e.g. the compressed source's
         extra = report() if callable(report) else {}
         return {**losses, "lr": lr, "entropy_coef": ppo_cfg.entropy_coef, **extra}
+
+    def _adapt_lr_to_kl(self, buffer: TensorDictBase) -> float:
+        """`ppo.lr_schedule = "kl_adaptive"`: measure how far this update moved the policy
+        from the rollout's (every rank's mean) and set the next update's learning rates.
+        They live in the optimisers' param groups, which checkpoints save, so a resumed
+        run goes on with the same rates."""
+        kl = ppo.approx_kl(self.policy, buffer, KL_SAMPLE_ROWS)
+        if self.reducer is not None:
+            kl = self.reducer.sum(kl.reshape(1))[0] / self.reducer.world_size
+        kl_value = float(kl)
+        cfg = self.cfg.ppo
+        actor_lr = self.optimizers["actor"].param_groups[0]["lr"]
+        scale = schedules.kl_adapted_lr(cfg, actor_lr, kl_value) / cfg.actor_lr
+        for name, lr in ppo.learning_rates(cfg).items():
+            for group in self.optimizers[name].param_groups:
+                group["lr"] = lr * scale
+        return kl_value
 
     def update_path(self) -> fast_update.UpdatePath:
         """`ppo.update_path` resolved for this learner as it is wired now (ConfigError if
@@ -178,7 +200,7 @@ class Learner:
         """
         ppo_cfg = self.cfg.ppo
         frames, span = self.trained_frames, ppo_cfg.schedule_frames
-        if ppo_cfg.lr_schedule != "constant":
+        if ppo_cfg.lr_schedule == "linear":  # kl_adaptive sets the rates after updates
             scale = schedules.lr_scale(ppo_cfg, frames, span)
             for name, lr in ppo.learning_rates(ppo_cfg).items():
                 for group in self.optimizers[name].param_groups:
