@@ -62,10 +62,11 @@ def diagnose(
     check_policy_layout(state, policy.state_dict(), Path("policy"))
     policy.load_state_dict(state)
     steps = eval_steps(cfg)
-    maps = {
+    every = {
         "train": (cfg.run.seed, cfg.env.num_maps),
         "held_out": (args.held_out_seed, args.held_out_maps),
     }
+    maps = {k: every[k] for k in args.maps}
     rows = []
     for text in args.pillars:
         for layout in args.layouts:
@@ -90,6 +91,9 @@ def main() -> None:
     p.add_argument("--config", type=Path, default=Path("config/navrl.toml"))
     p.add_argument("--pillars", nargs="+", default=["100", "350"])
     p.add_argument("--layouts", nargs="+", default=["navrl", "train"])
+    p.add_argument(
+        "--maps", nargs="+", default=["train", "held_out"], choices=["train", "held_out"]
+    )
     p.add_argument("--held-out-seed", type=int, default=1000)
     p.add_argument("--held-out-maps", type=int, default=16)
     p.add_argument("--probe", action="store_true")
