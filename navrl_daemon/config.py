@@ -7,6 +7,7 @@ is allowed, and maps to exit 78 through `ConfigError`.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import re
@@ -121,6 +122,10 @@ class EnvConfig(Section):
     spawn: Literal["border", "local", "crossing"] = "border"
     # Distance outside the field where "border"/"crossing" starts and goals lie, m.
     spawn_margin: Annotated[float, Field(ge=0.0, le=100.0)] = 4.0
+    # Ours, with spawn = "border": the share of episodes whose goal is on the side opposite
+    # the start (they cross the field, as NavRL's evaluation does); the rest draw the goal's
+    # side independently, as NavRL. 0: NavRL's rule (which crosses a quarter of the time).
+    crossing_share: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
     # [min, max] horizontal start-to-goal distance of spawn = "local", m.
     goal_distance: Range = [2.0, 4.0]
     # [min, max] altitude of starts and goals, m.
@@ -142,6 +147,12 @@ class EnvConfig(Section):
     # Training stages, easiest first, promoted on evaluations (env/curriculum.py); empty:
     # train on this section as it is.
     curriculum: list[CurriculumStage] = []
+    # Density levels per env (ours; empty: NavRL, every env flies its whole map): pillar
+    # counts, ascending, each the first k pillars of the env's map (a prefix is itself a
+    # valid map: each pillar is placed against the earlier ones only). Every env starts at
+    # level 0; after an episode that reached its goal it moves up one level, after a
+    # collision down one (env/navigation.py). Evaluations fly the whole map.
+    map_levels: list[NonNegInt] = []
 
     @field_validator("num_dynamic_obstacles")
     @classmethod
@@ -156,6 +167,22 @@ class EnvConfig(Section):
             lo, hi = getattr(self, name)
             if lo > hi:
                 raise ValueError(f"{name}: [min, max] with min <= max, got [{lo}, {hi}]")
+        return self
+
+    @model_validator(mode="after")
+    def _levels_and_spawns(self) -> EnvConfig:
+        levels = self.map_levels
+        if any(b <= a for a, b in itertools.pairwise(levels)):
+            raise ValueError(f"map_levels: pillar counts in ascending order, got {levels}")
+        if levels and levels[-1] > self.num_obstacles:
+            raise ValueError(
+                f"map_levels: a level is a prefix of the map's num_obstacles = "
+                f"{self.num_obstacles} pillars, got {levels[-1]}"
+            )
+        if self.crossing_share > 0 and self.spawn != "border":
+            raise ValueError(
+                f'crossing_share: mixes crossings into spawn = "border", got spawn = "{self.spawn}"'
+            )
         return self
 
     @model_validator(mode="after")
@@ -212,7 +239,17 @@ class PPOConfig(Section):
     max_nonfinite_updates: Annotated[int, Field(ge=0, le=1_000_000)] = 3
     # "constant": NavRL's fixed learning rates. "linear": every lr decays to
     # lr_final_fraction times its value over schedule_frames (rl/schedules.py).
-    lr_schedule: Literal["constant", "linear"] = "constant"
+    # "kl_adaptive" (rsl_rl's rule, for large batches): after each update every lr is
+    # divided by 1.5 when the update moved the policy by more than 2 x desired_kl (KL
+    # from the rollout's policy), multiplied by 1.5 when by less than desired_kl / 2,
+    # keeping the actor's within [lr_min, lr_max].
+    lr_schedule: Literal["constant", "linear", "kl_adaptive"] = "constant"
+    # With lr_schedule = "kl_adaptive": the KL per update the learning rates aim for.
+    desired_kl: Annotated[float, Field(gt=0.0, le=1.0)] = 0.01
+    # With lr_schedule = "kl_adaptive": the lowest actor lr the adaptation may set.
+    lr_min: PosFloat = 1e-5
+    # With lr_schedule = "kl_adaptive": the highest actor lr the adaptation may set.
+    lr_max: PosFloat = 1e-2
     # With lr_schedule = "linear": the fraction of each lr reached at schedule_frames.
     lr_final_fraction: Annotated[float, Field(ge=0.0, le=1.0)] = 0.1
     # "constant": NavRL's entropy_coef. "linear": entropy_coef to entropy_coef_final.
@@ -254,6 +291,15 @@ class EvalConfig(Section):
     seed: NonNegInt = 0
     # 0 = env.max_episode_length.
     max_steps: NonNegInt = 0
+    # The maps evaluated on: -1 the training maps (run.seed's); any other seed draws maps
+    # training never flies (unless it equals run.seed).
+    map_seed: Annotated[int, Field(ge=-1)] = -1
+    # Maps the evaluation's drones are split over (drone i on map i % num_maps); 0:
+    # env.num_maps.
+    num_maps: Annotated[int, Field(ge=0, le=1024)] = 0
+    # Also evaluate every time on maps of this seed (-1: off); reported beside the main
+    # numbers with a `held_out_` prefix (e.g. held_out_reach_goal).
+    held_out_seed: Annotated[int, Field(ge=-1)] = -1
 
 
 class CheckpointConfig(Section):
@@ -456,6 +502,23 @@ class Config(Section):
             resolve_update_path(self.ppo.update_path, device, why_not=why_not)
         except ConfigError as err:
             raise ValueError(str(err)) from None
+        return self
+
+    @model_validator(mode="after")
+    def _kl_adaptive(self) -> Config:
+        ppo = self.ppo
+        if ppo.lr_schedule != "kl_adaptive":
+            return self
+        if not ppo.lr_min <= ppo.actor_lr <= ppo.lr_max:
+            raise ValueError(
+                f"ppo.actor_lr: the kl_adaptive schedule starts from it and keeps it within "
+                f"[lr_min, lr_max] = [{ppo.lr_min}, {ppo.lr_max}], got {ppo.actor_lr}"
+            )
+        if self.pipeline.compress_rollouts:
+            raise ValueError(
+                'ppo.lr_schedule: "kl_adaptive" measures the KL on the rollout after the '
+                "update; pipeline.compress_rollouts hands the rollout back before it ends"
+            )
         return self
 
     @property

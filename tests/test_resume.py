@@ -90,6 +90,32 @@ def test_resume_from_an_interval_checkpoint_after_kill9_is_also_exact(
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ("env.num_maps=2", "env.map_levels=[0,2,4]"),
+        ("env.spawn=border", "env.spawn_margin=1.0", "env.crossing_share=0.5"),
+    ],
+    ids=["density-levels", "crossing-share"],
+)
+def test_resume_is_exact_with_density_levels_and_a_spawn_mix(
+    tmp_path: Path, extra: tuple[str, ...]
+) -> None:
+    """Per-env density levels (env.map_levels) and the spawn mix (env.crossing_share)
+    keep the resume exact: the levels travel in the env state."""
+    common = ("checkpoint.interval=2", *extra)
+    run(tmp_path / "a", *common, "run.total_frames=640")
+    (tmp_path / "a" / "checkpoints" / "ckpt-000000010.nrc").unlink()  # as if killed at 9
+    resumed = run(tmp_path / "a", *common, "run.total_frames=960")
+    start = next(e for e in resumed if e["event"] == "resumed from checkpoint")
+    assert (start["iteration"], start["env_restored"]) == (8, True)
+    run(tmp_path / "b", *common, "run.total_frames=960")
+    a, b = exported(tmp_path / "a"), exported(tmp_path / "b")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    _, snap = load_checkpoint(tmp_path / "b" / "checkpoints" / "ckpt-000000014.nrc")
+    assert snap["collector"]["env"]["level"].shape == (8,)
+
+
 def test_kill9_at_random_moments_always_resumes_from_a_valid_checkpoint(tmp_path: Path) -> None:
     counts = crash_and_resume(tmp_path / "state", 10, seed=1, plant_temp_at=4)
     assert counts["trials"] == 10

@@ -54,6 +54,12 @@ def register(sub: Any) -> None:
         metavar="FILE.gif|FILE.mp4",
         help="also write a video of the episodes, top-down and side view (embedded env)",
     )
+    p.add_argument(
+        "--probe",
+        action="store_true",
+        help="also probe LiDAR use (flown blind, action gap near pillars) and the altitude "
+        "and path of each outcome (embedded env)",
+    )
     json_arg(p)
     p.set_defaults(handler=handle)
 
@@ -90,6 +96,8 @@ def handle(cfg: Config, args: argparse.Namespace) -> int:
             )
         else:
             results = _evaluate_and_draw(cfg, env, policy, path, args, progress)
+    if args.probe:
+        results = {**results, **_probe(cfg, env, policy)}
     results = {
         "checkpoint": str(path),
         "config": source,
@@ -194,6 +202,21 @@ class _progress_bar:
     def __exit__(self, *exc: object) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+def _probe(cfg: Config, env: Any, policy: Any) -> dict[str, Any]:
+    """rl/probes.py on this evaluation: LiDAR use, and path statistics per outcome."""
+    from navrl_daemon.env.navigation import NavigationEnv
+    from navrl_daemon.rl.evaluate import evaluate_recorded
+    from navrl_daemon.rl.probes import lidar_use, path_stats
+    from navrl_daemon.rl.training import eval_steps
+
+    if not isinstance(env, NavigationEnv):
+        raise UsageError(f"--probe needs env.backend = 'navigation', not {cfg.env.backend!r}")
+    steps = eval_steps(cfg)
+    use = lidar_use(env, policy, seed=cfg.eval.seed, max_steps=steps)
+    _, traj = evaluate_recorded(env, policy, seed=cfg.eval.seed, max_steps=steps)
+    return {"lidar_use": use, "paths": path_stats(traj, env.cfg.dt)}
 
 
 def _evaluate_and_draw(

@@ -37,14 +37,12 @@ from navrl_daemon.pipeline.context import RunContext
 from navrl_daemon.pipeline.ranks import Ranks
 from navrl_daemon.pipeline.telemetry import Telemetry
 from navrl_daemon.rl import ppo
-from navrl_daemon.rl.evaluate import evaluate
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.rl.training import (
     Collector,
+    Evaluations,
     Learner,
     acting_copy,
-    eval_steps,
-    make_eval_env,
     make_policy,
 )
 from navrl_daemon.runtime.channels import Channel, Overflow, Sender
@@ -371,10 +369,7 @@ def _state_dir_stages(
         channels.append(to_eval)
         evaluation: Callable[[Any], dict[str, Any]]
         if curriculum is None:
-            eval_env = make_eval_env(cfg, ctx.device)
-            evaluation = functools.partial(
-                evaluate, eval_env, seed=cfg.eval.seed, max_steps=eval_steps(cfg)
-            )
+            evaluation: Callable[[Any], dict[str, Any]] = Evaluations(cfg, ctx.device)
         else:  # at the curriculum's current stage
             evaluation = StageEvaluation(cfg, curriculum, ctx.device)
         stages.append(

@@ -29,6 +29,9 @@ from navrl_daemon.rl.evaluate import evaluate
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.rl.rollout import EpisodeStats, collect, first_step, make_rollout_buffer
 
+# Frames of the rollout the kl_adaptive schedule measures the KL on after each update.
+KL_SAMPLE_ROWS = 1024
+
 
 class NonFiniteTraining(RuntimeError):
     """Too many consecutive PPO updates produced non-finite losses."""
@@ -140,12 +143,31 @@ class Learner:
         if self.reducer is not None and every and self.version % every == 0:
             self.reducer.check_same(self.policy)
         lr = self.optimizers["actor"].param_groups[0]["lr"]
+        if ppo_cfg.lr_schedule == "kl_adaptive":
+            losses["approx_kl"] = self._adapt_lr_to_kl(buffer)
         return {
             **losses,
             "lr": lr,
             "entropy_coef": ppo_cfg.entropy_coef,
             **self.ppo_update.report(),
         }
+
+    def _adapt_lr_to_kl(self, buffer: TensorDictBase) -> float:
+        """`ppo.lr_schedule = "kl_adaptive"`: measure how far this update moved the policy
+        from the rollout's (every rank's mean) and set the next update's learning rates.
+        They live in the optimisers' param groups, which checkpoints save, so a resumed
+        run goes on with the same rates."""
+        kl = ppo.approx_kl(self.policy, buffer, KL_SAMPLE_ROWS)
+        if self.reducer is not None:
+            kl = self.reducer.sum(kl.reshape(1))[0] / self.reducer.world_size
+        kl_value = float(kl)
+        cfg = self.cfg.ppo
+        actor_lr = self.optimizers["actor"].param_groups[0]["lr"]
+        scale = schedules.kl_adapted_lr(cfg, actor_lr, kl_value) / cfg.actor_lr
+        for name, lr in ppo.learning_rates(cfg).items():
+            for group in self.optimizers[name].param_groups:
+                group["lr"] = lr * scale
+        return kl_value
 
     @property
     def trained_frames(self) -> int:
@@ -161,7 +183,7 @@ class Learner:
         """
         ppo_cfg = self.cfg.ppo
         frames, span = self.trained_frames, ppo_cfg.schedule_frames
-        if ppo_cfg.lr_schedule != "constant":
+        if ppo_cfg.lr_schedule == "linear":  # kl_adaptive sets the rates after updates
             scale = schedules.lr_scale(ppo_cfg, frames, span)
             for name, lr in ppo.learning_rates(ppo_cfg).items():
                 for group in self.optimizers[name].param_groups:
@@ -207,7 +229,7 @@ class Training:
     learner: Learner
     buffer: TensorDictBase
     frames: int = 0
-    eval_env: EnvBase | None = field(default=None, repr=False)
+    evaluations: Evaluations | None = field(default=None, repr=False)
 
     @classmethod
     def build(cls, cfg: Config, device: str | torch.device) -> Training:
@@ -236,12 +258,10 @@ class Training:
         return IterationResult(self.iteration, self.frames, collect_s, update_s, losses)
 
     def evaluate(self) -> dict[str, Any]:
-        """NavRL's evaluation on a separate env that shares the training map."""
-        if self.eval_env is None:
-            self.eval_env = make_eval_env(self.cfg, self.device)
-        return evaluate(
-            self.eval_env, self.policy, seed=self.cfg.eval.seed, max_steps=eval_steps(self.cfg)
-        )
+        """NavRL's evaluation on separate envs (`Evaluations`: the eval section's maps)."""
+        if self.evaluations is None:
+            self.evaluations = Evaluations(self.cfg, self.device)
+        return self.evaluations(self.policy)
 
 
 def acting_copy(policy: NavRLPolicy) -> NavRLPolicy:
@@ -251,14 +271,42 @@ def acting_copy(policy: NavRLPolicy) -> NavRLPolicy:
     return clone
 
 
-def make_eval_env(cfg: Config, device: str | torch.device) -> EnvBase:
+def make_eval_env(
+    cfg: Config, device: str | torch.device, *, map_seed: int | None = None
+) -> EnvBase:
+    """The evaluation's env: the whole map (no density levels), `eval.num_maps` maps drawn
+    from `map_seed` (default `eval.map_seed`; -1 there: run.seed, the training maps)."""
+    if map_seed is None:
+        map_seed = cfg.eval.map_seed if cfg.eval.map_seed >= 0 else cfg.run.seed
+    env_cfg = cfg.env.model_copy(
+        update={"map_levels": [], "num_maps": cfg.eval.num_maps or cfg.env.num_maps}
+    )
     return make_env(
-        cfg.env,
+        env_cfg,
         device=device,
-        seed=cfg.run.seed,
+        seed=map_seed,
         num_envs=cfg.eval.num_envs,
         layout=cfg.eval.layout,
     )
+
+
+class Evaluations:
+    """NavRL's evaluation (`evaluate`) on the eval section's maps and, with
+    `eval.held_out_seed`, again on maps of that seed, reported as `held_out_<stat>`."""
+
+    def __init__(self, cfg: Config, device: str | torch.device) -> None:
+        self.seed = cfg.eval.seed
+        self.max_steps = eval_steps(cfg)
+        self.env = make_eval_env(cfg, device)
+        held_out = cfg.eval.held_out_seed
+        self.held_out = make_eval_env(cfg, device, map_seed=held_out) if held_out >= 0 else None
+
+    def __call__(self, policy: NavRLPolicy) -> dict[str, Any]:
+        results = evaluate(self.env, policy, seed=self.seed, max_steps=self.max_steps)
+        if self.held_out is not None:
+            other = evaluate(self.held_out, policy, seed=self.seed, max_steps=self.max_steps)
+            results.update({f"held_out_{k}": v for k, v in other.items()})
+        return results
 
 
 def eval_steps(cfg: Config) -> int:

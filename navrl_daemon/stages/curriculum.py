@@ -88,7 +88,9 @@ class NoCurriculum:
 
 def use_stage(collector: Collector, curriculum: Curriculum, stage: int) -> None:
     """Put the collector on a fresh, reset env of curriculum `stage`."""
-    env = curriculum.build_env(stage, device=collector.env.device, seed=collector.cfg.run.seed)
+    env = curriculum.build_env(
+        stage, device=collector.env.device, seed=collector.cfg.run.seed, previous=collector.env
+    )
     collector.env, collector.td = env, env.reset()
     curriculum.applied = stage
 

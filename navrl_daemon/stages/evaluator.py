@@ -27,13 +27,12 @@ from typing import Any
 
 import anyio
 import structlog
-from torchrl.envs import EnvBase
 
 from navrl_daemon.config import Config
 from navrl_daemon.env.curriculum import Curriculum
-from navrl_daemon.rl.evaluate import eval_rank, evaluate
+from navrl_daemon.rl.evaluate import eval_rank
 from navrl_daemon.rl.policy import NavRLPolicy
-from navrl_daemon.rl.training import eval_steps, make_eval_env
+from navrl_daemon.rl.training import Evaluations
 from navrl_daemon.runtime.channels import Receiver, Sender
 from navrl_daemon.runtime.compute import ComputeThread
 from navrl_daemon.runtime.supervisor import Shutdown
@@ -176,15 +175,14 @@ class StageEvaluation:
         self.cfg = cfg
         self.curriculum = curriculum
         self.device = device
-        self._env: tuple[int, EnvBase, int] | None = None  # stage, env, max steps
+        self._evaluations: tuple[int, Evaluations] | None = None  # stage, its evaluations
 
     def __call__(self, policy: NavRLPolicy) -> dict[str, Any]:
         stage = self.curriculum.stage
-        if self._env is None or self._env[0] != stage:
+        if self._evaluations is None or self._evaluations[0] != stage:
             cfg = self.cfg.model_copy(update={"env": self.curriculum.env_config(stage)})
-            self._env = (stage, make_eval_env(cfg, self.device), eval_steps(cfg))
-        _, env, max_steps = self._env
-        results = evaluate(env, policy, seed=self.cfg.eval.seed, max_steps=max_steps)
+            self._evaluations = (stage, Evaluations(cfg, self.device))
+        results = self._evaluations[1](policy)
         return {**results, "curriculum_stage": stage}
 
 

@@ -203,9 +203,11 @@ def restore(
     env_restored = False
     saved = state.get("config", {})
     collected = state.get("collector")
-    # Checkpoints from before env.curriculum / env.reset_mode existed lack those keys
-    # (they ran what the defaults give on the CPU: no curriculum, indexed resets).
-    saved_env = {"curriculum": [], "reset_mode": "auto", **saved.get("env", {})}
+    # Checkpoints from before env.curriculum / env.reset_mode / env.map_levels /
+    # env.crossing_share existed lack those keys (they ran what the defaults give on the
+    # CPU: no curriculum, indexed resets, no density levels, NavRL's border spawns).
+    before = {"curriculum": [], "reset_mode": "auto", "map_levels": [], "crossing_share": 0.0}
+    saved_env = {**before, **saved.get("env", {})}
     same_env = saved_env == cfg.env.model_dump() and (
         saved.get("run", {}).get("seed") == cfg.run.seed
     )
