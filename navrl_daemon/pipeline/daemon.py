@@ -28,7 +28,7 @@ import structlog
 import torch
 
 from navrl_daemon import __version__
-from navrl_daemon.config import Config, resolve_device, to_toml
+from navrl_daemon.config import Config, resolve_device
 from navrl_daemon.env.curriculum import Curriculum
 from navrl_daemon.errors import DataError, StageFailed
 from navrl_daemon.ops.logging import bind_process_fields
@@ -45,7 +45,9 @@ from navrl_daemon.rl.training import (
     eval_steps,
     make_eval_env,
     make_policy,
+    rollout_memory,
 )
+from navrl_daemon.runtime import memory
 from navrl_daemon.runtime.channels import Channel, Overflow, Sender
 from navrl_daemon.runtime.compute import ComputeThreads
 from navrl_daemon.runtime.distributed import World
@@ -59,7 +61,6 @@ from navrl_daemon.stages.evaluator import Evaluator, StageEvaluation, eval_score
 from navrl_daemon.stages.messages import PolicyWeights, Snapshot
 from navrl_daemon.stages.producer import RolloutProducer
 from navrl_daemon.stages.trainer import Checkpointing, IterationRecord, Trainer
-from navrl_daemon.storage.atomic import write_atomic
 from navrl_daemon.storage.checkpoint import CheckpointDir
 from navrl_daemon.storage.compressed_rollout import CompressedMinibatches
 from navrl_daemon.storage.staging import SnapshotStaging
@@ -77,7 +78,6 @@ def run(cfg: Config, state_dir: Path) -> int:
         anyio.run(serving)
         return 0
     with StateDirLock(state_dir):
-        write_atomic(state_dir / "config.toml", to_toml(cfg).encode())
         anyio.run(serving)
     return 0
 
@@ -160,6 +160,7 @@ def build_stages(
     offline.refuse_distributed(cfg, world.distributed)
     if cfg.offline.objective == "bc":  # no env: prefetcher → offline trainer (offline.py)
         return offline.bc_stages(cfg, state_dir, device, shutdown, threads, telemetry)
+    memory.require(*rollout_memory(cfg), device, fix="lower env.num_envs or ppo.rollout_length")
     checkpoints = CheckpointDir(state_dir / "checkpoints")
     found = _checkpoint_to_resume(checkpoints, ranks)
     torch.manual_seed(cfg.run.seed)  # the same initial weights on every rank
