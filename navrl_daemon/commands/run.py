@@ -18,4 +18,4 @@ def register(sub: Any) -> None:
 def handle(cfg: Config, args: argparse.Namespace) -> int:
     from navrl_daemon.pipeline import daemon
 
-    return daemon.run(cfg, state_dir(cfg, args))
+    return daemon.run(cfg, state_dir(cfg, args), args.stop_signals)

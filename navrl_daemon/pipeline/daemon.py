@@ -53,6 +53,7 @@ from navrl_daemon.runtime.compute import ComputeThreads
 from navrl_daemon.runtime.distributed import World
 from navrl_daemon.runtime.leases import LeasePool
 from navrl_daemon.runtime.lock import StateDirLock
+from navrl_daemon.runtime.signals import StopSignals
 from navrl_daemon.runtime.supervisor import Shutdown, State, Supervisor
 from navrl_daemon.stages import resume
 from navrl_daemon.stages.archiver import RolloutArchiver, archive_channel
@@ -68,16 +69,17 @@ from navrl_daemon.storage.staging import SnapshotStaging
 log = structlog.get_logger("daemon")
 
 
-def run(cfg: Config, state_dir: Path) -> int:
-    """Train until `run.total_frames` or a signal. Raises NavrlError subclasses."""
+def run(cfg: Config, state_dir: Path, signals: StopSignals) -> int:
+    """Train until `run.total_frames` or a stop signal. Raises NavrlError subclasses."""
     world = World.from_environ()
-    serving = functools.partial(serve, cfg, state_dir, world=world)
+    serving = functools.partial(serve, cfg, state_dir, world=world, signals=signals)
     if world.distributed:
         bind_process_fields(rank=world.rank)
     if not world.leader:  # rank 0 owns the state dir; this rank only trains
-        anyio.run(serving)
+        with signals.queued():
+            anyio.run(serving)
         return 0
-    with StateDirLock(state_dir):
+    with StateDirLock(state_dir), signals.queued():
         anyio.run(serving)
     return 0
 
@@ -87,8 +89,10 @@ async def serve(
     state_dir: Path,
     observe: Callable[[IterationRecord], None] | None = None,
     world: World | None = None,
+    signals: StopSignals | None = None,
 ) -> None:
-    """The daemon's event loop. `observe` sees every iteration's record (benchmarks, tests)."""
+    """The daemon's event loop. `observe` sees every iteration's record (benchmarks, tests);
+    `signals` stop it (without them, only total_frames or a failure does)."""
     world = world or World()
     device = world.device(resolve_device(cfg))
     if cfg.run.torch_threads:
@@ -126,6 +130,7 @@ async def serve(
             shutdown_timeout_s=cfg.run.shutdown_timeout_s,
             shutdown=shutdown,
             on_state=on_state,
+            signals=signals,
         )
         async with anyio.create_task_group() as tg:
             tg.start_soon(telemetry.watchdog.run)
