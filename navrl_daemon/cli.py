@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
         dataset,
         env,
         eval,
+        launch,
         report,
         run,
         status,
@@ -34,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Long-running training service for NavRL's drone-navigation PPO policy.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    commands = (run, eval, config, checkpoints, archive, dataset, env, report, status)
+    commands = (run, launch, eval, config, checkpoints, archive, dataset, env, report, status)
     for command in commands:
         command.register(sub)
     return parser
