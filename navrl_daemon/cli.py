@@ -1,7 +1,9 @@
 """`navrl-daemon` command line. The one place where errors become exit codes (DESIGN.md §3).
 
 Each command lives in `navrl_daemon/commands/<name>.py`; this file only builds the parser
-from them, resolves the config and maps `NavrlError`s to their exit codes.
+from them, resolves the config and maps `NavrlError`s to their exit codes. Stop signals are
+handled from the first line of `main` (runtime/signals.py), before the commands are
+imported: some import torch, which takes seconds.
 """
 
 from __future__ import annotations
@@ -10,44 +12,66 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from navrl_daemon.commands import (
-    archive,
-    checkpoints,
-    config,
-    dataset,
-    env,
-    eval,
-    report,
-    run,
-    status,
-)
-from navrl_daemon.config import load_config
 from navrl_daemon.errors import NavrlError
-from navrl_daemon.ops.logging import configure_logging
-
-COMMANDS = (run, eval, config, checkpoints, archive, dataset, env, report, status)
+from navrl_daemon.runtime.signals import StopRequested, StopSignals
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from navrl_daemon.commands import (
+        archive,
+        checkpoints,
+        config,
+        dataset,
+        env,
+        eval,
+        launch,
+        report,
+        run,
+        status,
+    )
+
     parser = argparse.ArgumentParser(
         prog="navrl-daemon",
         description="Long-running training service for NavRL's drone-navigation PPO policy.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in COMMANDS:
+    commands = (run, launch, eval, config, checkpoints, archive, dataset, env, report, status)
+    for command in commands:
         command.register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    signals = StopSignals().install()
+    logging_ready = False
     try:
+        args = build_parser().parse_args(argv)
+        from navrl_daemon.config import load_config
+        from navrl_daemon.ops.logging import configure_logging
+
         cfg = load_config(getattr(args, "config", None), getattr(args, "overrides", ()))
         configure_logging(cfg.log)
+        logging_ready = True
+        args.stop_signals = signals  # `run` hands them to its event loop
         return args.handler(cfg, args)
+    except StopRequested as stop:  # before `run` reached its event loop, or another command
+        _stopped(stop.signal_name, logging_ready)
+        return 0
     except NavrlError as e:
         print(f"navrl-daemon: error: {e}", file=sys.stderr)
         return e.exit_code
+    finally:
+        signals.finish()
+
+
+def _stopped(signal_name: str, logging_ready: bool) -> None:
+    """A stop signal with nothing to save (no training yet): a clean exit, one line."""
+    if logging_ready:
+        import structlog
+
+        structlog.get_logger("cli").info("stopped by a signal", signal=signal_name)
+    else:
+        print(f"navrl-daemon: stopped by {signal_name}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -154,6 +154,15 @@ class EnvConfig(Section):
     # collision down one (env/navigation.py). Evaluations fly the whole map.
     map_levels: list[NonNegInt] = []
 
+    @field_validator("options")
+    @classmethod
+    def _finite_options(cls, v: dict[str, Any]) -> dict[str, Any]:
+        # A NaN or infinity here is a typo no backend means; TOML out refuses it too.
+        for key, value in _walk(v):
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{key} = {value}: must be a finite number")
+        return v
+
     @field_validator("num_dynamic_obstacles")
     @classmethod
     def _dyn_multiple_of_8(cls, v: int) -> int:
@@ -539,14 +548,18 @@ def load_config(
     if path is not None:
         data = read_toml(Path(path))
     env_items = environ if environ is not None else os.environ
+    variables: dict[str, str] = {}  # dotted key -> the environment variable that set it
     for name, raw in sorted(env_items.items()):
         if name.startswith(ENV_PREFIX) and "__" in name:
             key = name[len(ENV_PREFIX) :].lower().replace("__", ".")
-            _set_dotted(data, key, parse_value(raw, origin=f"environment variable {name}"))
+            origin = f"environment variable {name}"
+            _set_dotted(data, key, parse_value(raw, origin=origin), origin=origin)
+            variables[key] = name
     for item in overrides:
         key, value = parse_override(item)
-        _set_dotted(data, key, value)
-    return validate(data)
+        _set_dotted(data, key, value, origin=f"override {item!r}")
+        variables.pop(key, None)  # the override wins, and is what an error is about
+    return validate(data, variables)
 
 
 def read_toml(path: Path) -> dict[str, Any]:
@@ -557,6 +570,11 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path}: not found") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config file {path}: not valid TOML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"config file {path}: not UTF-8 text (TOML must be): byte {e.object[e.start]:#04x} "
+            f"at offset {e.start}"
+        ) from None
     except OSError as e:
         raise ConfigError(f"config file {path}: cannot read: {e.strerror}") from None
 
@@ -590,7 +608,7 @@ def parse_value(raw: str, *, origin: str) -> Any:
         ) from None
 
 
-def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+def _set_dotted(data: dict[str, Any], key: str, value: Any, *, origin: str) -> None:
     *parents, leaf = key.split(".")
     node = data
     walked: list[str] = []
@@ -598,35 +616,61 @@ def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
         walked.append(part)
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            raise ConfigError(f"{'.'.join(walked)}: is a value, not a section; cannot set {key}")
+            raise ConfigError(
+                f"{'.'.join(walked)}: is a value, not a section; cannot set {key} (from {origin})"
+            )
         node = child
     node[leaf] = value
 
 
-def validate(data: Mapping[str, Any]) -> Config:
+def _walk(value: Any, where: str = "") -> Iterable[tuple[str, Any]]:
+    """Every leaf of nested tables and lists, with its dotted path."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _walk(v, f"{where}.{k}" if where else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _walk(v, f"{where}[{i}]")
+    else:
+        yield where, value
+
+
+def validate(data: Mapping[str, Any], variables: Mapping[str, str] | None = None) -> Config:
+    """`variables`: dotted key -> the `NAVRL_` environment variable that set it, named in
+    the message of an error at or under that key."""
     try:
         return Config.model_validate(dict(data))
     except ValidationError as e:
-        raise ConfigError(_describe(e)) from None
+        raise ConfigError(_describe(e, variables or {})) from None
 
 
-def _describe(err: ValidationError) -> str:
+def _describe(err: ValidationError, variables: Mapping[str, str]) -> str:
     lines = []
     for item in err.errors():
         # ("env", "curriculum", 0, "spawn") reads env.curriculum[0].spawn
         where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in item["loc"])
         where = where.removeprefix(".") or "config"
+        # The variables that set this key, something under it, or the section it is in.
+        setters = [
+            name for key, name in variables.items() if _nested(where, key) or _nested(key, where)
+        ]
+        source = f" (from environment variable {', '.join(setters)})" if setters else ""
         kind = item["type"]
         if kind == "extra_forbidden":
             parent = _section_model(item["loc"][:-1])
             allowed = ", ".join(parent.model_fields) if parent else "?"
-            lines.append(f"{where}: unknown key; allowed here: {allowed}")
+            lines.append(f"{where}: unknown key{source}; allowed here: {allowed}")
             continue
         msg = item["msg"].removeprefix("Value error, ")
         got = item.get("input")
         shown = "" if kind == "value_error" or isinstance(got, dict) else f" (got {got!r})"
-        lines.append(f"{where}: {msg}{shown}")
+        lines.append(f"{where}: {msg}{shown}{source}")
     return "invalid configuration:\n  " + "\n  ".join(lines)
+
+
+def _nested(inner: str, outer: str) -> bool:
+    """Whether dotted path `inner` is `outer` or lies under it."""
+    return inner == outer or inner.startswith((f"{outer}.", f"{outer}["))
 
 
 def _section_model(loc: tuple[Any, ...]) -> type[BaseModel] | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -64,6 +65,17 @@ def _restore_logging_setup() -> Iterator[None]:
     saved = structlog.get_config()
     yield
     structlog.configure(**saved)
+
+
+@pytest.fixture(autouse=True)
+def _restore_signal_handlers() -> Iterator[None]:
+    """`cli.main` handles the stop signals and leaves them ignored when it returns (the
+    process is exiting); in-process callers get the test runner's handlers back."""
+    stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    saved = {sig: signal.getsignal(sig) for sig in stop_signals}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
 
 
 @pytest.fixture

@@ -7,12 +7,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from tests.conftest import REPO, SUBPROCESS_ENV, TINY
 
 
 class Daemon:
-    def __init__(self, state: Path, *overrides: str) -> None:
+    def __init__(self, state: Path, *overrides: str, **popen: Any) -> None:
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -30,6 +31,7 @@ class Daemon:
             stderr=subprocess.PIPE,
             text=True,
             env=SUBPROCESS_ENV,
+            **popen,
         )
         self.events: list[dict] = []
 

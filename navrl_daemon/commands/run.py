@@ -22,7 +22,7 @@ def handle(cfg: Config, args: argparse.Namespace) -> int:
     from navrl_daemon.runtime.distributed import World
 
     root = state_dir(cfg, args)
-    code = daemon.run(cfg, root)
+    code = daemon.run(cfg, root, args.stop_signals)
     if World.from_environ().leader:  # rank 0 owns the state dir it describes
         print_run_summary(cfg, root)
     return code

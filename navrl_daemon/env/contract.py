@@ -28,6 +28,7 @@ every build; `conformance.py` steps envs through all of the above.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -79,6 +80,16 @@ REQUIRED: tuple[KeySpec, ...] = (
 # What reset and step outputs carry (the action is the caller's input, not an output).
 OUTPUT_KEYS = tuple(k for k in REQUIRED if k.spec in ("observation", "done"))
 STEP_KEYS = tuple(k for k in REQUIRED if k.spec != "action")
+
+
+def step_record_bytes() -> int:
+    """Bytes one env's step takes in a rollout buffer, at least: every key above, the
+    observations twice (the step's own and the next one, as TorchRL records a step)."""
+    total = 0
+    for k in REQUIRED:
+        size = math.prod(k.shape) * torch.empty((), dtype=k.dtype).element_size()
+        total += size * (2 if k.spec == "observation" else 1)
+    return total
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ progress summaries as tables and lines kept off the progress bar (ops/console.py
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 import structlog
@@ -53,6 +54,19 @@ def configure_logging(cfg: LogConfig, *, stream: Any = None) -> None:
         # share the launcher's stderr, and a pipe keeps writes under PIPE_BUF whole.
         logger_factory=structlog.WriteLoggerFactory(file=stream),
         cache_logger_on_first_use=False,
+    )
+    # An exception that ends a thread (a library's writer thread, say) is one log line like
+    # every other, not a traceback that breaks the JSON stream journald and tests read.
+    threading.excepthook = _log_thread_exception
+
+
+def _log_thread_exception(args: threading.ExceptHookArgs) -> None:
+    if args.exc_type is SystemExit:
+        return
+    structlog.get_logger("thread").error(
+        "uncaught exception in a thread",
+        thread=args.thread.name if args.thread is not None else None,
+        exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
     )
 
 

@@ -74,21 +74,44 @@ class TensorBoardLog:
             flush_secs=FLUSH_S,
         )
 
+        self.failed: str | None = None  # why writing stopped (then every call is a no-op)
+
     def history_row(self, row: dict[str, Any]) -> None:
         step, when = int(row["frames"]), row.get("time")
-        for key, value in scalars(row).items():
-            tag = history_tag(key)
-            if tag is not None:
-                self.writer.add_scalar(tag, value, global_step=step, walltime=when)
+        tags = ((history_tag(k), v) for k, v in scalars(row).items())
+        self._add([(tag, v) for tag, v in tags if tag is not None], step, when)
 
     def evaluation(self, record: dict[str, Any]) -> None:
         step, when = int(record["frames"]), record.get("time")
-        for key, value in scalars(record).items():
-            if key not in _NOT_SCALARS:
-                self.writer.add_scalar(f"eval/{key}", value, global_step=step, walltime=when)
+        items = scalars(record).items()
+        self._add([(f"eval/{k}", v) for k, v in items if k not in _NOT_SCALARS], step, when)
 
     def close(self) -> None:
-        self.writer.close()
+        if self.failed is None:
+            try:
+                self.writer.close()
+            except Exception as err:  # the writer thread died (its dir went away, a full disk)
+                self._fail(err)
+
+    def _add(self, scalars: list[tuple[str, float]], step: int, when: float | None) -> None:
+        """TensorBoard files are a view of history.jsonl: a failure to write them is logged
+        once and turns them off until the next start; training never notices."""
+        if self.failed is not None:
+            return
+        try:
+            for tag, value in scalars:
+                self.writer.add_scalar(tag, value, global_step=step, walltime=when)
+        except Exception as err:
+            self._fail(err)
+
+    def _fail(self, err: Exception) -> None:
+        self.failed = f"{type(err).__name__}: {err}"
+        log.error(
+            "TensorBoard event files not written: off until the daemon restarts "
+            "(history.jsonl has every row)",
+            path=str(self.log_dir),
+            error=self.failed,
+        )
 
 
 def open_tensorboard(state_dir: Path, resumed_at_frames: int) -> TensorBoardLog | None:

@@ -28,7 +28,7 @@ import structlog
 import torch
 
 from navrl_daemon import __version__
-from navrl_daemon.config import Config, resolve_device, to_toml
+from navrl_daemon.config import Config, resolve_device
 from navrl_daemon.env.curriculum import Curriculum
 from navrl_daemon.errors import StageFailed
 from navrl_daemon.ops.logging import bind_process_fields
@@ -44,12 +44,15 @@ from navrl_daemon.rl.training import (
     Learner,
     acting_copy,
     make_policy,
+    rollout_memory,
 )
+from navrl_daemon.runtime import memory
 from navrl_daemon.runtime.channels import Channel, Overflow, Sender
 from navrl_daemon.runtime.compute import ComputeThreads
 from navrl_daemon.runtime.distributed import World
 from navrl_daemon.runtime.leases import Lease, LeasePool
 from navrl_daemon.runtime.lock import StateDirLock
+from navrl_daemon.runtime.signals import StopSignals
 from navrl_daemon.runtime.supervisor import Shutdown, Stage, State, Supervisor
 from navrl_daemon.stages import resume
 from navrl_daemon.stages.archiver import RolloutArchiver, archive_channel
@@ -63,25 +66,24 @@ from navrl_daemon.stages.producer import RolloutProducer
 from navrl_daemon.stages.trainer import Checkpointing, IterationRecord, Trainer
 from navrl_daemon.storage.checkpoint import CheckpointDir
 from navrl_daemon.storage.compressed_rollout import CompressedMinibatches
-from navrl_daemon.storage.run_config import record_run_config
 from navrl_daemon.storage.staging import SnapshotStaging
 from navrl_daemon.storage.state_dir import check_writable
 
 log = structlog.get_logger("daemon")
 
 
-def run(cfg: Config, state_dir: Path) -> int:
-    """Train until `run.total_frames` or a signal. Raises NavrlError subclasses."""
+def run(cfg: Config, state_dir: Path, signals: StopSignals) -> int:
+    """Train until `run.total_frames` or a stop signal. Raises NavrlError subclasses."""
     world = World.from_environ()
-    serving = functools.partial(serve, cfg, state_dir, world=world)
+    serving = functools.partial(serve, cfg, state_dir, world=world, signals=signals)
     if world.distributed:
         bind_process_fields(rank=world.rank)
     if not world.leader:  # rank 0 owns the state dir; this rank only trains
-        anyio.run(serving)
+        with signals.queued():
+            anyio.run(serving)
         return 0
     check_writable(state_dir, written_dirs(cfg))  # ConfigError (78) naming the path
-    with StateDirLock(state_dir):
-        record_run_config(state_dir, to_toml(cfg))  # an earlier run's, if different, kept
+    with StateDirLock(state_dir), signals.queued():
         anyio.run(serving)
     return 0
 
@@ -101,8 +103,10 @@ async def serve(
     state_dir: Path,
     observe: Callable[[IterationRecord], None] | None = None,
     world: World | None = None,
+    signals: StopSignals | None = None,
 ) -> None:
-    """The daemon's event loop. `observe` sees every iteration's record (benchmarks, tests)."""
+    """The daemon's event loop. `observe` sees every iteration's record (benchmarks, tests);
+    `signals` stop it (without them, only total_frames or a failure does)."""
     world = world or World()
     device = world.device(resolve_device(cfg))
     if cfg.run.torch_threads:
@@ -142,6 +146,7 @@ async def serve(
             shutdown_timeout_s=cfg.run.shutdown_timeout_s,
             shutdown=shutdown,
             on_state=on_state,
+            signals=signals,
         )
         async with anyio.create_task_group() as tg:
             tg.start_soon(telemetry.watchdog.run)
@@ -169,6 +174,7 @@ def build_stages(ctx: RunContext) -> list[Stage]:
     offline.refuse_distributed(cfg, world.distributed)
     if cfg.offline.objective == "bc":  # no env: prefetcher → offline trainer (offline.py)
         return offline.bc_stages(ctx)
+    memory.require(*rollout_memory(cfg), ctx.device, fix="lower env.num_envs or ppo.rollout_length")
     checkpoints = CheckpointDir(ctx.state_dir / "checkpoints", accept=resume.CheckpointFit(cfg))
     found = ctx.coordinator.newest_checkpoint(checkpoints)
     torch.manual_seed(cfg.run.seed)  # the same initial weights on every rank

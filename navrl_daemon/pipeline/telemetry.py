@@ -16,7 +16,7 @@ import structlog
 import torch
 
 from navrl_daemon import __version__
-from navrl_daemon.config import Config
+from navrl_daemon.config import Config, to_toml
 from navrl_daemon.errors import StageFailed
 from navrl_daemon.ops.http import Health, MetricsServer
 from navrl_daemon.ops.metrics import Metrics
@@ -29,6 +29,7 @@ from navrl_daemon.stages.progress import ProgressLog
 from navrl_daemon.stages.trainer import IterationRecord
 from navrl_daemon.storage.atomic import write_atomic
 from navrl_daemon.storage.history import DAEMON_FILE, HISTORY_FILE, HistoryFile
+from navrl_daemon.storage.run_config import record_run_config
 
 log = structlog.get_logger("daemon")
 
@@ -101,9 +102,17 @@ class Telemetry:
         log.info("metrics endpoint", url=f"http://{self.server.url_host}:{self.server.port}")
 
     def run_starts(self, state_dir: Path, iteration: int, frames: int) -> None:
-        """The run starts after `iteration` (0, or the checkpoint it resumed from): history
-        rows after it are about to be redone, so they go; `status` learns the endpoint.
-        A history or daemon.json that cannot be written is logged; training goes on."""
+        """The run starts after `iteration` (0, or the checkpoint it resumed from): its
+        resolved config is recorded (only now, so a run refused at start-up leaves the last
+        run's), history rows after it are about to be redone, so they go; `status` learns the
+        endpoint. A file that cannot be written is logged; training goes on."""
+        try:  # an earlier run's config.toml, if different, is kept in configs/
+            kept = record_run_config(state_dir, to_toml(self.cfg))
+        except OSError as err:
+            log.error("resolved config not recorded", path=str(state_dir), error=str(err))
+        else:
+            if kept is not None:
+                log.info("the earlier run's config kept", path=str(kept))
         history = HistoryFile(state_dir / HISTORY_FILE)
         try:
             dropped = history.cut(iteration)

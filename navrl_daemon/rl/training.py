@@ -23,6 +23,7 @@ from torchrl.envs import EnvBase
 
 from navrl_daemon.config import Config, PPOConfig, UpdatePath
 from navrl_daemon.env import check_backend, make_env
+from navrl_daemon.env.contract import step_record_bytes
 from navrl_daemon.rl import fast_update, ppo, schedules
 from navrl_daemon.rl.data_parallel import DataParallel
 from navrl_daemon.rl.evaluate import evaluate
@@ -41,6 +42,19 @@ def make_policy(cfg: Config, device: torch.device | str) -> NavRLPolicy:
     return NavRLPolicy(
         action_limit=cfg.env.action_limit, gamma=cfg.ppo.gamma, lmbda=cfg.ppo.lmbda
     ).to(device)
+
+
+def rollout_memory(cfg: Config) -> tuple[int, str]:
+    """Bytes the rollout buffers take at least (the env contract's keys, every lease of the
+    pool), and how that number is made."""
+    per_step = step_record_bytes()
+    need = cfg.pipeline.lease_pool * cfg.ppo.rollout_length * cfg.env.num_envs * per_step
+    how = (
+        f"the rollout buffers (pipeline.lease_pool = {cfg.pipeline.lease_pool} x "
+        f"ppo.rollout_length = {cfg.ppo.rollout_length} x env.num_envs = {cfg.env.num_envs} "
+        f"x {per_step} bytes per env and step)"
+    )
+    return need, how
 
 
 @dataclass

@@ -1,9 +1,10 @@
-"""A generic supervisor: runs stages in one task group, owns signals and the shutdown.
+"""A generic supervisor: runs stages in one task group, owns the shutdown.
 
 Knows no RL and no particular stage. Lifecycle: starting → running → draining → stopped.
 
-- First SIGINT/SIGTERM: `shutdown.stop` is set; stages finish what is in flight at their
-  next safe boundary and close their output channels, so the pipeline drains upstream-first.
+- First stop signal (SIGINT, SIGTERM or SIGHUP; runtime/signals.py): `shutdown.stop` is
+  set; stages finish what is in flight at their next safe boundary and close their
+  output channels, so the pipeline drains upstream-first.
 - Second signal: `shutdown.abort` is set as well; compute in worker threads stops at the
   next minibatch or step boundary (never mid-write).
 - After every stage's `run` has returned (or the shutdown deadline has passed), each
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import enum
 import math
-import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -27,6 +27,7 @@ import anyio
 import structlog
 
 from navrl_daemon.errors import NavrlError, StageFailed
+from navrl_daemon.runtime.signals import StopSignals
 
 log = structlog.get_logger("supervisor")
 
@@ -79,8 +80,10 @@ class Supervisor:
         shutdown_timeout_s: float,
         shutdown: Shutdown | None = None,
         on_state: Callable[[State], None] | None = None,
-        signals: Sequence[signal.Signals] = (signal.SIGINT, signal.SIGTERM),
+        signals: StopSignals | None = None,
     ) -> None:
+        """`signals`: the process's stop signals, taken while the stages run; without
+        them only `request_stop` (or a failing stage) stops the pipeline."""
         self.stages = list(stages)
         self.shutdown = shutdown or Shutdown()
         self.timeout_s = shutdown_timeout_s
@@ -110,8 +113,8 @@ class Supervisor:
     async def run(self) -> None:
         """Run every stage to completion, then flush them all. Raises StageFailed."""
         async with anyio.create_task_group() as outer:
-            if self._signals:
-                outer.start_soon(self._watch_signals)
+            if self._signals is not None:
+                outer.start_soon(self._watch_signals, self._signals)
             outer.start_soon(self._deadline_watch, outer.cancel_scope)
             with anyio.CancelScope() as self._stages_scope:
                 async with anyio.create_task_group() as tg:
@@ -177,7 +180,6 @@ class Supervisor:
                 self.late.append(stage.name)
                 log.error("flush did not finish before the deadline", late_stage=stage.name)
 
-    async def _watch_signals(self) -> None:
-        with anyio.open_signal_receiver(*self._signals) as received:
-            async for signum in received:
-                self.request_stop(signal.Signals(signum).name)
+    async def _watch_signals(self, signals: StopSignals) -> None:
+        while True:
+            self.request_stop(await signals.next())

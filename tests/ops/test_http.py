@@ -192,3 +192,81 @@ def test_a_taken_port_fails_with_the_address_in_the_message(health: Health) -> N
         with pytest.raises(OSError, match=f"127.0.0.1:{port}"):
             server.start()
         server.stop()  # nothing was started: still fine
+
+
+# A TLS ClientHello's first bytes: what a scraper configured for https sends.
+TLS_HELLO = bytes.fromhex("160301020001000200fc03035d3b")
+
+
+def closed_by_server(sock: socket.socket, within_s: float) -> bool:
+    """Whether the server closes `sock` within `within_s` (EOF or reset on our side)."""
+    sock.settimeout(within_s)
+    try:
+        while sock.recv(4096):
+            pass
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        pass
+    return True
+
+
+def test_idle_and_garbage_connections_cost_one_thread_and_a_bounded_number_of_sockets(
+    health: Health,
+) -> None:
+    server = MetricsServer(make_metrics(), health, "127.0.0.1", 0)  # 16 connections, 5 s
+    threads = threading.active_count()
+    server.start()
+    held: list[socket.socket] = []
+    try:
+        assert threading.active_count() == threads + 1
+        for _ in range(200):  # far more than the cap, held open and silent
+            held.append(socket.create_connection(("127.0.0.1", server.port)))
+        assert threading.active_count() == threads + 1
+        # A scrape still gets through: the oldest silent connection makes room for it.
+        assert get(server, "/metrics").status == 200
+        assert get(server, "/healthz").status == 503  # still "starting"
+        assert server.dropped["evicted"] >= 200 - 16
+
+        tls = socket.create_connection(("127.0.0.1", server.port))
+        no_line_end = socket.create_connection(("127.0.0.1", server.port))
+        held += [tls, no_line_end]
+        tls.sendall(TLS_HELLO)
+        no_line_end.sendall(b"GET /metrics HTTP/1.1")
+        # Neither ever completes a request; both are closed at request_timeout_s (5 s).
+        assert closed_by_server(tls, within_s=15.0)
+        assert closed_by_server(no_line_end, within_s=15.0)
+        assert server.dropped["timeout"] >= 2
+        assert threading.active_count() == threads + 1
+    finally:
+        for sock in held:
+            sock.close()
+        server.stop()
+    assert threading.active_count() == threads
+
+
+def test_a_request_larger_than_a_get_needs_is_refused(server: MetricsServer) -> None:
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nX-Junk: " + b"a" * 20_000)
+        sock.settimeout(5)
+        reply = sock.recv(4096)
+    assert reply.startswith(b"HTTP/1.1 431 ")
+    assert server.dropped["oversized"] == 1
+
+
+def test_head_has_no_body_and_other_methods_are_refused(server: MetricsServer) -> None:
+    def exchange(request: bytes) -> bytes:
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            sock.sendall(request)
+            sock.settimeout(5)
+            chunks = []
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+        return b"".join(chunks)
+
+    head = exchange(b"HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n") and head.endswith(b"\r\n\r\n")
+    assert b"Content-Length: 0\r\n" not in head
+    post = exchange(b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+    assert post.startswith(b"HTTP/1.1 405 ") and b"Allow: GET, HEAD\r\n" in post
+    assert exchange(b"nonsense\r\n\r\n").startswith(b"HTTP/1.1 400 ")

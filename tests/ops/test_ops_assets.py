@@ -274,3 +274,32 @@ def test_grafana_provisioning_points_at_the_dashboard() -> None:
     assert re.search(r"(?m)^\s+type: file$", provider)
     path = re.search(r"(?m)^\s+path: (\S+)$", provider)
     assert path and path.group(1).endswith("config/grafana/dashboards"), provider
+
+
+TORCHRUN_DROP_IN = UNIT.parent / "torchrun.conf"
+
+
+def test_torchrun_drop_in_passes_systemd_analyze_verify_silently(tmp_path: Path) -> None:
+    analyze = require_tool("systemd-analyze")
+    swap = f"ExecStart={sys.executable}"  # verify insists that ExecStart's binary exists
+    unit = tmp_path / UNIT.name
+    unit.write_text(re.sub(r"(?m)^ExecStart=\S+", swap, UNIT.read_text()))
+    drop_in = tmp_path / f"{UNIT.name}.d" / TORCHRUN_DROP_IN.name
+    drop_in.parent.mkdir()
+    drop_in.write_text(re.sub(r"(?m)^ExecStart=/\S+", swap, TORCHRUN_DROP_IN.read_text()))
+
+    result = run_tool(analyze, "verify", str(unit))
+
+    assert (result.returncode, result.stdout + result.stderr) == (0, "")
+
+
+def test_torchrun_drop_in_runs_launch_and_keeps_the_stop_settings() -> None:
+    drop_in = unit_settings(TORCHRUN_DROP_IN.read_text())
+    assert drop_in["Service.ExecStart"][0] == ""  # replaces the unit's `run`
+    exec_start = drop_in["Service.ExecStart"][1].split()
+    assert exec_start[:2] == ["/opt/navrl-daemon/.venv/bin/navrl-daemon", "launch"]
+    assert exec_start[exec_start.index("--state-dir") + 1] == "${STATE_DIRECTORY}"
+    assert drop_in["Service.NotifyAccess"] == ["all"]  # the ranks notify, not the launcher
+    # The stop goes to the launcher alone, which stops the ranks (tests/distributed).
+    assert "Service.KillMode" not in drop_in
+    assert unit_settings(UNIT.read_text())["Service.KillMode"] == ["mixed"]

@@ -68,3 +68,59 @@ def test_rows_read_back_and_a_resume_replaces_the_points_after_its_checkpoint(
     points = read_scalars(tmp_path)["train/reach_goal"]
     assert [step for step, _ in points] == [64 * i for i in range(1, 9)]  # no step twice
     assert [v for _, v in points[4:]] == [pytest.approx(0.9)] * 4
+
+
+class _BrokenWriter:
+    """A SummaryWriter whose writer thread died (its directory removed, a full disk)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def add_scalar(self, *args: object, **kwargs: object) -> None:
+        self.calls += 1
+        raise FileNotFoundError("events.out.tfevents: No such file or directory")
+
+    def close(self) -> None:
+        raise AssertionError("close after a failure must not reach the dead writer")
+
+
+def test_a_failing_writer_is_logged_once_and_turned_off(tmp_path: Path, capsys) -> None:
+    board = TensorBoardLog(tmp_path / "tb")
+    board.writer.close()
+    broken = _BrokenWriter()
+    board.writer = broken  # type: ignore[assignment]
+    row = {"frames": 64, "iteration": 1, "time": 1.0, "train_reach_goal": 0.5, "entropy": 0.1}
+    for _ in range(3):
+        board.history_row(row)  # never raises: training must not notice
+    board.evaluation({"frames": 64, "iteration": 1, "reach_goal": 0.25})
+    board.close()
+    assert board.failed is not None and "FileNotFoundError" in board.failed
+    assert broken.calls == 1  # off after the first failure
+
+
+def test_an_exception_that_ends_a_thread_is_one_json_log_line() -> None:
+    import io
+    import json
+    import threading
+
+    from navrl_daemon.config import LogConfig
+    from navrl_daemon.ops.logging import configure_logging
+
+    stream = io.StringIO()
+    saved = threading.excepthook
+    try:
+        configure_logging(LogConfig(format="json"), stream=stream)
+
+        def boom() -> None:
+            raise OSError("the writer's directory is gone")
+
+        t = threading.Thread(target=boom, name="writer")
+        t.start()
+        t.join()
+    finally:
+        threading.excepthook = saved
+    lines = [json.loads(x) for x in stream.getvalue().splitlines()]
+    assert len(lines) == 1
+    assert lines[0]["event"] == "uncaught exception in a thread"
+    assert lines[0]["thread"] == "writer"
+    assert "the writer's directory is gone" in lines[0]["exception"]

@@ -122,3 +122,70 @@ def test_an_unreadable_holder_pid_is_reported_as_unknown(tmp_path: Path, content
 
 def test_holder_pid_of_a_dir_without_a_lock_file_is_none(tmp_path: Path) -> None:
     assert StateDirLock.holder_pid(tmp_path / "missing") is None
+
+
+def test_a_deleted_lock_file_is_recreated_and_a_second_process_still_refused(
+    tmp_path: Path,
+) -> None:
+    lock = StateDirLock(tmp_path, check_s=None)
+    with lock:
+        assert not lock.keep()  # nothing to do while the path names the locked file
+        lock.path.unlink()
+        assert lock.keep()
+        assert StateDirLock.holder_pid(tmp_path) == os.getpid()
+        refused = other_daemon(tmp_path)
+        out, _ = refused.communicate(timeout=30)
+        assert refused.returncode == 75, out
+        assert f"pid {os.getpid()}" in out
+
+
+def test_a_deleted_state_dir_is_recreated_by_the_watcher(tmp_path: Path) -> None:
+    import shutil
+    import time
+
+    state_dir = tmp_path / "state"
+    with StateDirLock(state_dir, check_s=0.05):
+        (state_dir / "history.jsonl").write_text("{}\n")
+        shutil.rmtree(state_dir)
+        deadline = time.monotonic() + 10
+        while StateDirLock.holder_pid(state_dir) != os.getpid():
+            assert time.monotonic() < deadline, "the watcher did not re-create the lock"
+            time.sleep(0.02)
+        refused = other_daemon(state_dir)
+        assert refused.communicate(timeout=30)[0] and refused.returncode == 75
+
+
+def test_a_lock_taken_over_by_another_process_is_reported(tmp_path: Path) -> None:
+    lost: list[StateLocked] = []
+    lock = StateDirLock(tmp_path, check_s=None, on_lost=lost.append)
+    lock.acquire()
+    lock.path.unlink()
+    holder = other_daemon(tmp_path, "hold")
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "acquired"  # it locked a new file
+        with pytest.raises(StateLocked, match=f"deleted and another process \\(pid {holder.pid}"):
+            lock.keep()
+    finally:
+        holder.kill()
+        holder.communicate(timeout=30)
+        lock.release()
+
+
+def test_a_state_dir_that_is_a_file_is_a_config_error(tmp_path: Path) -> None:
+    from navrl_daemon.errors import ConfigError
+
+    (tmp_path / "state").write_text("not a dir")
+    with pytest.raises(ConfigError, match=f"state dir {tmp_path / 'state'}: not a directory"):
+        StateDirLock(tmp_path / "state").acquire()
+    with pytest.raises(ConfigError, match="cannot create it: Not a directory"):
+        StateDirLock(tmp_path / "state" / "sub").acquire()
+
+
+def test_a_lock_path_that_is_a_directory_is_a_config_error(tmp_path: Path) -> None:
+    from navrl_daemon.errors import ConfigError
+
+    (tmp_path / "lock").mkdir()
+    with pytest.raises(ConfigError, match=f"lock file {tmp_path / 'lock'}: is a directory") as e:
+        StateDirLock(tmp_path).acquire()
+    assert e.value.exit_code == 78

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from navrl_daemon.errors import DataError, StageFailed
+from navrl_daemon.runtime.signals import StopSignals
 from navrl_daemon.runtime.supervisor import Shutdown, State, Supervisor
 
 
@@ -55,15 +56,22 @@ async def test_signal_drains_then_flushes_every_stage() -> None:
     shutdown = Shutdown()
     stages = [Looping("a", shutdown), Looping("b", shutdown)]
     states: list[State] = []
-    sup = Supervisor(stages, shutdown_timeout_s=5, shutdown=shutdown, on_state=states.append)
+    signals = StopSignals().install()
+    sup = Supervisor(
+        stages, shutdown_timeout_s=5, shutdown=shutdown, on_state=states.append, signals=signals
+    )
 
     async def send_sigterm() -> None:
         await anyio.sleep(0.2)
         os.kill(os.getpid(), signal.SIGTERM)
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(send_sigterm)
-        await sup.run()
+    try:
+        with signals.queued():
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(send_sigterm)
+                await sup.run()
+    finally:
+        signals.restore()
     assert shutdown.reason == "SIGTERM"
     assert states == [State.RUNNING, State.DRAINING, State.STOPPED]
     assert all(s.steps > 0 and s.flushed_at is not None for s in stages)
@@ -72,7 +80,7 @@ async def test_signal_drains_then_flushes_every_stage() -> None:
 @pytest.mark.anyio
 async def test_second_request_sets_abort() -> None:
     shutdown = Shutdown()
-    sup = Supervisor([], shutdown_timeout_s=5, shutdown=shutdown, signals=())
+    sup = Supervisor([], shutdown_timeout_s=5, shutdown=shutdown)
     sup.request_stop("SIGINT")
     assert shutdown.stopping and not shutdown.abort.is_set()
     sup.request_stop("SIGINT")
@@ -83,7 +91,7 @@ async def test_second_request_sets_abort() -> None:
 async def test_crashing_stage_stops_everything_and_names_the_stage() -> None:
     shutdown = Shutdown()
     other = Looping("steady", shutdown)
-    sup = Supervisor([other, Crashing()], shutdown_timeout_s=5, shutdown=shutdown, signals=())
+    sup = Supervisor([other, Crashing()], shutdown_timeout_s=5, shutdown=shutdown)
     t0 = time.monotonic()
     with pytest.raises(StageFailed, match="stage crasher failed: ValueError: injected failure"):
         await sup.run()
@@ -97,12 +105,12 @@ async def test_a_stage_that_finds_bad_data_mid_run_keeps_exit_65() -> None:
         async def run(self) -> None:
             raise DataError("dataset d.h5: key actions: NaN at row 7")
 
-    sup = Supervisor([BadData()], shutdown_timeout_s=5, signals=())
+    sup = Supervisor([BadData()], shutdown_timeout_s=5)
     with pytest.raises(StageFailed, match="NaN at row 7") as failed:
         await sup.run()
     assert failed.value.exit_code == 65
     with pytest.raises(StageFailed) as crashed:
-        await Supervisor([Crashing()], shutdown_timeout_s=5, signals=()).run()
+        await Supervisor([Crashing()], shutdown_timeout_s=5).run()
     assert crashed.value.exit_code == 1
 
 
@@ -118,7 +126,7 @@ async def test_stage_ignoring_stop_is_cut_at_the_deadline() -> None:
             pass
 
     shutdown = Shutdown()
-    sup = Supervisor([Stubborn()], shutdown_timeout_s=0.3, shutdown=shutdown, signals=())
+    sup = Supervisor([Stubborn()], shutdown_timeout_s=0.3, shutdown=shutdown)
     sup.request_stop("test")
     t0 = time.monotonic()
     with pytest.raises(StageFailed, match="did not stop within"):
@@ -130,7 +138,7 @@ async def test_stage_ignoring_stop_is_cut_at_the_deadline() -> None:
 async def test_slow_flush_is_bounded_by_the_deadline() -> None:
     shutdown = Shutdown()
     slow = Looping("slow", shutdown, flush_s=30)
-    sup = Supervisor([slow], shutdown_timeout_s=0.5, shutdown=shutdown, signals=())
+    sup = Supervisor([slow], shutdown_timeout_s=0.5, shutdown=shutdown)
     sup.request_stop("test")
     t0 = time.monotonic()
     with pytest.raises(StageFailed, match="slow"):
@@ -177,5 +185,5 @@ async def test_loop_answers_within_100ms_while_a_1s_update_runs() -> None:
         async def flush(self, deadline: float) -> None:
             pass
 
-    await Supervisor([Busy(), Probe()], shutdown_timeout_s=5, shutdown=shutdown, signals=()).run()
+    await Supervisor([Busy(), Probe()], shutdown_timeout_s=5, shutdown=shutdown).run()
     assert worst < 0.1, f"event loop stalled for {worst * 1000:.0f} ms"

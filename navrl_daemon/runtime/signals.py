@@ -1,0 +1,132 @@
+"""SIGINT, SIGTERM and SIGHUP mean "stop", from the first line of `main` to the process's end.
+
+What a stop signal does depends on how far the process has come:
+
+- **starting** (from `install()`, while modules load, the config is read, the state dir
+  locked): `StopRequested` is raised in the main thread, like KeyboardInterrupt. Nothing
+  has been trained, so start-up is abandoned and the command exits 0. (Commands other
+  than `run` and `launch` stay in this phase: a stop ends them with 0 too.)
+- **queued** (inside `queued()`, i.e. while the event loop runs): the signal is queued and
+  the supervisor takes it from `next()`. The first stops the pipeline cleanly (final
+  checkpoint, export), a second aborts the work in flight. One that arrives while the
+  stages are still being built stops them as soon as they start.
+- **finished** (after `queued()`): ignored; everything is saved, the process is only exiting.
+
+SIGHUP (a closed terminal, a dropped ssh session) is a stop like SIGTERM: the daemon has no
+configuration to reload.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import enum
+import signal
+import socket
+from collections.abc import Iterator, Sequence
+from types import FrameType
+from typing import Any
+
+import anyio
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class StopRequested(BaseException):
+    """A stop signal during start-up. A BaseException, like KeyboardInterrupt, so that no
+    `except Exception` on the way turns it into an error."""
+
+    def __init__(self, signal_name: str) -> None:
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+
+
+class Phase(enum.Enum):
+    IDLE = "idle"  # not installed
+    STARTING = "starting"
+    QUEUED = "queued"
+    FINISHED = "finished"
+
+
+class StopSignals:
+    def __init__(self, signals: Sequence[signal.Signals] = STOP_SIGNALS) -> None:
+        self.signals = tuple(signals)
+        self.phase = Phase.IDLE
+        self.received: list[str] = []  # every stop signal's name, in order of arrival
+        self._queue: collections.deque[str] = collections.deque()
+        self._previous: dict[signal.Signals, Any] = {}
+        self._previous_wakeup_fd = -1
+        # A waiting next() wakes up through this pair: Python's C-level handler writes to it
+        # (set_wakeup_fd) even when the signal lands on a compute thread while the event
+        # loop sleeps, and `_handle` then runs on the main thread.
+        self._wake_r, self._wake_w = socket.socketpair()
+        for sock in (self._wake_r, self._wake_w):
+            sock.setblocking(False)
+
+    def install(self) -> StopSignals:
+        """Handle the stop signals from now on (main thread only); returns self."""
+        for sig in self.signals:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        self._previous_wakeup_fd = signal.set_wakeup_fd(
+            self._wake_w.fileno(), warn_on_full_buffer=False
+        )
+        self.phase = Phase.STARTING
+        return self
+
+    @contextlib.contextmanager
+    def queued(self) -> Iterator[None]:
+        """While inside, signals are queued for `next()` (the event loop's turn); after it,
+        they are ignored until the process ends."""
+        self.phase = Phase.QUEUED
+        try:
+            yield
+        finally:
+            self.finish()
+
+    def finish(self) -> None:
+        """Ignore the stop signals from now on: the process is only exiting. SIG_IGN rather
+        than a handler, so that it holds while the interpreter shuts down too."""
+        if self.phase in (Phase.IDLE, Phase.FINISHED):
+            return
+        self.phase = Phase.FINISHED
+        for sig in self.signals:
+            signal.signal(sig, signal.SIG_IGN)
+        self._close_wake_pair()
+
+    def restore(self) -> None:
+        """Put back the handlers `install` replaced (for callers that live on: tests)."""
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous.clear()
+        self.phase = Phase.IDLE
+        self._close_wake_pair()
+
+    def _close_wake_pair(self) -> None:
+        # Unhook it first: a closed fd number may be reused by a file signals must not reach.
+        if signal.set_wakeup_fd(-1) == self._wake_w.fileno() and self._previous_wakeup_fd >= 0:
+            signal.set_wakeup_fd(self._previous_wakeup_fd)
+        self._previous_wakeup_fd = -1
+        self._wake_r.close()
+        self._wake_w.close()
+
+    async def next(self) -> str:
+        """The next queued stop signal's name (SIGTERM, ...); waits for one."""
+        while not self._queue:
+            await anyio.wait_readable(self._wake_r)
+            with contextlib.suppress(BlockingIOError):
+                while self._wake_r.recv(512):
+                    pass
+        return self._queue.popleft()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        self.received.append(name)
+        if self.phase is Phase.STARTING:
+            raise StopRequested(name)
+        if self.phase is Phase.QUEUED:
+            self._deliver(name)
+
+    def _deliver(self, name: str) -> None:
+        self._queue.append(name)
+        with contextlib.suppress(BlockingIOError, OSError):
+            self._wake_w.send(b"\0")
