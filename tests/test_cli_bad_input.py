@@ -119,7 +119,7 @@ def test_a_run_refused_at_start_up_leaves_config_toml_alone(tmp_path: Path, refu
     assert (tmp_path / "config.toml").read_text() == recorded
 
     # 65 at start-up: checkpoints there, none of them valid.
-    (tmp_path / "checkpoints").mkdir(exist_ok=True)  # the start-up write check made it
+    (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "ckpt-000000003.nrc").write_bytes(b"NRC1 but not a checkpoint")
     refused(65, *state)
     assert (tmp_path / "config.toml").read_text() == recorded

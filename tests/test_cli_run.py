@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -104,8 +105,9 @@ def test_config_show_output_runs_as_config(tmp_path: Path) -> None:
     state = tmp_path / "state"
     proc = navrl_cli("run", "--config", str(config), "--state-dir", str(state))
     assert proc.returncode == 0, proc.stderr
-    # The resolved config the run stored is the one it was given.
-    assert (state / "config.toml").read_text() == shown.stdout
+    # The resolved config the run stored is the one it was given (show adds comments).
+    stored = tomllib.loads((state / "config.toml").read_text())
+    assert stored == tomllib.loads(shown.stdout)
 
 
 def test_logs_are_json_lines_with_stage_and_iteration(tmp_path: Path) -> None:

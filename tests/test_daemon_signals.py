@@ -30,7 +30,8 @@ def assert_clean_stop(d: Daemon, state: Path) -> None:
     # Every rollout that was collected was also trained on before the export.
     assert exported["iteration"] == names.count("updating")
     assert (state / "export" / "policy.pt").exists()
-    assert names[-1] == "stopped"
+    # the daemon's last line, then `run`'s summary of what is on disk
+    assert names[-2:] == ["stopped", "run summary"]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])

@@ -278,7 +278,7 @@ def test_ppo_plus_bc_logs_a_bc_term_and_an_offline_run_refuses_its_state_dir(
     # The state dir now holds an online run's checkpoints: an offline run does not take them.
     refused = Run(state, *offline_args(archive, "prefetch.layout=archive", "offline.steps=5"))
     code, rest = refused.finish()
-    assert code == 65 and "not an offline one" in rest
+    assert code == 65 and "does not fit this run" in rest and "takes 'offline'" in rest
 
 
 def test_bc_from_rollout_archives_trains_evaluates_and_exports_the_navrl_policy(

@@ -14,8 +14,11 @@ from tests.conftest import TINY, navrl_cli
 
 def test_check_writable_names_the_directory_that_cannot_be_used(tmp_path: Path, read_only):
     state = tmp_path / "state"
-    check_writable(state, ["checkpoints", "eval"])  # created when missing
-    assert (state / "checkpoints").is_dir() and (state / "eval").is_dir()
+    check_writable(state, ["checkpoints", "eval"])  # the state dir is made; its parts are not
+    assert state.is_dir() and not list(state.iterdir())  # no probe file, no empty dirs left
+    (state / "checkpoints").mkdir()
+    (state / "eval").mkdir()
+    check_writable(state, ["checkpoints", "eval"])
     assert not [p for p in state.rglob("*") if p.name.startswith(".tmp-")]
     (state / "export").write_text("a file where a directory belongs")
     with pytest.raises(ConfigError, match=r"state/export: not a directory"):

@@ -2,9 +2,11 @@
 
 A run that cannot write its checkpoints would otherwise train for ever with every write
 failing (and a kill then loses everything): `STATE_DIR/checkpoints` being a file, or a
-read-only directory (a read-only mount: root ignores permission bits). Each directory the
-run writes to is created if missing and must take a new file; else ConfigError (exit 78)
-naming it.
+read-only directory (a read-only mount: root ignores permission bits). The state dir is
+created if missing; it and each directory of it the run writes to that exists already must
+take a new file (a missing one is made by the run, in the state dir just checked); else
+ConfigError (exit 78) naming it. A run refused later at start-up leaves no empty
+directories behind.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from navrl_daemon.errors import ConfigError
 
 def check_writable(state_dir: Path, subdirs: Iterable[str]) -> None:
     """`state_dir` and each `state_dir/<name>` are directories a file can be created in."""
-    for directory in (state_dir, *(state_dir / name for name in subdirs)):
-        _check(directory, state_dir)
+    _check(state_dir, state_dir)
+    for directory in (state_dir / name for name in subdirs):
+        if directory.exists() or directory.is_symlink():
+            _check(directory, state_dir)
 
 
 def _check(directory: Path, state_dir: Path) -> None:
