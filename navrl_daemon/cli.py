@@ -1,4 +1,4 @@
-"""`navrl-daemon` command line. The one place where errors become exit codes (DESIGN.md §3).
+"""`navrl-daemon` command line. The one place where errors become exit codes (design §3).
 
 Each command lives in `navrl_daemon/commands/<name>.py`; this file only builds the parser
 from them, resolves the config and maps `NavrlError`s to their exit codes. Stop signals are

@@ -1,6 +1,6 @@
 """Validated configuration: TOML file < `NAVRL_` environment < dotted `KEY=VALUE` overrides.
 
-The model defaults are NavRL's own numbers (reference/navrl/SPEC.md); `config/default.toml`
+The model defaults are NavRL's own numbers (docs/navrl-task.md); `config/default.toml`
 shrinks the task so it learns on a CPU in minutes. Every error names the key path and what
 is allowed, and maps to exit 78 through `ConfigError`.
 """
@@ -335,7 +335,7 @@ class ArchiveConfig(Section):
     # 0: LZ4 fast mode; 3..16: LZ4 HC (docs/archive.md has the measured trade-off).
     level: Annotated[int, Field(ge=0, le=16)] = 0
     # File format written: 2 packs every key of a segment in one blob (smaller, faster to
-    # read); 1 is DESIGN.md §6's one blob dataset per key. Readers read both.
+    # read); 1 is design §6's one blob dataset per key. Readers read both.
     format: Literal[1, 2] = 2
     # "episode": each segment (one env's T steps) is one LZ4 frame; "frame": each step is.
     mode: Literal["episode", "frame"] = "episode"
@@ -374,7 +374,7 @@ class ArchiveConfig(Section):
 
 
 class PrefetchConfig(Section):
-    # HDF5 dataset files or globs (layout A/B, DESIGN.md §6), read in this order.
+    # HDF5 dataset files or globs (layout A/B, design §6), read in this order.
     paths: list[str] = []
     # "auto" detects A (/observations/...) or B (root) per file; "archive": rollout archives.
     layout: Literal["auto", "A", "B", "archive"] = "auto"

@@ -10,7 +10,7 @@ import pytest
 import structlog
 
 from navrl_daemon.cli import main
-from tests.conftest import TINY, navrl_cli
+from tests.conftest import REPO, TINY, navrl_cli
 from tests.env.planted_faults import FAULTS
 
 
@@ -102,7 +102,8 @@ def test_run_with_isaac_but_no_isaac_sim_exits_78(tmp_path: Path) -> None:
     proc = navrl_cli("run", "--state-dir", str(tmp_path), *TINY, "env.backend=isaac")
     assert proc.returncode == 78
     assert "--extra-index-url https://pypi.nvidia.com" in proc.stderr
-    assert "README 'Env backends and Isaac Sim'" in proc.stderr
+    assert "docs/backends.md 'Env backends and Isaac Sim'" in proc.stderr
+    assert "## Env backends and Isaac Sim" in (REPO / "docs" / "backends.md").read_text()
 
 
 def test_env_list_and_unknown_backend(cli) -> None:

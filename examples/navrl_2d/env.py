@@ -215,7 +215,7 @@ class Planar2DEnv(EnvBase):
         return start[pick, cols], goal[pick, cols]
 
     def _crossing(self, ids: Tensor) -> tuple[Tensor, Tensor]:
-        """NavRL's eval layout (SPEC §1.4) in the plane: drone i crosses from y=+S to y=-S."""
+        """NavRL's eval layout (navrl-task §1.4) in the plane: drone i crosses from y=+S to y=-S."""
         span, side = 0.8 * self.cfg.field_size, self.cfg.field_size / 2 + self.cfg.spawn_margin
         i = ids.float()
         x_goal = torch.linspace(-0.5, 0.5, self.n, device=self.device)[ids] * span

@@ -1,4 +1,4 @@
-"""`navrl-daemon dataset synth|info`: multimodal HDF5 datasets (DESIGN.md §6).
+"""`navrl-daemon dataset synth|info`: multimodal HDF5 datasets (design §6).
 
 - `synth OUT`: a layout A or B file of any size, HWC or CHW images, seeded; its actions
   come from a known policy of the observations (storage/dataset_synth.py), so behaviour

@@ -1,4 +1,4 @@
-"""Env backends for the pipeline (DESIGN §4, issue #12).
+"""Env backends for the pipeline (navrl-task §1, issue #12).
 
 The embedded NavRL navigation task (obstacles, LiDAR, flight model, TorchRL env) is the
 "navigation" backend; `backends.py` resolves the others by name, `contract.py` states
@@ -29,7 +29,7 @@ def make_env(
 ) -> EnvBase:
     """Build an env of the backend `cfg.backend`. `num_envs` overrides cfg.num_envs;
     `layout` "train" spawns per the training rule, "navrl" is NavRL's deterministic
-    crossing layout (SPEC §1.4).
+    crossing layout (navrl-task §1.4).
 
     The declared specs are checked against the contract on every build (cheap: no
     stepping); a mismatch is a ConfigError naming the backend and the check.

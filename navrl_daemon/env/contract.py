@@ -1,4 +1,4 @@
-"""What the pipeline needs from an env backend, as code (DESIGN §4, SPEC §1.6-§1.10).
+"""What the pipeline needs from an env backend, as code (navrl-task §1, navrl-task §1.6-§1.10).
 
 A backend is a factory `factory(cfg, *, device, seed, num_envs=None, layout="train")`
 returning a TorchRL `EnvBase` that:
@@ -41,7 +41,7 @@ from navrl_daemon.env.navigation import ACTION_KEY, OBS, REWARD_KEY, STAT_KEYS, 
 NestedKey = tuple[str, ...]
 
 DONE_KEYS = (("done",), ("terminated",), ("truncated",))
-# The stats that are 0/1 flags (SPEC §1.10).
+# The stats that are 0/1 flags (navrl-task §1.10).
 STAT_FLAGS = ("reach_goal", "collision", "truncated")
 
 

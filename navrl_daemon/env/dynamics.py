@@ -2,7 +2,7 @@
 
 NavRL flies a PhysX quadrotor whose Lee velocity controller commands an acceleration of
 about 2.2·(v_cmd − v) plus gravity compensation, i.e. roughly a first-order velocity
-response with τ ≈ 0.45 s (SPEC §1.7, §7). We keep exactly that closed loop and drop the
+response with τ ≈ 0.45 s (navrl-task §1.7, §7). We keep exactly that closed loop and drop the
 attitude and rotor lags:
 
 * the drone is a point mass; the commanded acceleration is a = (v_cmd − v) / τ
@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-GRAVITY = 9.81  # m/s², sim.yaml (SPEC §0)
+GRAVITY = 9.81  # m/s², sim.yaml (navrl-task §0)
 
 
 def point_mass_step(

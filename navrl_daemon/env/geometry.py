@@ -1,4 +1,4 @@
-"""NavRL's goal frame (SPEC §1.5): a yaw-only frame whose x axis points at the goal.
+"""NavRL's goal frame (navrl-task §1.5): a yaw-only frame whose x axis points at the goal.
 
 Observations, the action and the LiDAR all live in this frame. With d the start→goal vector
 with its z set to 0 and θ = atan2(d_y, d_x), a world vector v is expressed in the goal frame

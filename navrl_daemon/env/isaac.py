@@ -5,7 +5,7 @@ NOT exercised in this project's CI: Isaac Sim cannot be installed there. Only th
 isaac-training/training/scripts/train.py (commit 8d3ca96): compose NavRL's Hydra config,
 start the SimulationApp, build `NavigationEnv(cfg)` and put OmniDrones' `VelController`
 in front, so the env takes the world-frame velocity ("agents", "action") our policy emits.
-README "Env backends and Isaac Sim" has the recipe and what is known to differ.
+docs/backends.md "Env backends and Isaac Sim" has the recipe and what is known to differ.
 
 `env.options` for this backend:
   navrl_training_dir  path to NavRL's isaac-training/training (holds cfg/ and scripts/)
@@ -30,8 +30,8 @@ INSTALL_HINT = (
     "env.backend = 'isaac' needs Isaac Sim and NavRL's OmniDrones in this Python "
     "environment: Isaac Sim 5.0/5.1 (the Python 3.11 releases), "
     "pip install 'isaacsim[all,extscache]==5.1.0' --extra-index-url https://pypi.nvidia.com, "
-    "then pip install -e NavRL/isaac-training/third_party/OmniDrones hydra-core; see README "
-    "'Env backends and Isaac Sim'"
+    "then pip install -e NavRL/isaac-training/third_party/OmniDrones hydra-core; see "
+    "docs/backends.md 'Env backends and Isaac Sim'"
 )
 GRAVITY = 9.81
 

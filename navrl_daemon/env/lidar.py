@@ -1,4 +1,4 @@
-"""NavRL's LiDAR (SPEC §1.6): 36×4 rays cast analytically against the ground and the pillars.
+"""NavRL's LiDAR (navrl-task §1.6): 36×4 rays cast analytically against the ground and the pillars.
 
 Beam (i, j) has azimuth 10·i° counter-clockwise from the drone's yaw and elevation
 [-10, 0, 10, 20]° (j); beams are flattened i-major, so a scan [N,144] reshapes to [N,36,4].
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-# --- SPEC §0 (drone.yaml) and §1.6 -----------------------------------------------------------
+# --- navrl-task §0 (drone.yaml) and §1.6 ----------------------------------------------------------
 LIDAR_RANGE = 4.0  # m; misses and hits beyond it read as the range
 HORIZONTAL_BEAMS = 36  # 360° / lidar_hres 10°
 HORIZONTAL_STEP_DEG = 10.0

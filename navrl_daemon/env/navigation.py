@@ -1,7 +1,7 @@
-"""NavRL's navigation task as a torch-vectorised TorchRL environment (SPEC §1, DESIGN §4).
+"""NavRL's navigation task as a torch-vectorised TorchRL environment (navrl-task §1, navrl-task §1).
 
 N drones fly in parallel, env i on static map i % num_maps together with that map's dynamic
-obstacles; drones do not see or touch each other. One step (SPEC §1.1): the flight model
+obstacles; drones do not see or touch each other. One step (navrl-task §1.1): the flight model
 tracks the world-frame velocity command, the dynamic obstacles move, the LiDAR is cast, the
 episode step counter advances, then observation, reward, termination and stats are computed.
 
@@ -75,20 +75,20 @@ from navrl_daemon.host_copy import host_copy
 Layout = Literal["train", "navrl"]
 ResetMode = Literal["auto", "indexed", "masked"]
 
-# --- SPEC §1.6: dynamic-obstacle observation -------------------------------------------------
+# --- navrl-task §1.6: dynamic-obstacle observation ------------------------------------------------
 DYN_OBSERVED = 5  # feature_extractor.dyn_obs_num
 DYN_FEATURES = 10
-# --- SPEC §1.8: reward ------------------------------------------------------------------------
+# --- navrl-task §1.8: reward ----------------------------------------------------------------------
 SURVIVAL_BONUS = 1.0
 SMOOTHNESS_WEIGHT = 0.1
 HEIGHT_WEIGHT = 8.0
 HEIGHT_MARGIN = 0.2  # m beyond [min, max] of the start and goal heights before the penalty
 LOG_CLAMP_MIN = 1e-6
-# --- SPEC §1.9: termination -------------------------------------------------------------------
+# --- navrl-task §1.9: termination -----------------------------------------------------------------
 COLLISION_DISTANCE = 0.3  # m: static (a beam shorter than this) and dynamic margin
 Z_MIN, Z_MAX = 0.2, 4.0
 REACH_RADIUS = 0.5  # m (3D): reach_goal stat, not terminal
-# --- SPEC §1.4: eval layout ("navrl") ---------------------------------------------------------
+# --- navrl-task §1.4: eval layout ("navrl") -------------------------------------------------------
 NAVRL_LAYOUT_SPAN = 0.8  # x spread of starts/goals as a fraction of the field (32 of 40 m)
 NAVRL_LAYOUT_Z = 2.0
 # Ours: "local" spawns are redrawn this many times (all at once) to clear the pillars.
@@ -307,7 +307,7 @@ class NavigationEnv(EnvBase):
         return self._local_spawns(ids)
 
     def _navrl_layout(self, ids: Tensor) -> tuple[Tensor, Tensor]:
-        """SPEC §1.4 eval: drone i crosses the field from y=+S to y=-S, S = F/2 + margin."""
+        """navrl-task §1.4 eval: drone i crosses the field from y=+S to y=-S, S = F/2 + margin."""
         n, span = self.num_envs, NAVRL_LAYOUT_SPAN * self.cfg.field_size
         side = self.cfg.field_size / 2 + self.cfg.spawn_margin
         i = ids.to(torch.float32)
@@ -330,7 +330,7 @@ class NavigationEnv(EnvBase):
         return torch.randint(4, (k,), generator=self._gen, device=self.device)
 
     def _border_point(self, k: int, side: Tensor | None = None) -> Tensor:
-        """SPEC §1.4 training: a uniform side of the square at ±S (or the given sides),
+        """navrl-task §1.4 training: a uniform side of the square at ±S (or the given sides),
         uniform along it. Side `i ^ 1` is the one opposite side `i`."""
         s = self.cfg.field_size / 2 + self.cfg.spawn_margin
         side = self._random_side(k) if side is None else side
@@ -382,7 +382,7 @@ class NavigationEnv(EnvBase):
         return torch.rand(shape, generator=self._gen, device=self.device)
 
     def _episode_start(self, start: Tensor, goal: Tensor) -> dict[str, Tensor]:
-        """Initial state of new episodes (SPEC §1.4): at rest, facing the goal, stats zeroed.
+        """Initial state of new episodes (navrl-task §1.4): at rest, facing the goal, stats zeroed.
 
         Rows per new episode, keyed by state attribute (`stats.k` for the stats)."""
         zeros3 = torch.zeros_like(start)
@@ -454,7 +454,7 @@ class NavigationEnv(EnvBase):
     # ------------------------------------------------------------------------ obs and reward
 
     def _reward(self, to_goal: Tensor, dist: Tensor, dyn_clearance: Tensor | None) -> Tensor:
-        """SPEC §1.8 per env [N]."""
+        """navrl-task §1.8 per env [N]."""
         toward = to_goal / dist.clamp_min(1e-6)[:, None]
         reward = (self.vel * toward).sum(-1) + SURVIVAL_BONUS
         reward = reward + torch.log(self.scan.clamp(LOG_CLAMP_MIN, LIDAR_RANGE)).mean(-1)
@@ -468,7 +468,7 @@ class NavigationEnv(EnvBase):
         return reward - HEIGHT_WEIGHT * (above * above + below * below)
 
     def _observe(self, dyn_obs: Tensor) -> dict[str, Tensor]:
-        """SPEC §1.6 observations of all envs from the current state and cached scan."""
+        """navrl-task §1.6 observations of all envs from the current state and cached scan."""
         to_goal = self.goal - self.pos
         unit = to_goal / to_goal.norm(dim=-1, keepdim=True).clamp_min(1e-6)
         state = torch.cat(
@@ -491,7 +491,7 @@ class NavigationEnv(EnvBase):
         }
 
     def _dynamic_view(self) -> tuple[Tensor, Tensor | None, Tensor]:
-        """The 5 nearest dynamic obstacles (SPEC §1.6): features [N,5,10], clearance [N,k]
+        """The 5 nearest dynamic obstacles (navrl-task §1.6): features [N,5,10], clearance [N,k]
         for the safety reward (None without obstacles), and dynamic collision [N]."""
         n, dyn = self.num_envs, self.dynamic
         features = torch.zeros(n, DYN_OBSERVED, DYN_FEATURES, device=self.device)

@@ -1,4 +1,5 @@
-"""NavRL's obstacles: the static pillar map (SPEC §1.2) and the moving obstacles (SPEC §1.3).
+"""NavRL's obstacles: the static pillar map (navrl-task §1.2) and the moving obstacles
+(navrl-task §1.3).
 
 Pillars are drawn once per map with NavRL's modified Orbit `discrete_obstacles_terrain` rules,
 in 0.1 m pixels on the inner grid of the field, and turned into axis-aligned boxes for the
@@ -18,7 +19,7 @@ from torch import Tensor
 
 from navrl_daemon.host_copy import host_copy
 
-# --- SPEC §1.2: pillars ------------------------------------------------------------------
+# --- navrl-task §1.2: pillars ------------------------------------------------------------------
 PIXEL = 0.1  # horizontal and vertical scale of the height field, m
 SIDES_PX = (4, 8)  # arange(int(0.4/0.1), int(1.1/0.1), 4): each side 0.4 m or 0.8 m
 LATTICE_PX = 4  # corners on arange(0, n_px, 4): a 0.4 m lattice
@@ -28,7 +29,7 @@ GAP_REJECT_PX = (2, 10)  # reject a placement whose gap measure d is in [2, 10] 
 MAX_TRIES = 100_000  # per pillar; the last draw is kept if none is accepted
 TRY_BATCH = 64  # candidates tested at once (ours; NavRL tries one at a time)
 
-# --- SPEC §1.3: dynamic obstacles -----------------------------------------------------------
+# --- navrl-task §1.3: dynamic obstacles -----------------------------------------------------------
 DYN_CATEGORIES = 8  # 0-3 floating cuboids, 4-7 standing cylinders
 DYN_WIDTH_STEP = 0.25  # side (cuboids) or diameter (cylinders) = 0.25 * (category % 4 + 1)
 CUBOID_HEIGHT = 1.0
@@ -39,7 +40,8 @@ LOCAL_RANGE = (5.0, 5.0, 4.5)  # env_dyn.local_range: goal box around the origin
 GOAL_REACHED = 0.5  # m (3D): closer than this to its goal, an obstacle draws a new one
 RETARGET_PERIOD_S = 2.0  # velocity re-aimed every int(2.0 / dt) steps
 # Ours: the minimum origin spacing shrinks by this factor after every batch of failed
-# attempts (NavRL shrinks it after each 0.1 s of wall-clock time; see the SPEC decisions).
+# attempts (NavRL shrinks it after each 0.1 s of wall-clock time; docs/navrl-task.md lists
+# where we differ).
 ORIGIN_TRIES_PER_RELAX = 100
 ORIGIN_RELAX_FACTOR = 0.8
 
@@ -279,7 +281,7 @@ class DynamicObstacles:
         return cls(origin.to(device), field_size, dt, speed_range)
 
     def step(self, generator: torch.Generator) -> None:
-        """One kinematic step (SPEC §1.3), drawing from the env's step generator."""
+        """One kinematic step (navrl-task §1.3), drawing from the env's step generator."""
         if self.count == 0:
             return
         near = (self.pos - self.goal).norm(dim=-1, keepdim=True) < GOAL_REACHED
@@ -296,7 +298,7 @@ class DynamicObstacles:
     def _draw_goals(self, generator: torch.Generator) -> Tensor:
         u = torch.rand(self.pos.shape, generator=generator, device=self.pos.device)
         rx, ry, rz = LOCAL_RANGE
-        # [quirk, SPEC §1.3] z offset starts at -local_range[1] and spans 2·local_range[2].
+        # [quirk, navrl-task §1.3] z offset starts at -local_range[1] and spans 2·local_range[2].
         offset = torch.stack(
             (rx * (2 * u[..., 0] - 1), ry * (2 * u[..., 1] - 1), -ry + 2 * rz * u[..., 2]), -1
         )
@@ -327,7 +329,7 @@ class DynamicObstacles:
 def place_dynamic_origins(
     num_maps: int, num: int, field_size: float, generator: torch.Generator
 ) -> Tensor:
-    """Origins [M,D,3]: x,y uniform over the field, spread apart; z per category (SPEC §1.3).
+    """Origins [M,D,3]: x,y uniform over the field, spread apart; z per category (navrl-task §1.3).
 
     The required 2D spacing starts at 2·sqrt((F/2)²/D) and shrinks ×0.8 after every
     ORIGIN_TRIES_PER_RELAX failed draws, so placement always ends and is reproducible.

@@ -1,4 +1,4 @@
-"""Every Prometheus metric of DESIGN.md §3, behind plain methods so no stage imports
+"""Every Prometheus metric of design §3, behind plain methods so no stage imports
 prometheus_client.
 
 One `Metrics` owns one `CollectorRegistry` (a fresh one unless injected), so tests can

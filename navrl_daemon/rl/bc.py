@@ -2,8 +2,8 @@
 
 Two policies, two losses, one step:
 
-- `ImageJointPolicy`: the small image+joint encoder for the multimodal layout (DESIGN.md
-  §6). One CNN shared by the three cameras (uint8 `[B, 3, 3, S, S]` in, scaled to [0, 1]
+- `ImageJointPolicy`: the small image+joint encoder for the multimodal layout (docs/design.md,
+  design §6). One CNN shared by the three cameras (uint8 `[B, 3, 3, S, S]` in, scaled to [0, 1]
   here, so batches can stay uint8 until they reach the device), an MLP for the joint
   vector, an MLP head to the action. It predicts *normalised* actions
   (`(a - mean) / std`, the dataset's action statistics, computed once at load) and

@@ -1,4 +1,4 @@
-"""NavRL's evaluation (SPEC §4): Beta-mean actions, each env's first episode. No I/O."""
+"""NavRL's evaluation (navrl-task §4): Beta-mean actions, each env's first episode. No I/O."""
 
 from __future__ import annotations
 

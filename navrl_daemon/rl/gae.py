@@ -1,4 +1,4 @@
-"""Generalised advantage estimation over a [N, T, 1] rollout window (SPEC §3).
+"""Generalised advantage estimation over a [N, T, 1] rollout window (navrl-task §3).
 
 NavRL cuts the recursion only at `terminated`; a time-out still bootstraps from V(s_T) but
 lets A_t leak across the auto-reset into the next episode. `cut_truncation=True` (our

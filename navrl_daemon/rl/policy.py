@@ -1,4 +1,5 @@
-"""NavRL's policy/value network in plain torch, with NavRL's state_dict layout (SPEC §2, §2.1).
+"""NavRL's policy/value network in plain torch, with NavRL's state_dict layout
+(navrl-task §2).
 
 NavRL built the network from tensordict/torchrl wrappers (TensorDictModule, Rearrange,
 CatTensors) and lazy layers. Their nesting is visible in the checkpoint's key names
@@ -39,7 +40,7 @@ class Concat(nn.Module):
     """Stand-in for torchrl's CatTensors (slot 2 of the feature extractor, no parameters).
 
     CatTensors sorted its keys, so NavRL's trunk input is [cnn 128 | dynamic 64 | state 8],
-    not the order written in NavRL's code (SPEC §2).
+    not the order written in NavRL's code (navrl-task §2).
     """
 
     def forward(self, *features: torch.Tensor) -> torch.Tensor:
@@ -165,7 +166,7 @@ class NavRLPolicy(nn.Module):
     def to_world(self, action_normalized: torch.Tensor, direction: torch.Tensor) -> torch.Tensor:
         """a ∈ (0,1)³ [B…,3] → world velocity [B…,1,3]: v_goal = (2a−1)·L, then R_z(θ)·v_goal.
 
-        θ is the heading of `direction` ([B…,1,3], goal − start with z = 0), SPEC §1.5/§1.7.
+        θ is the heading of `direction` ([B…,1,3], goal − start with z = 0), navrl-task §1.5/§1.7.
         """
         v = ((2.0 * action_normalized - 1.0) * self.action_limit).unsqueeze(-2)
         theta = torch.atan2(direction[..., 1], direction[..., 0])

@@ -1,4 +1,4 @@
-"""NavRL's PPO update (SPEC §3): one linear function over a collected [N, T] batch.
+"""NavRL's PPO update (navrl-task §3): one linear function over a collected [N, T] batch.
 
 The loss terms are small pure functions so tests can check them on hand-computed numbers.
 NavRL quirks kept on purpose: the actor loss is scaled by the action dimension (3), the

@@ -1,4 +1,4 @@
-"""NavRL's ValueNorm (SPEC §2): a debiased running mean/variance of the value targets.
+"""NavRL's ValueNorm (navrl-task §2): a debiased running mean/variance of the value targets.
 
 The critic predicts values in normalised units; GAE works in denormalised (return) units.
 The three buffers are part of the policy's state_dict, under `value_norm.*`.

@@ -1,4 +1,4 @@
-"""Rollout archive files (`rollouts-<seq:06d>.h5`, DESIGN.md §6): writer, reader, verify.
+"""Rollout archive files (`rollouts-<seq:06d>.h5`, design §6): writer, reader, verify.
 
 Layout (plain HDF5, no pickle: datasets, attributes and JSON strings only):
 

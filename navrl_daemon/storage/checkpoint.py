@@ -1,4 +1,4 @@
-"""Checkpoint files (`.nrc`, DESIGN.md §6) and the `checkpoints/` directory that holds them.
+"""Checkpoint files (`.nrc`, design §6) and the `checkpoints/` directory that holds them.
 
 Layout: `NRC1` magic, a little-endian u32 header length, a UTF-8 JSON header, then the
 payload: `torch.save` bytes of a state of tensors and plain values, cut into `chunk_bytes`

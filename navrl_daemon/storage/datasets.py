@@ -1,4 +1,4 @@
-"""Multimodal HDF5 datasets (DESIGN.md §6): layouts A and B, checked once, read lazily.
+"""Multimodal HDF5 datasets (design §6): layouts A and B, checked once, read lazily.
 
 A file holds `joint (N+1, J)`, three camera images `(N+1, H, W, 3)` (HWC) or
 `(N+1, 3, H, W)` (CHW), `actions (N, A)`, `rewards (N, 1)`, `terminals (N, 1)`; layout A

@@ -1,4 +1,4 @@
-"""Goal frame (SPEC §1.5) against explicit rotation matrices."""
+"""Goal frame (navrl-task §1.5) against explicit rotation matrices."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ ALERTS_TEST = Path(__file__).with_name("alerts_test.yml")
 UNIT = REPO / "systemd" / "navrl-daemon.service"
 ENV_FILE = REPO / "systemd" / "navrl-daemon.env"
 
-# Every metric the daemon exports (DESIGN.md §3 and the metrics registry), by type. A name
+# Every metric the daemon exports (design §3 and the metrics registry), by type. A name
 # that is not here is a typo in a dashboard or a rule.
 COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
 METRICS: dict[str, str] = {

@@ -1,4 +1,4 @@
-"""The metrics registry: every metric of DESIGN.md §3 is exported with its type, the methods
+"""The metrics registry: every metric of design §3 is exported with its type, the methods
 the stages call move the right samples, channels and lease pools are read at scrape time,
 and `promtool check metrics` accepts the exposition."""
 

@@ -11,7 +11,7 @@ from navrl_daemon.rl.gae import GAE, compute_gae
 
 
 def loop_gae(reward, terminated, truncated, value, next_value, gamma, lmbda, cut_truncation):
-    """SPEC §3 written out per env and per step, in Python floats."""
+    """navrl-task §3 written out per env and per step, in Python floats."""
     n_envs, steps = len(reward), len(reward[0])
     adv = [[0.0] * steps for _ in range(n_envs)]
     for n in range(n_envs):

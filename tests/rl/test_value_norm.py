@@ -1,4 +1,4 @@
-"""ValueNorm against a plain-Python restatement of SPEC §2 and the checkpoint's buffers."""
+"""ValueNorm against a plain-Python restatement of navrl-task §2 and the checkpoint's buffers."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from navrl_daemon.rl.value_norm import ValueNorm
 
 
 class PlainValueNorm:
-    """SPEC §2 in floats."""
+    """navrl-task §2 in floats."""
 
     def __init__(self) -> None:
         self.m = self.s = self.d = 0.0
