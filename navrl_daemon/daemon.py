@@ -37,7 +37,7 @@ from navrl_daemon.errors import DataError, StageFailed
 from navrl_daemon.ops.http import Health, MetricsServer
 from navrl_daemon.ops.logging import bind_process_fields
 from navrl_daemon.ops.metrics import Metrics
-from navrl_daemon.rl.evaluate import evaluate
+from navrl_daemon.rl.evaluate import Evaluation
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.rl.snapshot import learner_state, restore_learner
 from navrl_daemon.rl.training import (
@@ -571,9 +571,8 @@ def _state_dir_stages(
         eval_sender = to_eval.sender()
         channels.append(to_eval)
         if curriculum is None:
-            eval_env = make_eval_env(cfg, device)
-            evaluation: Callable[[Any], dict[str, Any]] = functools.partial(
-                evaluate, eval_env, seed=cfg.eval.seed, max_steps=eval_steps(cfg)
+            evaluation: Callable[[Any], dict[str, Any]] = Evaluation.for_env(
+                make_eval_env(cfg, device), seed=cfg.eval.seed, max_steps=eval_steps(cfg)
             )
         else:  # at the curriculum's current stage
             evaluation = StageEvaluation(cfg, curriculum, device)

@@ -23,11 +23,13 @@ from torchrl.envs import EnvBase
 
 from navrl_daemon.config import Config, PPOConfig
 from navrl_daemon.env import check_backend, make_env
+from navrl_daemon.env.navigation import collect_path
 from navrl_daemon.rl import fast_update, ppo, schedules
+from navrl_daemon.rl.captured_rollout import rollout_for
 from navrl_daemon.rl.data_parallel import DataParallel
-from navrl_daemon.rl.evaluate import evaluate
+from navrl_daemon.rl.evaluate import Evaluation
 from navrl_daemon.rl.policy import NavRLPolicy
-from navrl_daemon.rl.rollout import EpisodeStats, collect, first_step, make_rollout_buffer
+from navrl_daemon.rl.rollout import EpisodeStats, Rollout, collect, first_step, make_rollout_buffer
 
 
 class NonFiniteTraining(RuntimeError):
@@ -47,26 +49,49 @@ class Collector:
     policy: NavRLPolicy
     td: TensorDictBase
     episodes: EpisodeStats
+    # Where actions are drawn from: the collector's own generator, never torch's default
+    # one, which every CUDA graph capture (the trainer's, in its own thread) registers; a
+    # draw from it during a capture fails. Built as a copy of the default generator of the
+    # device, so a run seeded as before samples the same actions as before.
+    sampler: torch.Generator = field(default_factory=torch.Generator)
+    # How rollouts run (`env.collect_path`): rollout.collect, or a CapturedRollout.
+    rollout: Rollout = collect
 
     @classmethod
     def build(cls, cfg: Config, policy: NavRLPolicy, device: torch.device | str) -> Collector:
+        device = torch.device(device)
         # The start-up gate: a backend that breaks the env contract is a ConfigError (78).
         check_backend(cfg.env, device=device, seed=cfg.run.seed)
         env = make_env(cfg.env, device=device, seed=cfg.run.seed)
-        return cls(cfg, env, policy, env.reset(), EpisodeStats(device))
+        path = collect_path(cfg.env, device)
+        rollout = rollout_for(path, device, fallback=cfg.env.collect_path == "auto")
+        return cls(cfg, env, policy, env.reset(), EpisodeStats(device), sampler(device), rollout)
 
     def new_buffer(self) -> TensorDict:
         """A zeroed rollout buffer. Takes one throwaway step to learn the layout, then resets."""
-        example = first_step(self.env, self.policy, self.td)
+        example = first_step(self.env, self.policy, self.td, self.sampler)
         self.td = self.env.reset()
         return make_rollout_buffer(example, self.cfg.ppo.rollout_length)
 
     def collect(self, buffer: TensorDictBase) -> float:
         """Fill `buffer` with the next rollout; returns the seconds it took."""
         t0 = time.perf_counter()
-        self.td = collect(self.env, self.policy, self.td, buffer)
+        self.td = self.rollout(self.env, self.policy, self.td, buffer, self.sampler)
         self.episodes.add(buffer)
         return time.perf_counter() - t0
+
+    @property
+    def capture_error(self) -> str | None:
+        """Why a captured rollout fell back to eager steps, if it did (`auto`)."""
+        return getattr(self.rollout, "capture_error", None)
+
+
+def sampler(device: torch.device) -> torch.Generator:
+    """A generator of `device` starting where the device's default generator stands."""
+    state = torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
+    generator = torch.Generator(device=device)
+    generator.set_state(state)
+    return generator
 
 
 @dataclass
@@ -224,7 +249,7 @@ class Training:
     learner: Learner
     buffer: TensorDictBase
     frames: int = 0
-    eval_env: EnvBase | None = field(default=None, repr=False)
+    evaluation: Evaluation | None = field(default=None, repr=False)
 
     @classmethod
     def build(cls, cfg: Config, device: str | torch.device) -> Training:
@@ -254,11 +279,13 @@ class Training:
 
     def evaluate(self) -> dict[str, Any]:
         """NavRL's evaluation on a separate env that shares the training map."""
-        if self.eval_env is None:
-            self.eval_env = make_eval_env(self.cfg, self.device)
-        return evaluate(
-            self.eval_env, self.policy, seed=self.cfg.eval.seed, max_steps=eval_steps(self.cfg)
-        )
+        if self.evaluation is None:
+            self.evaluation = Evaluation.for_env(
+                make_eval_env(self.cfg, self.device),
+                seed=self.cfg.eval.seed,
+                max_steps=eval_steps(self.cfg),
+            )
+        return self.evaluation(self.policy)
 
 
 def acting_copy(policy: NavRLPolicy) -> NavRLPolicy:

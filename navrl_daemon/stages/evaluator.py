@@ -22,11 +22,10 @@ from typing import Any
 
 import anyio
 import structlog
-from torchrl.envs import EnvBase
 
 from navrl_daemon.config import Config
 from navrl_daemon.env.curriculum import Curriculum
-from navrl_daemon.rl.evaluate import evaluate
+from navrl_daemon.rl.evaluate import Evaluation
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.rl.training import eval_steps, make_eval_env
 from navrl_daemon.runtime.channels import Receiver, Sender
@@ -123,15 +122,16 @@ class StageEvaluation:
         self.cfg = cfg
         self.curriculum = curriculum
         self.device = device
-        self._env: tuple[int, EnvBase, int] | None = None  # stage, env, max steps
+        self._evaluation: tuple[int, Evaluation] | None = None  # stage, its evaluation
 
     def __call__(self, policy: NavRLPolicy) -> dict[str, Any]:
         stage = self.curriculum.stage
-        if self._env is None or self._env[0] != stage:
+        if self._evaluation is None or self._evaluation[0] != stage:
             cfg = self.cfg.model_copy(update={"env": self.curriculum.env_config(stage)})
-            self._env = (stage, make_eval_env(cfg, self.device), eval_steps(cfg))
-        _, env, max_steps = self._env
-        results = evaluate(env, policy, seed=self.cfg.eval.seed, max_steps=max_steps)
+            env = make_eval_env(cfg, self.device)
+            evaluation = Evaluation.for_env(env, seed=cfg.eval.seed, max_steps=eval_steps(cfg))
+            self._evaluation = (stage, evaluation)
+        results = self._evaluation[1](policy)
         return {**results, "curriculum_stage": stage}
 
 
