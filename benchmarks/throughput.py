@@ -183,8 +183,8 @@ def report(args: Any, variants: list[str], runs: dict[str, list[dict]], t0: floa
         if args.device.startswith("cuda")
         else paths_of("eager_lag0", args.device),
         "variants": summaries,
-        "complete": len(done) == len(variants)
-        and all(len(r) == args.repeats for r in done.values()),
+        # Runs finished (with numbers or an error) of those planned: less when stopped early.
+        "runs_done": f"{sum(len(r) for r in done.values())}/{len(variants) * args.repeats}",
         "ratios": ratios_of(fps),
         "best_frames_per_s": round(max(fps.values())) if fps else None,
         "goal_frames_per_s": GOAL_FRAMES_PER_S,

@@ -37,6 +37,7 @@ from navrl_daemon.errors import DataError, StageFailed
 from navrl_daemon.ops.http import Health, MetricsServer
 from navrl_daemon.ops.logging import bind_process_fields
 from navrl_daemon.ops.metrics import Metrics
+from navrl_daemon.rl.captured_rollout import CapturedRollout
 from navrl_daemon.rl.evaluate import Evaluation
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.rl.snapshot import learner_state, restore_learner
@@ -396,7 +397,12 @@ def build_stages(
     collector = Collector.build(_rank_config(train_cfg, world), acting_copy(policy), device)
     masked = getattr(collector.env, "masked_reset", None)  # the embedded env's choice
     if masked is not None:
-        log.info("env reset mode", mode="masked" if masked else "indexed")
+        captured = isinstance(collector.rollout, CapturedRollout)
+        log.info(
+            "env reset mode",
+            mode="masked" if masked else "indexed",
+            collect_path="cuda_graph" if captured else "eager",
+        )
     first = collector.new_buffer()
     start_frames = 0
     if found is not None:

@@ -14,6 +14,10 @@ set -uo pipefail
 MODE=${1:-throughput}
 DEV=${DEV:-cuda}                  # DEV=cpu: a smoke run here (small sizes, see below)
 CONFIG=${CONFIG:-config/navrl.toml}
+# A loaded CPU smoke run may need longer limits (LIMIT_SCALE=6), and fewer tests
+# (PYTEST_ARGS="-k cuda": only the CUDA cases, which skip there).
+LIMIT_SCALE=${LIMIT_SCALE:-1}
+PYTEST_ARGS=${PYTEST_ARGS:-}
 if [ "$DEV" = cpu ]; then          # the same steps at sizes a CPU finishes in their limits
   SIZE_1024=${SIZE_1024:-"env.num_envs=32 env.num_obstacles=60 env.num_dynamic_obstacles=8 ppo.rollout_length=8 ppo.minibatches=2 eval.max_steps=40"}
   SIZE_4096=${SIZE_4096:-"env.num_envs=64 env.num_obstacles=60 env.num_dynamic_obstacles=8 ppo.rollout_length=8 ppo.minibatches=2 eval.max_steps=40"}
@@ -35,7 +39,7 @@ else
 fi
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/session.log"; }
 step() {  # step NAME SECONDS OUTFILE CMD...: a bounded step, its stdout into OUTFILE
-  local name=$1 limit=$2 out=$3; shift 3  # OUTFILE "-": the step writes its own file
+  local name=$1 limit=$(($2 * LIMIT_SCALE)) out=$3; shift 3  # OUTFILE "-": writes its own
   log "start $name (limit ${limit}s)"
   if [ "$out" = - ]; then
     timeout "$limit" "$@" >> "$OUT/session.log" 2>&1
@@ -58,19 +62,19 @@ throughput)
   # envs and at 4096 (eager, captured update only, both captured; lag 0 and 1; evaluation
   # every 25 iterations on and off), where a rollout's time goes per collection path
   # (captured vs op by op, masked vs indexed reset: what `auto` picks), the LiDAR's share.
-  step tests 110 gpu_tests.log python3 -m pytest -q -p no:cacheprovider \
+  step tests 110 gpu_tests.log python3 -m pytest -q -p no:cacheprovider $PYTEST_ARGS \
     tests/rl/test_captured_rollout.py tests/rl/test_evaluation.py tests/rl/test_fast_update.py \
     tests/rl/test_ppo.py tests/env/test_masked_reset.py
   step throughput_1024 170 - python3 benchmarks/throughput.py \
     --device $DEV --config $CONFIG --warmup 4 --iterations 55 --repeats 1 \
     --variants eager_lag0@8,update_graph_lag0@12,cuda_graph_lag0,cuda_graph_lag1,cuda_graph_lag0_eval \
-    --eval-interval 25 --run-timeout 80 --out "$OUT/throughput_1024_gpu.json" $SIZE_1024
+    --eval-interval 25 --run-timeout $((80 * LIMIT_SCALE)) --out "$OUT/throughput_1024_gpu.json" $SIZE_1024
   step collect 90 collect_profile_gpu.json python3 benchmarks/collect_profile.py \
     --device $DEV --config $CONFIG --repeats 5 --table "$OUT/collect_ops_gpu.txt" $SIZE_1024
   step throughput_4096 130 - python3 benchmarks/throughput.py \
     --device $DEV --config $CONFIG --warmup 4 --iterations 30 --repeats 1 \
     --variants eager_lag0@6,cuda_graph_lag0,cuda_graph_lag1,cuda_graph_lag0_eval \
-    --eval-interval 25 --run-timeout 60 --out "$OUT/throughput_4096_gpu.json" $SIZE_4096
+    --eval-interval 25 --run-timeout $((60 * LIMIT_SCALE)) --out "$OUT/throughput_4096_gpu.json" $SIZE_4096
   step lidar 50 lidar_share_gpu.json python3 benchmarks/lidar_share.py --device $DEV \
     --config $CONFIG --num-envs $LIDAR_ENVS
   ;;

@@ -73,9 +73,10 @@ def evaluate(env: EnvBase, policy: NavRLPolicy, *, seed: int, max_steps: int) ->
     The env is reseeded and fully reset, so the same weights always give the same numbers.
     Stepping stops once every env has finished its first episode (later steps cannot change
     the result). An env still running after `max_steps` reports its stats so far and counts
-    in `unfinished`.
+    in `unfinished`. Captured where the env's steps are (`Evaluation.for_env`); a caller
+    that evaluates again and again keeps one `Evaluation` instead (one capture).
     """
-    return Evaluation(env, seed=seed, max_steps=max_steps)(policy)
+    return Evaluation.for_env(env, seed=seed, max_steps=max_steps)(policy)
 
 
 class Evaluation:

@@ -64,9 +64,15 @@ def capture_graph(
         graph.register_generator_state(generator)
     # The warm-up's stream again: library handles (cuBLAS) are cached per stream, so none is
     # created mid-capture. thread_local: other threads (the producer, the trainer, the
-    # evaluator) may use CUDA meanwhile.
-    with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
-        step()
+    # evaluator) may use CUDA meanwhile. capture_begin/end rather than `torch.cuda.graph`,
+    # whose entry synchronizes the whole device: invalid while another thread's capture is
+    # open, and a wait on every other thread's work.
+    with torch.cuda.stream(side):
+        graph.capture_begin(capture_error_mode="thread_local")
+        try:
+            step()
+        finally:
+            graph.capture_end()
     torch.cuda.current_stream(device).wait_stream(side)
     return graph.replay
 
