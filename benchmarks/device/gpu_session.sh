@@ -14,18 +14,20 @@ set -uo pipefail
 MODE=${1:-throughput}
 DEV=${DEV:-cuda}                  # DEV=cpu: a smoke run here (small sizes, see below)
 CONFIG=${CONFIG:-config/navrl.toml}
-# A loaded CPU smoke run may need longer limits (LIMIT_SCALE=6), and fewer tests
-# (PYTEST_ARGS="-k cuda": only the CUDA cases, which skip there).
+# A loaded CPU smoke run may need longer limits (LIMIT_SCALE=8). The tests step runs the
+# cases whose id has "cuda" in it (PYTEST_K: another -k expression; the CPU cases run in CI).
 LIMIT_SCALE=${LIMIT_SCALE:-1}
-PYTEST_ARGS=${PYTEST_ARGS:-}
 if [ "$DEV" = cpu ]; then          # the same steps at sizes a CPU finishes in their limits
-  SIZE_1024=${SIZE_1024:-"env.num_envs=32 env.num_obstacles=60 env.num_dynamic_obstacles=8 ppo.rollout_length=8 ppo.minibatches=2 eval.max_steps=40"}
-  SIZE_4096=${SIZE_4096:-"env.num_envs=64 env.num_obstacles=60 env.num_dynamic_obstacles=8 ppo.rollout_length=8 ppo.minibatches=2 eval.max_steps=40"}
+  small="env.num_obstacles=60 env.num_dynamic_obstacles=8 ppo.rollout_length=8 ppo.epochs=1"
+  SIZE_1024=${SIZE_1024:-"env.num_envs=32 $small ppo.minibatches=2 eval.max_steps=40"}
+  SIZE_4096=${SIZE_4096:-"env.num_envs=64 $small ppo.minibatches=2 eval.max_steps=40"}
   LIDAR_ENVS=${LIDAR_ENVS:-"32 64"}
+  ITERS=${ITERS:-6} EVAL_EVERY=${EVAL_EVERY:-3}  # evaluations inside the short window
 else
   SIZE_1024=${SIZE_1024:-""}
   SIZE_4096=${SIZE_4096:-"env.num_envs=4096"}
   LIDAR_ENVS=${LIDAR_ENVS:-"1024 4096"}
+  ITERS=${ITERS:-} EVAL_EVERY=${EVAL_EVERY:-25}
 fi
 OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
@@ -62,19 +64,19 @@ throughput)
   # envs and at 4096 (eager, captured update only, both captured; lag 0 and 1; evaluation
   # every 25 iterations on and off), where a rollout's time goes per collection path
   # (captured vs op by op, masked vs indexed reset: what `auto` picks), the LiDAR's share.
-  step tests 110 gpu_tests.log python3 -m pytest -q -p no:cacheprovider $PYTEST_ARGS \
+  step tests 100 gpu_tests.log python3 -m pytest -q -p no:cacheprovider -k "${PYTEST_K:-cuda}" \
     tests/rl/test_captured_rollout.py tests/rl/test_evaluation.py tests/rl/test_fast_update.py \
-    tests/rl/test_ppo.py tests/env/test_masked_reset.py
-  step throughput_1024 170 - python3 benchmarks/throughput.py \
-    --device $DEV --config $CONFIG --warmup 4 --iterations 55 --repeats 1 \
-    --variants eager_lag0@8,update_graph_lag0@12,cuda_graph_lag0,cuda_graph_lag1,cuda_graph_lag0_eval \
-    --eval-interval 25 --run-timeout $((80 * LIMIT_SCALE)) --out "$OUT/throughput_1024_gpu.json" $SIZE_1024
-  step collect 90 collect_profile_gpu.json python3 benchmarks/collect_profile.py \
+    tests/env/test_masked_reset.py
+  step throughput_1024 160 - python3 benchmarks/throughput.py \
+    --device $DEV --config $CONFIG --warmup 4 --iterations ${ITERS:-55} --repeats 1 \
+    --variants eager_lag0@8,cuda_graph_lag0,cuda_graph_lag1,cuda_graph_lag0_eval,update_graph_lag0@12 \
+    --eval-interval $EVAL_EVERY --run-timeout $((60 * LIMIT_SCALE)) --out "$OUT/throughput_1024_gpu.json" $SIZE_1024
+  step collect 85 collect_profile_gpu.json python3 benchmarks/collect_profile.py \
     --device $DEV --config $CONFIG --repeats 5 --table "$OUT/collect_ops_gpu.txt" $SIZE_1024
-  step throughput_4096 130 - python3 benchmarks/throughput.py \
-    --device $DEV --config $CONFIG --warmup 4 --iterations 30 --repeats 1 \
+  step throughput_4096 120 - python3 benchmarks/throughput.py \
+    --device $DEV --config $CONFIG --warmup 4 --iterations ${ITERS:-30} --repeats 1 \
     --variants eager_lag0@6,cuda_graph_lag0,cuda_graph_lag1,cuda_graph_lag0_eval \
-    --eval-interval 25 --run-timeout $((60 * LIMIT_SCALE)) --out "$OUT/throughput_4096_gpu.json" $SIZE_4096
+    --eval-interval $EVAL_EVERY --run-timeout $((45 * LIMIT_SCALE)) --out "$OUT/throughput_4096_gpu.json" $SIZE_4096
   step lidar 50 lidar_share_gpu.json python3 benchmarks/lidar_share.py --device $DEV \
     --config $CONFIG --num-envs $LIDAR_ENVS
   ;;

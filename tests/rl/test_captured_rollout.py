@@ -215,7 +215,7 @@ def test_actions_are_the_ones_a_run_seeded_as_before_drew() -> None:
 
 @CUDA
 @pytest.mark.parametrize("path", ["eager", "cuda_graph"])
-def test_collection_survives_a_capture_in_another_thread(path: str) -> None:
+def test_cuda_collection_survives_a_capture_in_another_thread(path: str) -> None:
     """The lag-1 configuration's crash, reproduced: another thread holds a CUDA graph
     capture open while this one collects a rollout (eager and captured)."""
     cfg = small_config("cuda", collect_path=path, reset_mode="auto")
