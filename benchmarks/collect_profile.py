@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 import traceback
 import warnings
@@ -35,10 +36,13 @@ from tensordict import TensorDictBase
 from torch.profiler import ProfilerActivity, profile
 
 from navrl_daemon.config import load_config
-from navrl_daemon.host_reads import CountHostReads
 from navrl_daemon.rl.training import Collector, make_policy
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.host_reads import CountHostReads  # noqa: E402
+
 PATHS = {
     "eager_indexed": ["env.collect_path=eager", "env.reset_mode=indexed"],
     "eager_masked": ["env.collect_path=eager", "env.reset_mode=masked"],

@@ -50,7 +50,7 @@ from navrl_daemon.stages.evaluator import read_results
 from navrl_daemon.storage.policy_file import check_policy_layout, load_any_policy_state
 
 REPO = Path(__file__).resolve().parents[1]
-NAVRL_CHECKPOINT = REPO.parent / "shared" / "reference" / "navrl" / "navrl_checkpoint.pt"
+NAVRL_CHECKPOINT = REPO / "tests" / "data" / "navrl_checkpoint.pt"
 CURVE_KEYS = ("reach_goal", "collision", "return", "episode_len", "truncated")
 
 

@@ -13,8 +13,9 @@ import structlog
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-REFERENCE = REPO.parent / "shared" / "reference" / "navrl"
-NAVRL_CHECKPOINT = REFERENCE / "navrl_checkpoint.pt"
+# NavRL's published policy (docs/navrl-task.md §6), shipped with the tests.
+DATA = REPO / "tests" / "data"
+NAVRL_CHECKPOINT = DATA / "navrl_checkpoint.pt"
 
 # A tiny config every subprocess test can afford on 2 cores.
 TINY = [
@@ -75,6 +76,5 @@ def one_torch_thread() -> Iterator[None]:
 
 @pytest.fixture
 def navrl_checkpoint() -> Path:
-    if not NAVRL_CHECKPOINT.exists():
-        pytest.skip(f"NavRL reference checkpoint not found at {NAVRL_CHECKPOINT}")
+    assert NAVRL_CHECKPOINT.is_file(), f"{NAVRL_CHECKPOINT} is part of the repository"
     return NAVRL_CHECKPOINT

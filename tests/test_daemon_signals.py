@@ -163,16 +163,16 @@ async def test_stop_timeout_is_re_extended_while_draining(
     import anyio
     import torch
 
-    from navrl_daemon import daemon
     from navrl_daemon.config import load_config
+    from navrl_daemon.pipeline import telemetry as telemetry_module
     from navrl_daemon.runtime.supervisor import Shutdown
 
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(str(tmp_path / "notify.sock"))
     sock.setblocking(False)
     monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "notify.sock"))
-    monkeypatch.setattr(daemon, "EXTEND_STOP_S", 0.3)
-    telemetry = daemon.Telemetry(load_config(None, TINY, environ={}), torch.device("cpu"))
+    monkeypatch.setattr(telemetry_module, "EXTEND_STOP_S", 0.3)
+    telemetry = telemetry_module.Telemetry(load_config(None, TINY, environ={}), torch.device("cpu"))
     shutdown = Shutdown()
     try:
         async with anyio.create_task_group() as tg:

@@ -23,8 +23,8 @@ import pytest
 import torch
 
 from navrl_daemon.config import load_config
-from navrl_daemon.daemon import Telemetry
-from navrl_daemon.offline_run import OfflineProgress
+from navrl_daemon.pipeline.offline import OfflineProgress
+from navrl_daemon.pipeline.telemetry import Telemetry
 from navrl_daemon.rl.bc import ImageJointPolicy, mse_bc_loss
 from navrl_daemon.rl.training import Training
 from navrl_daemon.stages.offline_trainer import StepRecord

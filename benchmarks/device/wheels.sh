@@ -19,7 +19,7 @@ for w in "${WHEELS[@]}"; do
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     --platform manylinux1_x86_64 -d .whl "$w"
 done
-# NavRL's published checkpoint, for benchmarks/learning.py there (../shared does not travel).
+# NavRL's published checkpoint (tests/data), for benchmarks/learning.py there.
 mkdir -p carry
-cp ../shared/reference/navrl/navrl_checkpoint.pt carry/ 2>/dev/null || true
+cp tests/data/navrl_checkpoint.pt carry/
 du -sh .whl carry

@@ -16,6 +16,6 @@ def register(sub: Any) -> None:
 
 
 def handle(cfg: Config, args: argparse.Namespace) -> int:
-    from navrl_daemon import daemon
+    from navrl_daemon.pipeline import daemon
 
     return daemon.run(cfg, state_dir(cfg, args))

@@ -54,3 +54,21 @@ class ComputeThread:
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
+
+
+class ComputeThreads:
+    """Where each stage's torch work runs: on CPU one shared thread, so there is a single
+    OpenMP team (see above); on CUDA one thread per stage, whose work is mostly launches."""
+
+    def __init__(self, device_type: str) -> None:
+        if device_type == "cpu":
+            shared = ComputeThread("compute")
+            self.producer = self.trainer = self.evaluator = shared
+        else:
+            self.producer = ComputeThread("producer")
+            self.trainer = ComputeThread("trainer")
+            self.evaluator = ComputeThread("evaluator")
+
+    def close(self) -> None:
+        for thread in {self.producer, self.trainer, self.evaluator}:
+            thread.close()

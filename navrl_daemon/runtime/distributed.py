@@ -2,20 +2,8 @@
 
 `World.from_environ()` reads the launcher's RANK, LOCAL_RANK, WORLD_SIZE (and
 LOCAL_WORLD_SIZE); without them, or with WORLD_SIZE=1, the process is a plain single
-daemon and nothing here is used. `Ranks` opens the process groups:
-
-- the default group (NCCL on CUDA, gloo on CPU): the trainer's gradient and batch-stat
-  all-reduces and the parameter checksums (rl/data_parallel.py), called only from the
-  trainer's compute thread;
-- `control` (gloo, CPU tensors and objects): the producer's per-iteration agreement on
-  whether to go on, the episode-stat sums, the env states gathered for checkpoints, and
-  the start-up broadcast of the checkpoint to resume from;
-- `learner` (gloo): the rollback broadcast of the learner state, trainer thread only.
-
-Each group is used from one thread only and in the same order on every rank, so the
-producer and trainer, which run concurrently, can never cross each other's collectives.
-Every collective has the `distributed.timeout_s` timeout; a rank that dies closes its
-sockets and the others' next collective fails at once (gloo), so nobody hangs.
+daemon. The process groups a distributed run opens, and what goes over them, are the
+pipeline's (pipeline/ranks.py): this layer knows no RL.
 """
 
 from __future__ import annotations
@@ -23,17 +11,10 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import timedelta
-from typing import Any
 
-import structlog
 import torch
-import torch.distributed as dist
 
-from navrl_daemon.errors import ConfigError, DataError
-from navrl_daemon.rl.data_parallel import DataParallel
-
-log = structlog.get_logger("distributed")
+from navrl_daemon.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -77,105 +58,3 @@ class World:
         if self.distributed and base == "cuda":
             return torch.device("cuda", self.local_rank)
         return torch.device(base)
-
-
-class Ranks:
-    """The process groups of a distributed run (see the module docstring)."""
-
-    def __init__(self, world: World, device: torch.device, timeout_s: float) -> None:
-        self.world = world
-        timeout = timedelta(seconds=timeout_s)
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        if not dist.is_initialized():
-            dist.init_process_group(
-                backend,
-                init_method="env://",
-                rank=world.rank,
-                world_size=world.world_size,
-                timeout=timeout,
-            )
-        self.control = dist.new_group(backend="gloo", timeout=timeout)
-        self.learner = dist.new_group(backend="gloo", timeout=timeout)
-        self.reducer = DataParallel()
-        log.info(
-            "joined the distributed run",
-            rank=world.rank,
-            local_rank=world.local_rank,
-            world_size=world.world_size,
-            backend=backend,
-            device=str(device),
-        )
-
-    def close(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-    # ------------------------------------------------------------------ control (producer)
-
-    def agree(self, stopping: bool, stage: int = 0) -> tuple[bool, int]:
-        """One vote per rollout: stop if any rank wants to, and train at the highest
-        curriculum stage any rank has reached (only rank 0 evaluates, so only its stage
-        moves; the others follow it here, at the same rollout)."""
-        votes = torch.tensor([int(stopping), stage])
-        dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=self.control)
-        return bool(votes[0]), int(votes[1])
-
-    def sum_episodes(
-        self, sums_count: tuple[torch.Tensor, torch.Tensor]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The finished-episode stat sums of every rank's envs (CPU tensors)."""
-        sums, count = sums_count
-        both = torch.cat([sums.double().cpu().reshape(-1), count.double().cpu().reshape(1)])
-        dist.all_reduce(both, op=dist.ReduceOp.SUM, group=self.control)
-        return both[:-1].to(sums.dtype), both[-1].to(count.dtype).reshape(count.shape)
-
-    def gather_collectors(self, state: dict[str, Any] | None) -> dict[str, Any] | None:
-        """Every rank's collector state onto rank 0, as rank 0's with the others under
-        `peers` (rank order) and `world_size`; None on the other ranks, or when a rank's
-        env cannot save its state."""
-        gathered: list[Any] | None = [None] * self.world.world_size if self.world.leader else None
-        dist.gather_object(state, gathered, dst=0, group=self.control)
-        if gathered is None or any(s is None for s in gathered):
-            return None
-        return {**gathered[0], "peers": gathered[1:], "world_size": self.world.world_size}
-
-    def share_checkpoint(self, found: Any, error: DataError | None) -> Any:
-        """Rank 0's choice of checkpoint (or its DataError) on every rank."""
-        payload = [(found, str(error) if error else None)]
-        dist.broadcast_object_list(payload, src=0, group=self.control)
-        found, message = payload[0]
-        if message is not None:
-            raise DataError(message)
-        return found
-
-    # ------------------------------------------------------------------ learner (trainer)
-
-    def share_learner_state(self, state: Any, error: str | None) -> Any:
-        """Rank 0's learner state (a rollback), or its error, on every rank."""
-        payload = [(state, error)]
-        dist.broadcast_object_list(payload, src=0, group=self.learner)
-        state, message = payload[0]
-        if message is not None:
-            raise RuntimeError(message)
-        return state
-
-
-def collector_for_rank(collected: dict[str, Any] | None, world: World) -> dict[str, Any] | None:
-    """This rank's part of a checkpoint's collector state, or None to start new episodes
-    (then says why). A single-process checkpoint has world size 1."""
-    if collected is None:
-        return None
-    saved_world = int(collected.get("world_size", 1))
-    if saved_world != world.world_size:
-        log.warning(
-            "world size changed since the checkpoint: model, optimisers and counters are "
-            "restored; every rank's envs are re-seeded and start new episodes",
-            checkpoint_world_size=saved_world,
-            world_size=world.world_size,
-        )
-        return None
-    if world.rank == 0:
-        return collected
-    return collected["peers"][world.rank - 1]

@@ -15,7 +15,7 @@ a lease that is not due is released untouched.
 While draining (first signal) it still archives what is queued; once `shutdown.abort` is
 set (second signal) it releases leases without archiving them.
 
-Wiring (daemon.py):
+Wiring (pipeline/daemon.py):
 
 ```
 archive = archive_channel(cfg.archive, on_dropped=metrics.archive_dropped)

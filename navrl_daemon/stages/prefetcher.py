@@ -24,7 +24,7 @@ had not seen. The daemon checks and loads the files at start-up and hands them i
 shutdown the stage stops at the next batch boundary, closes the channel, and stops its
 workers; a killed daemon's workers notice on their own (storage/prefetch.py).
 
-Wiring: navrl_daemon/offline_run.py, when `offline.objective != "none"`.
+Wiring: navrl_daemon/pipeline/offline.py, when `offline.objective != "none"`.
 """
 
 from __future__ import annotations

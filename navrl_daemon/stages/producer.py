@@ -31,9 +31,9 @@ from navrl_daemon.rl.snapshot import collector_state
 from navrl_daemon.rl.training import Collector
 from navrl_daemon.runtime.channels import Receiver, Sender
 from navrl_daemon.runtime.compute import ComputeThread
-from navrl_daemon.runtime.distributed import Ranks
 from navrl_daemon.runtime.leases import LeasePool
 from navrl_daemon.runtime.supervisor import Shutdown
+from navrl_daemon.stages.coordinator import Coordinator
 from navrl_daemon.stages.messages import PolicyWeights
 
 log = structlog.get_logger("producer")
@@ -61,7 +61,7 @@ class RolloutProducer:
         archive_interval: int = 0,
         curriculum: Curriculum | None = None,
         on_stage: Callable[[int], None] = lambda _: None,
-        ranks: Ranks | None = None,
+        ranks: Coordinator | None = None,
     ) -> None:
         self.collector = collector
         self.pool = pool
@@ -80,7 +80,7 @@ class RolloutProducer:
         self.compute = compute
         self.curriculum = curriculum
         self.on_stage = on_stage
-        # A distributed run (runtime/distributed.py): the ranks vote before every rollout
+        # A distributed run (pipeline/ranks.py): the ranks vote before every rollout
         # whether to go on, sum their episode stats, and gather their env states to rank 0
         # for checkpoints; `final_state` is that gathered state once the producers stopped.
         self.ranks = ranks

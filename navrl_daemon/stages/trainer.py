@@ -108,7 +108,7 @@ class Trainer:
         self.on_iteration = on_iteration
         self.checkpoints = checkpoints
         # Where the learner goes back to after too many non-finite updates: the writer's
-        # newest checkpoint (a rank without a writer gets rank 0's; runtime/distributed.py).
+        # newest checkpoint (a rank without a writer gets rank 0's; pipeline/ranks.py).
         self.rollback = rollback or (checkpoints.rollback if checkpoints else None)
         self._rollbacks: dict[Path, int] = {}
         # Held while the weights change, so a flush never reads a half-stepped policy.

@@ -10,9 +10,9 @@ from navrl_daemon.config import EnvConfig
 from navrl_daemon.env import NavigationEnv, make_env
 from navrl_daemon.env.conformance import run_conformance
 from navrl_daemon.env.navigation import masked_reset
-from navrl_daemon.host_reads import CountHostReads
 from navrl_daemon.rl import rollout
 from navrl_daemon.rl.policy import NavRLPolicy
+from tests.host_reads import CountHostReads
 
 ACTION = ("agents", "action")
 DEVICES = [

@@ -11,15 +11,11 @@ from tensordict import TensorDict
 
 from navrl_daemon.rl.policy import NavRLPolicy
 
-CHECKPOINT = (
-    Path(__file__).resolve().parents[2] / "../shared/reference/navrl/navrl_checkpoint.pt"
-).resolve()
+CHECKPOINT = Path(__file__).resolve().parents[1] / "data" / "navrl_checkpoint.pt"
 
 
 @pytest.fixture(scope="session")
 def navrl_state_dict() -> dict[str, torch.Tensor]:
-    if not CHECKPOINT.is_file():
-        pytest.skip(f"NavRL's published checkpoint is not at {CHECKPOINT}")
     return torch.load(CHECKPOINT, weights_only=True, map_location="cpu")
 
 

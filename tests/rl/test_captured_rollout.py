@@ -16,12 +16,12 @@ import torch
 from tensordict import TensorDictBase
 
 from navrl_daemon.config import Config, load_config
-from navrl_daemon.host_reads import CountHostReads
 from navrl_daemon.rl.captured_rollout import CapturedRollout
 from navrl_daemon.rl.graphs import cuda_capture, traced_capture
 from navrl_daemon.rl.policy import NavRLPolicy, sample_beta
 from navrl_daemon.rl.rollout import collect
 from navrl_daemon.rl.training import Collector, make_policy
+from tests.host_reads import CountHostReads
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
 

@@ -14,11 +14,11 @@ import torch
 
 from navrl_daemon.config import Config, PPOConfig
 from navrl_daemon.errors import ConfigError
-from navrl_daemon.host_reads import CountHostReads
 from navrl_daemon.rl import fast_update, ppo
 from navrl_daemon.rl.fast_update import FastUpdate, resolve
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.rl.training import Learner
+from tests.host_reads import CountHostReads
 
 SMALL = PPOConfig(epochs=2, minibatches=4)
 CUDA = torch.cuda.is_available()

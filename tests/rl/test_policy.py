@@ -12,13 +12,13 @@ from tensordict import TensorDict
 
 from navrl_daemon.rl.policy import NavRLPolicy
 
-KEYS_FILE = Path(__file__).resolve().parents[2] / "../shared/reference/navrl/checkpoint_keys.txt"
+KEYS_FILE = Path(__file__).resolve().parents[1] / "data" / "navrl_checkpoint_keys.txt"
 
 
 def reference_forward(
     sd: dict[str, torch.Tensor], state: torch.Tensor, lidar: torch.Tensor, dyn: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """NavRL's network from SPEC §2 in functional ops on the raw state_dict: (α, β, value)."""
+    """NavRL's network from navrl-task §2 in functional ops on the raw state_dict: (α, β, value)."""
 
     def p(name: str) -> torch.Tensor:
         return sd[name]
@@ -70,8 +70,6 @@ def test_fresh_state_dict_has_navrl_keys_and_shapes(navrl_state_dict):
 
 
 def test_key_list_matches_the_published_key_file():
-    if not KEYS_FILE.is_file():
-        pytest.skip(f"{KEYS_FILE} not present")
     rows = [ln.split("\t") for ln in KEYS_FILE.read_text().splitlines() if not ln.startswith("#")]
     expected = {
         k: tuple(int(n) for n in shape.strip("()").split(",") if n) for k, shape, *_ in rows

@@ -1,4 +1,4 @@
-"""`navrl-daemon run`: wires the stages of DESIGN.md §2 and hands them to the supervisor.
+"""`navrl-daemon run`: wires the stages of docs/design.md §2 and hands them to the supervisor.
 
 ```
   RolloutProducer ──rollouts: leases (block)──► Trainer ──snapshots (coalesce)──► CheckpointWriter
@@ -9,7 +9,7 @@
 Before anything runs, the newest valid checkpoint in `STATE_DIR/checkpoints` (if any) is
 loaded into the learner and the collector (stages/resume.py).
 
-Started by torchrun as one of several ranks (runtime/distributed.py), every rank runs a
+Started by torchrun as one of several ranks (pipeline/ranks.py), every rank runs a
 producer and a trainer on its own envs, and the trainers average gradients; rank 0 alone
 owns the state dir (lock, checkpoints, evaluations, archive, history) and the others only
 train. All ranks stop at the same rollout, agreed on in the producer.
@@ -18,9 +18,6 @@ train. All ranks stop at the same rollout, agreed on in the producer.
 from __future__ import annotations
 
 import functools
-import json
-import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,13 +27,14 @@ import anyio
 import structlog
 import torch
 
-from navrl_daemon import __version__, offline_run
+from navrl_daemon import __version__
 from navrl_daemon.config import Config, resolve_device, to_toml
 from navrl_daemon.env.curriculum import Curriculum
 from navrl_daemon.errors import DataError, StageFailed
-from navrl_daemon.ops.http import Health, MetricsServer
 from navrl_daemon.ops.logging import bind_process_fields
-from navrl_daemon.ops.metrics import Metrics
+from navrl_daemon.pipeline import offline
+from navrl_daemon.pipeline.ranks import Ranks, collector_for_rank
+from navrl_daemon.pipeline.telemetry import Telemetry
 from navrl_daemon.rl.captured_rollout import CapturedRollout
 from navrl_daemon.rl.evaluate import Evaluation
 from navrl_daemon.rl.policy import NavRLPolicy
@@ -50,11 +48,10 @@ from navrl_daemon.rl.training import (
     make_policy,
 )
 from navrl_daemon.runtime.channels import Channel, Overflow, Sender
-from navrl_daemon.runtime.compute import ComputeThread
-from navrl_daemon.runtime.distributed import Ranks, World, collector_for_rank
+from navrl_daemon.runtime.compute import ComputeThreads
+from navrl_daemon.runtime.distributed import World
 from navrl_daemon.runtime.leases import LeasePool
 from navrl_daemon.runtime.lock import StateDirLock
-from navrl_daemon.runtime.sd_notify import ProgressWatchdog, SystemdNotifier
 from navrl_daemon.runtime.supervisor import Shutdown, State, Supervisor
 from navrl_daemon.stages import resume
 from navrl_daemon.stages.archiver import RolloutArchiver, archive_channel
@@ -62,25 +59,13 @@ from navrl_daemon.stages.checkpoint_writer import CheckpointWriter
 from navrl_daemon.stages.evaluator import Evaluator, StageEvaluation, eval_scores
 from navrl_daemon.stages.messages import PolicyWeights, Snapshot
 from navrl_daemon.stages.producer import RolloutProducer
-from navrl_daemon.stages.progress import ProgressLog
 from navrl_daemon.stages.trainer import Checkpointing, IterationRecord, Trainer
 from navrl_daemon.storage.atomic import write_atomic
 from navrl_daemon.storage.checkpoint import CheckpointDir
 from navrl_daemon.storage.compressed_rollout import CompressedMinibatches
-from navrl_daemon.storage.history import DAEMON_FILE, HISTORY_FILE, HistoryFile
 from navrl_daemon.storage.staging import SnapshotStaging
 
 log = structlog.get_logger("daemon")
-
-# The (stage, phase) timings exported from the start, before their first observation.
-STAGE_PHASES = (
-    ("producer", "collect"),
-    ("trainer", "update"),
-    ("evaluator", "evaluate"),
-    ("checkpoint_writer", "write"),
-)
-# Seconds of stop timeout asked of systemd at a time while draining (re-sent every third).
-EXTEND_STOP_S = 30.0
 
 
 def run(cfg: Config, state_dir: Path) -> int:
@@ -123,7 +108,7 @@ async def serve(
     )
     telemetry = Telemetry(cfg, device, observe, world)
     shutdown = Shutdown()
-    threads = ComputeThreads(device)
+    threads = ComputeThreads(device.type)
     ranks: Ranks | None = None
     failure: StageFailed | None = None
     try:
@@ -162,211 +147,6 @@ async def serve(
     log.info("stopped", reason=shutdown.reason or "total_frames reached")
 
 
-class ComputeThreads:
-    """Where each stage's torch work runs (see runtime/compute.py for why): on CPU one
-    shared thread, so there is a single OpenMP team; on CUDA one thread per stage."""
-
-    def __init__(self, device: torch.device) -> None:
-        if device.type == "cpu":
-            shared = ComputeThread("compute")
-            self.producer = self.trainer = self.evaluator = shared
-        else:
-            self.producer = ComputeThread("producer")
-            self.trainer = ComputeThread("trainer")
-            self.evaluator = ComputeThread("evaluator")
-
-    def close(self) -> None:
-        for thread in {self.producer, self.trainer, self.evaluator}:
-            thread.close()
-
-
-class Telemetry:
-    """Where what the stages report goes: logs, Prometheus, /healthz, systemd, and
-    `STATE_DIR/history.jsonl` (one row per progress summary) once `run_starts` names the dir."""
-
-    def __init__(
-        self,
-        cfg: Config,
-        device: torch.device,
-        observe: Callable[[IterationRecord], None] | None = None,
-        world: World | None = None,
-    ) -> None:
-        self.cfg = cfg
-        self.world = world or World()
-        # Frames of one iteration over all ranks.
-        self.frames_per_iteration = cfg.frames_per_iteration * self.world.world_size
-        self.observe = observe
-        self.notifier = SystemdNotifier()
-        self.watchdog = ProgressWatchdog(self.notifier)
-        self.metrics = Metrics(
-            version=__version__,
-            torch_version=torch.__version__,
-            device=str(device),
-            stage_phases=STAGE_PHASES,
-        )
-        self.health = Health(stall_after_s=cfg.metrics.stall_after_s)
-        self.server: MetricsServer | None = None
-        self.progress = ProgressLog(
-            summary_interval=cfg.log.summary_interval,
-            total_frames=cfg.run.total_frames,
-            device=device,
-            on_summary=self.summary,
-        )
-        self.history: HistoryFile | None = None
-        self.daemon_file: Path | None = None
-        self._row_iteration = 0  # the iteration the next history row's window starts after
-        self._resumed_from: int | None = None
-        self._checkpoint: dict[str, Any] = {}  # the last checkpoint written by this process
-        self._stall_s = 0.0  # checkpoint stall seconds counted in earlier rows
-        self._curriculum_stage: int | None = None  # with env.curriculum: the training stage
-
-    def start(self) -> None:
-        if not self.cfg.metrics.enabled:
-            return
-        m = self.cfg.metrics
-        # Every rank on a machine exports its own metrics: base port + local rank.
-        port = m.port + self.world.local_rank if m.port else 0
-        self.server = MetricsServer(self.metrics, self.health, m.address, port)
-        try:
-            self.server.start()
-        except OSError as err:
-            raise StageFailed(f"metrics endpoint: {err}") from err
-        log.info("metrics endpoint", url=f"http://{self.server.url_host}:{self.server.port}")
-
-    def run_starts(self, state_dir: Path, iteration: int, frames: int) -> None:
-        """The run starts after `iteration` (0, or the checkpoint it resumed from): history
-        rows after it are about to be redone, so they go; `status` learns the endpoint.
-        A history or daemon.json that cannot be written is logged; training goes on."""
-        history = HistoryFile(state_dir / HISTORY_FILE)
-        try:
-            dropped = history.cut(iteration)
-        except OSError as err:
-            log.warning(
-                "no training history: cannot rewrite it", path=str(history.path), error=str(err)
-            )
-        else:
-            self.history = history
-            if dropped:
-                log.info("history cut back to the checkpoint", iteration=iteration, dropped=dropped)
-        self._row_iteration = iteration
-        self._resumed_from = iteration or None
-        self.progress.window_frames = frames  # frames/s of the first window counts from here
-        self.progress.window_start = time.perf_counter()
-        url = None if self.server is None else f"http://{self.server.url_host}:{self.server.port}"
-        doc = {"pid": os.getpid(), "url": url, "started": time.time(), "version": __version__}
-        self.daemon_file = state_dir / DAEMON_FILE
-        try:
-            write_atomic(self.daemon_file, json.dumps(doc).encode())
-        except OSError as err:
-            log.warning("cannot record the endpoint for `status`", error=str(err))
-
-    def state(self, state: State, reason: str | None) -> None:
-        self.metrics.set_state(str(state))
-        self.health.set_state(str(state))
-        if state is State.DRAINING:
-            self.notifier.stopping(f"draining: {reason or 'finished'}")
-
-    async def extend_stop_timeout(self, shutdown: Shutdown) -> None:
-        """While draining, keep asking systemd for EXTEND_STOP_S more, every third of it.
-
-        The daemon enforces its own deadline (run.shutdown_timeout_s); systemd's stop
-        timeout then only fires if the process stops sending, i.e. hangs."""
-        await shutdown.stop.wait()
-        while True:
-            self.notifier.extend_timeout(EXTEND_STOP_S)
-            await anyio.sleep(EXTEND_STOP_S / 3)
-
-    def iteration(self, record: IterationRecord) -> None:
-        if record.iteration == 1:
-            self.notifier.ready(f"training: iteration {record.iteration}")
-        self.watchdog.progress()
-        self.health.iteration_done()
-        if record.rolled_back:
-            self.metrics.rollback()
-        self.metrics.iteration(
-            frames_delta=self.frames_per_iteration,
-            policy_version=record.iteration,
-            policy_lag=record.policy_lag,
-            losses=record.losses,
-        )
-        self.metrics.stage_time("producer", "collect", record.collect_s)
-        self.metrics.stage_time("trainer", "update", record.update_s)
-        self.progress(record)
-        if self.observe is not None:
-            self.observe(record)
-
-    def summary(self, summary: dict[str, Any]) -> None:
-        self.notifier.status(
-            f"iteration {summary['iteration']}, {summary['frames_per_second']:.0f} frames/s"
-        )
-        self.metrics.throughput(summary["frames_per_second"])
-        self.metrics.episodes(
-            {k.removeprefix("train_"): v for k, v in summary.items() if k.startswith("train_")}
-        )
-        for stage, ratio in summary["busy"].items():
-            self.metrics.stage_busy(stage, ratio)
-        if self.history is not None:
-            row = self._history_row(summary)
-            try:
-                self.history.append(row)
-            except OSError as err:
-                log.warning("history row not written", iteration=row["iteration"], error=str(err))
-
-    def _history_row(self, summary: dict[str, Any]) -> dict[str, Any]:
-        """The summary as a history row: which iterations it covers (`iterations` ending at
-        `iteration`), wall time, and the checkpoints' age, stall and size."""
-        now = time.time()
-        stall = self.metrics.registry.get_sample_value("navrl_checkpoint_stall_seconds_sum") or 0.0
-        row = {
-            "iteration": summary["iteration"],
-            "iterations": summary["iteration"] - self._row_iteration,
-            "frames": summary["frames"],
-            "time": round(now, 3),
-            **{k: v for k, v in summary.items() if k not in ("iteration", "frames", "phases")},
-            "checkpoint_stall_s": round(stall - self._stall_s, 6),
-            "checkpoint_age_s": (
-                round(now - self._checkpoint["time"], 3) if self._checkpoint else None
-            ),
-            "checkpoint_write_s": self._checkpoint.get("write_s"),
-            "checkpoint_raw_bytes": self._checkpoint.get("raw_bytes"),
-            "checkpoint_stored_bytes": self._checkpoint.get("stored_bytes"),
-        }
-        if self._resumed_from is not None:
-            row["resumed_from"] = self._resumed_from
-        if self._curriculum_stage is not None:
-            row["curriculum_stage"] = self._curriculum_stage
-        self._row_iteration, self._stall_s, self._resumed_from = summary["iteration"], stall, None
-        return row
-
-    def curriculum_stage(self, stage: int) -> None:
-        """The training env is now at curriculum stage `stage`."""
-        self._curriculum_stage = stage
-        self.metrics.curriculum_stage(stage)
-
-    def evaluation(self, record: dict[str, Any]) -> None:
-        self.metrics.evaluation(record)
-        self.metrics.stage_time("evaluator", "evaluate", record["seconds"])
-
-    def checkpoint_written(self, seconds: float, raw_bytes: int, stored_bytes: int) -> None:
-        self.metrics.checkpoint_written(seconds, raw_bytes, stored_bytes)
-        self._checkpoint = {
-            "time": time.time(),
-            "write_s": round(seconds, 6),
-            "raw_bytes": raw_bytes,
-            "stored_bytes": stored_bytes,
-        }
-        self.metrics.stage_time("checkpoint_writer", "write", seconds)
-
-    def close(self) -> None:
-        self.progress.summarise()
-        self.progress.close()
-        if self.server is not None:
-            self.server.stop()
-        if self.daemon_file is not None:
-            self.daemon_file.unlink(missing_ok=True)
-        self.notifier.close()
-
-
 def build_stages(
     cfg: Config,
     state_dir: Path,
@@ -378,9 +158,9 @@ def build_stages(
 ) -> list[Any]:
     """Everything heavy (env, policy, buffers) is built here, off the event loop."""
     world = ranks.world if ranks is not None else World()
-    offline_run.refuse_distributed(cfg, world.distributed)
-    if cfg.offline.objective == "bc":  # no env: prefetcher → offline trainer (offline_run.py)
-        return offline_run.bc_stages(cfg, state_dir, device, shutdown, threads, telemetry)
+    offline.refuse_distributed(cfg, world.distributed)
+    if cfg.offline.objective == "bc":  # no env: prefetcher → offline trainer (offline.py)
+        return offline.bc_stages(cfg, state_dir, device, shutdown, threads, telemetry)
     checkpoints = CheckpointDir(state_dir / "checkpoints")
     found = _checkpoint_to_resume(checkpoints, ranks)
     torch.manual_seed(cfg.run.seed)  # the same initial weights on every rank
@@ -495,7 +275,7 @@ def build_stages(
     )
     stages: list[Any] = [producer, trainer, *(owned.stages if owned else [])]
     if cfg.offline.objective == "ppo+bc":  # + a BC term from prefetched archive batches
-        stages[1], prefetcher = offline_run.with_bc_term(cfg, trainer, device, shutdown, telemetry)
+        stages[1], prefetcher = offline.with_bc_term(cfg, trainer, device, shutdown, telemetry)
         stages.append(prefetcher)
     if owned is not None:
         stages.append(owned.writer)

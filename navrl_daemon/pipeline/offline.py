@@ -1,4 +1,4 @@
-"""The offline objectives of `navrl-daemon run` (docs/datasets.md), wired for daemon.py.
+"""The offline objectives of `navrl-daemon run` (docs/datasets.md), wired for pipeline/daemon.py.
 
 `offline.objective = "bc"`, a purely offline run (no env, no producer):
 
@@ -26,17 +26,19 @@ from __future__ import annotations
 import functools
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 import torch
 
 from navrl_daemon.config import Config
 from navrl_daemon.errors import ConfigError, DataError
+from navrl_daemon.pipeline.telemetry import Telemetry
 from navrl_daemon.rl.bc import BCLearner, ImageJointPolicy
 from navrl_daemon.rl.evaluate import evaluate
 from navrl_daemon.rl.training import acting_copy, eval_steps, make_eval_env, make_policy
 from navrl_daemon.runtime.channels import Channel, Overflow
+from navrl_daemon.runtime.compute import ComputeThreads
 from navrl_daemon.runtime.leases import Lease
 from navrl_daemon.runtime.supervisor import Shutdown
 from navrl_daemon.stages import resume
@@ -55,9 +57,6 @@ from navrl_daemon.storage.checkpoint import CheckpointDir
 from navrl_daemon.storage.datasets import MultimodalDataset
 from navrl_daemon.storage.episode_store import ArchiveReader
 from navrl_daemon.storage.staging import SnapshotStaging
-
-if TYPE_CHECKING:
-    from navrl_daemon.daemon import ComputeThreads, Telemetry
 
 log = structlog.get_logger("daemon")
 
