@@ -111,17 +111,14 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--num-envs", type=int, nargs="+", default=[64])
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--out", type=Path, help="also rewrite the JSON here after every size")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args()
-    runs = []
-    for n in args.num_envs:
-        try:
-            runs.append(measure(args, n))
-        except Exception as err:  # one size failing keeps the others' numbers
-            runs.append({"num_envs": n, "error": f"{type(err).__name__}: {err}"})
     device = torch.device(args.device)
-    print(
-        json.dumps(
+    runs: list[dict[str, object]] = []
+
+    def report() -> str:
+        return json.dumps(
             {
                 "benchmark": "lidar_share",
                 "device": str(device),
@@ -136,7 +133,15 @@ def main() -> None:
             },
             indent=1,
         )
-    )
+
+    for n in args.num_envs:
+        try:
+            runs.append(measure(args, n))
+        except Exception as err:  # one size failing keeps the others' numbers
+            runs.append({"num_envs": n, "error": f"{type(err).__name__}: {err}"})
+        if args.out:
+            args.out.write_text(report())
+    print(report())
 
 
 if __name__ == "__main__":

@@ -77,8 +77,8 @@ throughput)
     --device $DEV --config $CONFIG --warmup 4 --iterations ${ITERS:-30} --repeats 1 \
     --variants eager_lag0@6,cuda_graph_lag0,cuda_graph_lag1,cuda_graph_lag0_eval \
     --eval-interval $EVAL_EVERY --run-timeout $((45 * LIMIT_SCALE)) --out "$OUT/throughput_4096_gpu.json" $SIZE_4096
-  step lidar 50 lidar_share_gpu.json python3 benchmarks/lidar_share.py --device $DEV \
-    --config $CONFIG --num-envs $LIDAR_ENVS
+  step lidar 50 - python3 benchmarks/lidar_share.py --device $DEV \
+    --config $CONFIG --num-envs $LIDAR_ENVS --out "$OUT/lidar_share_gpu.json"
   ;;
 update)
   # Issue #8's update paths and the reset modes op by op (the 2026-11-27 H100 run).

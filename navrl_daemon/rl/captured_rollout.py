@@ -37,7 +37,7 @@ from torchrl.envs import EnvBase
 from navrl_daemon.env.navigation import CollectPath
 from navrl_daemon.rl.graphs import WARMUP_RUNS, Capture, Replay, SameObjects, cuda_capture
 from navrl_daemon.rl.policy import NavRLPolicy
-from navrl_daemon.rl.rollout import collect
+from navrl_daemon.rl.rollout import Rollout, collect
 
 
 class CapturedRollout:
@@ -162,8 +162,8 @@ def _graph_key(
     return (held, layout, weights, tensors)
 
 
-def rollout_for(path: CollectPath, device: torch.device, *, fallback: bool) -> Callable[..., Any]:
-    """The rollout function of a collection path: `rollout.collect`, or a CapturedRollout."""
+def rollout_for(path: CollectPath, device: torch.device, *, fallback: bool) -> Rollout:
+    """How a collection path fills a buffer: `rollout.collect`, or a CapturedRollout."""
     if path == "cuda_graph":
         return CapturedRollout(cuda_capture(device), fallback=fallback)
     return collect
