@@ -37,7 +37,7 @@ WIRING = [
     "stages/evaluator.py",
     "stages/coordinator.py",
     "stages/cadence.py",
-    "stages/context.py",
+    "stages/curriculum.py",
     "runtime/distributed.py",
 ]
 

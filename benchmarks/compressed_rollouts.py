@@ -32,7 +32,7 @@ from pipeline_overhead import alternate, daemon, make_config, parse_or_run_one, 
 
 from navrl_daemon.ops.logging import configure_logging
 from navrl_daemon.rl import ppo
-from navrl_daemon.rl.training import Training
+from navrl_daemon.rl.training import Learner, Training
 from navrl_daemon.storage.compressed_rollout import CompressedMinibatches
 
 VARIANTS = {
@@ -67,12 +67,15 @@ def memory(path: Path, device: str, extra: list[str], rollouts: int) -> dict[str
         "env_groups": ppo.env_minibatches,
         "compressed": source,
     }
+    learners = {
+        name: Learner.build(cfg, training.policy, device, minibatches=minibatches)
+        for name, minibatches in sources.items()
+    }
     for _ in range(rollouts):
         training.collector.collect(training.buffer)
-        for name, minibatches in sources.items():
-            training.learner.minibatches = minibatches
+        for name, learner in learners.items():
             t0 = time.perf_counter()
-            training.learner.update(training.buffer)
+            learner.update(training.buffer)
             times[name].append(time.perf_counter() - t0)
         stored.append(source.stats.stored_bytes)
         batch.append(source.stats.raw_bytes)

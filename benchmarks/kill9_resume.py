@@ -1,11 +1,15 @@
 """kill -9 a real `navrl-daemon run` at random moments, many times, and restart it. JSON out.
 
 The same loop as tests/test_resume.py (10 trials there), at a scale that finds rare races:
-each trial starts `run` on one state dir (checkpoint.interval = 1, so a write is in flight
-much of the time), kills it with SIGKILL after a random delay — one in five during
-start-up, the others while training — and checks that the next start resumed from the
-newest valid checkpoint there was (never a temp file, never an older one), removed and
-logged the temp files left behind, and that every checkpoint file on disk is valid.
+each trial starts `run` on one state dir (checkpoint.interval = 1 and archive.interval = 1,
+so a checkpoint and an archive write are in flight much of the time), kills it with
+SIGKILL after a random delay — one in five during start-up, the others while training —
+and checks that the next start resumed from the newest valid checkpoint there was (never
+a temp file, never an older one), removed and logged the temp files left behind, that
+iterations only went forward (a start never resumes from an older checkpoint than the
+start before it, the newest checkpoint on disk never goes back), and after every kill
+that each checkpoint file is valid, the archive verifies (index rows and blobs, as
+`archive verify`) and no (iteration, env) is archived twice (tests/daemon_process.py).
 
 Run: `.venv/bin/python benchmarks/kill9_resume.py [--trials 100] [--seed 0]`
 """
@@ -57,6 +61,7 @@ def main() -> None:
                 "seed": args.seed,
                 "machine": platform.machine(),
                 "cores": os.cpu_count(),
+                "loadavg": [round(x, 2) for x in os.getloadavg()],
             },
             indent=1,
         )

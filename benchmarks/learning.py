@@ -18,6 +18,13 @@ the curriculum's last stage (every one without a curriculum) that clears it, wit
 frames and wall seconds since launch; `met` says whether that, or the final export,
 cleared it within `--goal-s` seconds (default 480: the issue's 8 minutes of training).
 
+`frames_to_reach` (issue #23) gives, per bar b of `--reach-bars` (default 0.5 and 0.9),
+the first evaluation at the target env with reach_goal >= b and collision <= 1 - b, with
+its frames and seconds (None: never). `held_out` evaluates the final export, the untrained
+policy and NavRL's checkpoint on `--held-out-maps` maps drawn from `--held-out-seed`
+(default 1000): maps the run never trained on. The daemon's own `eval.held_out_seed`, when
+set, adds `held_out_reach_goal` / `held_out_collision` to every curve point.
+
 The machine's load average goes into the JSON: on a shared CPU the curve per second
 depends on it; the curve per frame does not (the run is deterministic under its seed up
 to the SIGTERM point and the evaluations it skipped).
@@ -51,7 +58,15 @@ from navrl_daemon.storage.policy_file import check_policy_layout, load_any_polic
 
 REPO = Path(__file__).resolve().parents[1]
 NAVRL_CHECKPOINT = REPO / "tests" / "data" / "navrl_checkpoint.pt"
-CURVE_KEYS = ("reach_goal", "collision", "return", "episode_len", "truncated")
+CURVE_KEYS = (
+    "reach_goal",
+    "collision",
+    "return",
+    "episode_len",
+    "truncated",
+    "held_out_reach_goal",
+    "held_out_collision",
+)
 
 
 def train(
@@ -85,16 +100,18 @@ def train(
     }
 
 
-def evaluate_policy(cfg: Config, state: dict[str, torch.Tensor] | None) -> dict[str, Any]:
+def evaluate_policy(
+    cfg: Config, state: dict[str, torch.Tensor] | None, map_seed: int | None = None
+) -> dict[str, Any]:
     """The daemon's evaluation (same env, layout, seed and step cap) of `state`, or of the
-    daemon's initial weights when None."""
+    daemon's initial weights when None; on maps of `map_seed` when given."""
     device = torch.device(cfg.run.device if cfg.run.device != "auto" else "cpu")
     torch.manual_seed(cfg.run.seed)  # as the daemon does before building its policy
     policy = make_policy(cfg, device)
     if state is not None:
         check_policy_layout(state, policy.state_dict(), Path("policy"))
         policy.load_state_dict(state)
-    env = make_eval_env(cfg, device)
+    env = make_eval_env(cfg, device, map_seed=map_seed)
     t0 = time.perf_counter()
     result = evaluate(env, policy, seed=cfg.eval.seed, max_steps=eval_steps(cfg))
     return {**_round(result), "seconds": round(time.perf_counter() - t0, 2)}
@@ -141,6 +158,11 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "learning.json")
     p.add_argument("--navrl-checkpoint", type=Path, default=NAVRL_CHECKPOINT)
     p.add_argument("--goal-s", type=float, default=480.0, help="issue #13: seconds to the bar")
+    p.add_argument(
+        "--reach-bars", type=float, nargs="+", default=[0.5, 0.9], help="frames_to_reach bars"
+    )
+    p.add_argument("--held-out-seed", type=int, default=1000, help="map seed never trained on")
+    p.add_argument("--held-out-maps", type=int, default=16, help="held-out maps (drones split)")
     p.add_argument("overrides", nargs="*", help="KEY=VALUE config overrides")
     args = p.parse_args()
     overrides = [*args.overrides, f"eval.interval={args.eval_every}", "metrics.port=0"]
@@ -158,16 +180,29 @@ def main() -> None:
         rows = list(read_results(state / "eval" / "results.jsonl"))
         launched = budget.pop("launched")
         exported = state / "export" / "policy.pt"
-        final = None
+        final = final_state = None
         if exported.exists():
-            final = {
-                **exported_at(log_copy),
-                **evaluate_policy(cfg, load_any_policy_state(exported)),
-            }
+            final_state = load_any_policy_state(exported)
+            final = {**exported_at(log_copy), **evaluate_policy(cfg, final_state)}
     untrained = evaluate_policy(cfg, None)
+    navrl_state = None
     navrl = None
     if args.navrl_checkpoint.exists():
-        navrl = evaluate_policy(cfg, load_any_policy_state(args.navrl_checkpoint))
+        navrl_state = load_any_policy_state(args.navrl_checkpoint)
+        navrl = evaluate_policy(cfg, navrl_state)
+    held_cfg = load_config(
+        args.config, [*overrides, f"eval.num_maps={args.held_out_maps}"], environ={}
+    )
+    held_out = {
+        "map_seed": args.held_out_seed,
+        "maps": args.held_out_maps,
+        **{
+            name: evaluate_policy(held_cfg, policy, map_seed=args.held_out_seed)
+            for name, policy in (("final", final_state), ("navrl_checkpoint", navrl_state))
+            if policy is not None
+        },
+        "untrained": evaluate_policy(held_cfg, None, map_seed=args.held_out_seed),
+    }
     curve = [{"frames": 0, "iteration": 0, "seconds": 0.0, **_pick(untrained)}]
     curve += [
         {
@@ -179,11 +214,12 @@ def main() -> None:
         }
         for row in rows
     ]
+    last_stage = len(cfg.env.curriculum) - 1 if cfg.env.curriculum else None
     goal = goal_check(
         curve,
         final,
         navrl,
-        last_stage=len(cfg.env.curriculum) - 1 if cfg.env.curriculum else None,
+        last_stage=last_stage,
         within_s=args.goal_s,
         final_s=budget["stop_s"],
     )
@@ -207,6 +243,8 @@ def main() -> None:
         "curve": curve,
         "final": final,
         "navrl_checkpoint": navrl,
+        "held_out": held_out,
+        "frames_to_reach": frames_to_reach(curve, args.reach_bars, last_stage=last_stage),
         "goal": goal,
         "machine": {
             "platform": platform.platform(),
@@ -222,7 +260,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     plot(result, args.out.with_suffix(".png"))
-    summary = ("budget", "final", "navrl_checkpoint", "goal")
+    summary = ("budget", "final", "navrl_checkpoint", "held_out", "frames_to_reach", "goal")
     print(json.dumps({k: result[k] for k in summary}, indent=1))
     print(
         json.dumps(
@@ -266,6 +304,29 @@ def goal_check(
         "final_at_bar": final_at_bar,
         "met": met,
     }
+
+
+def frames_to_reach(
+    curve: list[dict[str, Any]], bars: list[float], *, last_stage: int | None
+) -> dict[str, Any]:
+    """Per bar b: the first evaluation at the target env (the curriculum's last stage) with
+    reach_goal >= b and collision <= 1 - b; None where none did. Held-out numbers, when
+    the curve has them, get the same treatment under `held_out`."""
+
+    def first(prefix: str, bar: float) -> dict[str, Any] | None:
+        reach, collision = f"{prefix}reach_goal", f"{prefix}collision"
+        for row in curve:
+            if last_stage is not None and row.get("curriculum_stage") != last_stage:
+                continue
+            # Rounded: 1 - 0.9 is 0.09999999999999998 in floats, and 0.1 must pass.
+            if reach in row and row[reach] >= bar and row[collision] <= round(1.0 - bar, 9):
+                return {k: row[k] for k in ("frames", "seconds", reach, collision)}
+        return None
+
+    out: dict[str, Any] = {str(b): first("", b) for b in bars}
+    if any("held_out_reach_goal" in row for row in curve):
+        out["held_out"] = {str(b): first("held_out_", b) for b in bars}
+    return out
 
 
 def exported_at(log: Path) -> dict[str, Any]:

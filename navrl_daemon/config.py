@@ -7,6 +7,7 @@ is allowed, and maps to exit 78 through `ConfigError`.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import re
@@ -45,10 +46,15 @@ class Section(BaseModel):
 
 
 class RunConfig(Section):
+    # Seeds the weights, the maps and the action sampling: the same seed, the same run.
     seed: NonNegInt = 0
+    # "cpu", "cuda", "cuda:N", or "auto" (cuda when torch sees a GPU, else cpu).
     device: Annotated[str, Field(pattern=r"^(auto|cpu|cuda(:\d+)?)$")] = "auto"
+    # Environment frames to train on (over all envs); the run stops there (NavRL: 1.2 G).
     total_frames: PosInt = 1_200_000_000
+    # Checkpoints, history, evaluations, exports and the lock live here (--state-dir).
     state_dir: str = "state"
+    # After SIGINT/SIGTERM, seconds the stages get to finish and flush before exit.
     shutdown_timeout_s: PosFloat = 60.0
     # 0 keeps torch's default intra-op thread count.
     torch_threads: NonNegInt = 0
@@ -93,6 +99,7 @@ class EnvConfig(Section):
     backend: Annotated[str, Field(pattern=BACKEND_PATTERN)] = "navigation"
     # Backend-specific settings, passed through to the backend, which validates them.
     options: dict[str, Any] = {}
+    # Drones trained in parallel (one env each).
     num_envs: Annotated[int, Field(ge=1, le=1_048_576)] = 1024
     # Envs are split round-robin over this many independently generated maps.
     num_maps: Annotated[int, Field(ge=1, le=1024)] = 1
@@ -100,23 +107,38 @@ class EnvConfig(Section):
     field_size: Annotated[float, Field(ge=2.0, le=1000.0)] = 40.0
     # Flat ring around the field that is still ground for the LiDAR.
     border_width: Annotated[float, Field(ge=0.0, le=100.0)] = 5.0
+    # Static pillars per map.
     num_obstacles: Annotated[int, Field(ge=0, le=20_000)] = 350
+    # Moving obstacles per map (a multiple of 8: NavRL's 8 size categories).
     num_dynamic_obstacles: Annotated[int, Field(ge=0, le=8_000)] = 80
+    # [min, max] speed of the moving obstacles, m/s.
     dynamic_speed_range: Range = [0.5, 1.5]
+    # Steps before an episode is cut (truncated); at dt 0.016 s, 2200 steps are 35.2 s.
     max_episode_length: Annotated[int, Field(ge=1, le=10_000_000)] = 2200
     # "border": NavRL's starts/goals on the four sides, spawn_margin outside the field.
     # "local": start anywhere free, goal at a horizontal distance drawn from goal_distance.
     # "crossing" (ours): like "border", but the goal is always on the opposite side, so
     # every episode crosses the field as NavRL's evaluation layout does.
     spawn: Literal["border", "local", "crossing"] = "border"
+    # Distance outside the field where "border"/"crossing" starts and goals lie, m.
     spawn_margin: Annotated[float, Field(ge=0.0, le=100.0)] = 4.0
+    # Ours, with spawn = "border": the share of episodes whose goal is on the side opposite
+    # the start (they cross the field, as NavRL's evaluation does); the rest draw the goal's
+    # side independently, as NavRL. 0: NavRL's rule (which crosses a quarter of the time).
+    crossing_share: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+    # [min, max] horizontal start-to-goal distance of spawn = "local", m.
     goal_distance: Range = [2.0, 4.0]
+    # [min, max] altitude of starts and goals, m.
     spawn_height: Range = [0.5, 2.5]
+    # Largest commanded speed per axis, m/s (the Beta action (0,1) maps to +-action_limit).
     action_limit: PosFloat = 2.0
+    # NavRL's later reward fix; false reproduces the code of the published checkpoint.
     smoothness_penalty: bool = True
+    # Simulation step, s.
     dt: Annotated[float, Field(gt=0.0, le=1.0)] = 0.016
     # First-order velocity tracking that stands in for Isaac's Lee controller (1/2.2 s).
     velocity_time_constant: Annotated[float, Field(gt=0.0, le=10.0)] = 0.45
+    # Acceleration limit of the point-mass flight model, in g (NavRL's drone: 3.4).
     thrust_to_weight: Annotated[float, Field(gt=1.0, le=20.0)] = 3.4
     # Embedded env's auto-reset: "indexed" (torchrl's; host reads the done flags each step,
     # resets only the finished envs), "masked" (no host sync; spawns and one more LiDAR
@@ -131,6 +153,12 @@ class EnvConfig(Section):
     # Training stages, easiest first, promoted on evaluations (env/curriculum.py); empty:
     # train on this section as it is.
     curriculum: list[CurriculumStage] = []
+    # Density levels per env (ours; empty: NavRL, every env flies its whole map): pillar
+    # counts, ascending, each the first k pillars of the env's map (a prefix is itself a
+    # valid map: each pillar is placed against the earlier ones only). Every env starts at
+    # level 0; after an episode that reached its goal it moves up one level, after a
+    # collision down one (env/navigation.py). Evaluations fly the whole map.
+    map_levels: list[NonNegInt] = []
 
     @model_validator(mode="after")
     def _capturable(self) -> EnvConfig:
@@ -164,6 +192,22 @@ class EnvConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _levels_and_spawns(self) -> EnvConfig:
+        levels = self.map_levels
+        if any(b <= a for a, b in itertools.pairwise(levels)):
+            raise ValueError(f"map_levels: pillar counts in ascending order, got {levels}")
+        if levels and levels[-1] > self.num_obstacles:
+            raise ValueError(
+                f"map_levels: a level is a prefix of the map's num_obstacles = "
+                f"{self.num_obstacles} pillars, got {levels[-1]}"
+            )
+        if self.crossing_share > 0 and self.spawn != "border":
+            raise ValueError(
+                f'crossing_share: mixes crossings into spawn = "border", got spawn = "{self.spawn}"'
+            )
+        return self
+
+    @model_validator(mode="after")
     def _curriculum(self) -> EnvConfig:
         last = len(self.curriculum) - 1
         for i, stage in enumerate(self.curriculum):
@@ -189,27 +233,50 @@ class EnvConfig(Section):
 class PPOConfig(Section):
     # NavRL's training_frame_num: steps per env per iteration.
     rollout_length: Annotated[int, Field(ge=1, le=100_000)] = 32
+    # Passes over each rollout per update.
     epochs: Annotated[int, Field(ge=1, le=1000)] = 4
+    # Minibatches each rollout is cut into per epoch.
     minibatches: Annotated[int, Field(ge=1, le=100_000)] = 16
+    # Adam learning rate of the actor head.
     actor_lr: PosFloat = 5e-4
     # NavRL's critic optimiser reads actor.learning_rate; ours does the same.
     feature_extractor_lr: PosFloat = 5e-4
+    # PPO's policy-ratio clip.
     clip_ratio: Prob = 0.1
+    # Clip of the value prediction's change (normalised units).
     value_clip: PosFloat = 0.1
+    # Weight of the entropy bonus.
     entropy_coef: Annotated[float, Field(ge=0.0, le=1.0)] = 1e-3
+    # Discount factor.
     gamma: Prob = 0.99
+    # GAE's lambda.
     lmbda: Annotated[float, Field(ge=0.0, le=1.0)] = 0.95
+    # Gradients are clipped to this norm (actor and critic separately).
     max_grad_norm: PosFloat = 5.0
+    # Huber loss threshold of the critic.
     huber_delta: PosFloat = 10.0
+    # At a time-out, bootstrap from V(s_T) and cut the GAE recursion; false: NavRL's GAE.
     gae_cut_truncation: bool = True
     # Consecutive updates with a non-finite loss that are skipped before training stops.
     max_nonfinite_updates: Annotated[int, Field(ge=0, le=1_000_000)] = 3
     # "constant": NavRL's fixed learning rates. "linear": every lr decays to
     # lr_final_fraction times its value over schedule_frames (rl/schedules.py).
-    lr_schedule: Literal["constant", "linear"] = "constant"
+    # "kl_adaptive" (rsl_rl's rule, for large batches): after each update every lr is
+    # divided by 1.5 when the update moved the policy by more than 2 x desired_kl (KL
+    # from the rollout's policy), multiplied by 1.5 when by less than desired_kl / 2,
+    # keeping the actor's within [lr_min, lr_max].
+    lr_schedule: Literal["constant", "linear", "kl_adaptive"] = "constant"
+    # With lr_schedule = "kl_adaptive": the KL per update the learning rates aim for.
+    desired_kl: Annotated[float, Field(gt=0.0, le=1.0)] = 0.01
+    # With lr_schedule = "kl_adaptive": the lowest actor lr the adaptation may set.
+    lr_min: PosFloat = 1e-5
+    # With lr_schedule = "kl_adaptive": the highest actor lr the adaptation may set.
+    lr_max: PosFloat = 1e-2
+    # With lr_schedule = "linear": the fraction of each lr reached at schedule_frames.
     lr_final_fraction: Annotated[float, Field(ge=0.0, le=1.0)] = 0.1
     # "constant": NavRL's entropy_coef. "linear": entropy_coef to entropy_coef_final.
     entropy_schedule: Literal["constant", "linear"] = "constant"
+    # With entropy_schedule = "linear": the entropy_coef reached at schedule_frames.
     entropy_coef_final: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
     # Trained frames over which the schedules run, then hold their final value; fixed
     # rather than run.total_frames, so raising total_frames on a resume keeps the schedule.
@@ -238,12 +305,23 @@ class PipelineConfig(Section):
 class EvalConfig(Section):
     # Evaluate every N iterations (0 = never during `run`).
     interval: NonNegInt = 1000
+    # Drones evaluated, one first episode each.
     num_envs: Annotated[int, Field(ge=1, le=1_048_576)] = 64
     # "navrl": NavRL's crossing layout; "train": the training spawn rule under eval.seed.
     layout: Literal["navrl", "train"] = "navrl"
+    # Seed of the eval env: every evaluation sees the same starts and goals.
     seed: NonNegInt = 0
     # 0 = env.max_episode_length.
     max_steps: NonNegInt = 0
+    # The maps evaluated on: -1 the training maps (run.seed's); any other seed draws maps
+    # training never flies (unless it equals run.seed).
+    map_seed: Annotated[int, Field(ge=-1)] = -1
+    # Maps the evaluation's drones are split over (drone i on map i % num_maps); 0:
+    # env.num_maps.
+    num_maps: Annotated[int, Field(ge=0, le=1024)] = 0
+    # Also evaluate every time on maps of this seed (-1: off); reported beside the main
+    # numbers with a `held_out_` prefix (e.g. held_out_reach_goal).
+    held_out_seed: Annotated[int, Field(ge=-1)] = -1
 
 
 class CheckpointConfig(Section):
@@ -255,9 +333,11 @@ class CheckpointConfig(Section):
     compression_level: Annotated[int, Field(ge=0, le=16)] = 0
     # Threads that serialise and compress snapshots.
     workers: Annotated[int, Field(ge=1, le=64)] = 1
+    # The newest N checkpoint files are kept; older ones go (except keep_best's).
     keep_last: Annotated[int, Field(ge=1, le=100_000)] = 5
-    # Also keep the N checkpoints with the best eval reach_goal (0 = off).
-    keep_best: Annotated[int, Field(ge=0, le=100_000)] = 0
+    # Also keep the N checkpoints with the best eval reach_goal (0 = off): by default the
+    # best one survives however many newer ones come (`checkpoints export --best`).
+    keep_best: Annotated[int, Field(ge=0, le=100_000)] = 1
 
 
 class ArchiveConfig(Section):
@@ -278,11 +358,16 @@ class ArchiveConfig(Section):
     key_filters: list[Annotated[str, Field(pattern=ARCHIVE_KEY_FILTER)]] = []
     # A file past this size is closed (marked complete) and the next one started.
     max_file_bytes: Annotated[int, Field(ge=1 << 20)] = 1 << 30
-    # Oldest files are removed while the archive dir holds more than this.
+    # The archive files together stay under this (see on_full).
     max_total_bytes: Annotated[int, Field(ge=1 << 20)] = 20 << 30
-    # Rollouts waiting for the archiver; when full, "block" holds up the producer and
-    # "drop" skips the rollout (counted in navrl_archive_dropped_total).
-    on_full: Literal["block", "drop"] = "drop"
+    # When a rollout finds no room. "rotate": the oldest finished files no reader holds are
+    # deleted to make room under max_total_bytes and 512 MiB free on the disk (the newest
+    # rollouts are kept; for weeks unattended); an archiver that is behind skips the
+    # rollout. "drop": nothing is ever deleted; a rollout that does not fit, or finds the
+    # archiver behind, is skipped. "block": like "drop", but a full queue holds up the
+    # producer instead. Skipped rollouts count in navrl_archive_dropped_total.
+    on_full: Literal["rotate", "drop", "block"] = "rotate"
+    # Rollouts that may wait for the archiver.
     queue_size: Annotated[int, Field(ge=1, le=64)] = 1
 
     @model_validator(mode="after")
@@ -313,7 +398,9 @@ class PrefetchConfig(Section):
     workers: Annotated[int, Field(ge=1, le=64)] = 2
     # Images are resized on the CPU to image_size x image_size.
     image_size: Annotated[int, Field(ge=8, le=4096)] = 224
+    # Samples per batch.
     batch_size: Annotated[int, Field(ge=1, le=65_536)] = 256
+    # Seed of the sample order.
     seed: NonNegInt = 0
     # Upper bound of each image dataset's HDF5 chunk cache in each worker.
     chunk_cache_bytes: Annotated[int, Field(ge=1 << 20, le=1 << 34)] = 64 << 20
@@ -323,6 +410,7 @@ class OfflineConfig(Section):
     # "bc": behaviour cloning from prefetched batches, no env (docs/datasets.md);
     # "ppo+bc": PPO plus bc_coef * BC loss on rollout-archive batches.
     objective: Literal["none", "bc", "ppo+bc"] = "none"
+    # Weight of the BC loss under "ppo+bc".
     bc_coef: Annotated[float, Field(ge=0.0, le=1e6, allow_inf_nan=False)] = 1.0
     # Gradient steps of a purely offline run (0: until a signal).
     steps: NonNegInt = 0
@@ -342,6 +430,7 @@ class DistributedConfig(Section):
 
 
 class MetricsConfig(Section):
+    # Serve /metrics and /healthz (Prometheus, `status`).
     enabled: bool = True
     # Loopback by default: the endpoint has no authentication.
     address: str = "127.0.0.1"
@@ -349,12 +438,23 @@ class MetricsConfig(Section):
     port: Annotated[int, Field(ge=0, le=65535)] = 9841
     # /healthz answers 503 once no iteration has completed for this long.
     stall_after_s: PosFloat = 600.0
+    # After reaching run.total_frames, keep serving /metrics this long with state
+    # "finished", so Prometheus records it (more than the scrape interval; the shipped
+    # systemd env file sets 35 s for a 15 s scrape). 0: exit at once.
+    final_scrape_s: Annotated[float, Field(ge=0.0, le=3600.0)] = 0.0
 
 
 class LogConfig(Section):
+    # Lowest level logged.
     level: Literal["debug", "info", "warning", "error"] = "info"
+    # "json": one JSON object per line (journald); "console": readable, with a progress
+    # bar and a table per summary; "auto": console on a terminal, else json.
     format: Literal["auto", "json", "console"] = "auto"
+    # A progress summary (log, history.jsonl, TensorBoard) every N iterations.
     summary_interval: PosInt = 10
+    # Write the summaries and evaluations as TensorBoard event files too, in
+    # STATE_DIR/tensorboard (`tensorboard --logdir STATE_DIR/tensorboard`).
+    tensorboard: bool = True
 
 
 class Config(Section):
@@ -412,22 +512,34 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _update_path(self) -> Config:
-        path = self.ppo.update_path
-        if path in ("auto", "eager"):
+        # What this config alone says about the learner; the learner checks again with
+        # what it is built with (a distributed run's reducer, the device "auto" gave).
+        why_not = None
+        if self.pipeline.compress_rollouts:
+            why_not = NOT_FAST["env_groups"]
+        elif self.offline.objective == "ppo+bc":
+            why_not = NOT_FAST["aux_loss"]
+        device = None if self.run.device == "auto" else self.run.device.split(":")[0]
+        try:
+            resolve_update_path(self.ppo.update_path, device, why_not=why_not)
+        except ConfigError as err:
+            raise ValueError(str(err)) from None
+        return self
+
+    @model_validator(mode="after")
+    def _kl_adaptive(self) -> Config:
+        ppo = self.ppo
+        if ppo.lr_schedule != "kl_adaptive":
             return self
+        if not ppo.lr_min <= ppo.actor_lr <= ppo.lr_max:
+            raise ValueError(
+                f"ppo.actor_lr: the kl_adaptive schedule starts from it and keeps it within "
+                f"[lr_min, lr_max] = [{ppo.lr_min}, {ppo.lr_max}], got {ppo.actor_lr}"
+            )
         if self.pipeline.compress_rollouts:
             raise ValueError(
-                f'ppo.update_path: "{path}" runs NavRL\'s frame minibatches; '
-                'pipeline.compress_rollouts needs "eager" or "auto"'
-            )
-        if self.offline.objective == "ppo+bc":
-            raise ValueError(
-                f'ppo.update_path: "{path}" has no BC term; offline.objective = "ppo+bc" '
-                'needs "eager" or "auto"'
-            )
-        if path == "cuda_graph" and self.run.device == "cpu":
-            raise ValueError(
-                'ppo.update_path: "cuda_graph" needs a CUDA device; run.device is "cpu"'
+                'ppo.lr_schedule: "kl_adaptive" measures the KL on the rollout after the '
+                "update; pipeline.compress_rollouts hands the rollout back before it ends"
             )
         return self
 
@@ -601,3 +713,44 @@ def resolve_device(cfg: Config) -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+# ---------------------------------------------------------------------------- update path
+
+UpdatePath = Literal["eager", "fused", "cuda_graph"]
+
+# What the fast PPO update paths (rl/fast_update.py) do not cover, in the words of the
+# option that brings it in: they run NavRL's update, in one process, with no extra terms.
+NOT_FAST = {
+    "reducer": "data parallelism over ranks (distributed)",
+    "aux_loss": "an extra loss term (offline.objective = 'ppo+bc')",
+    "env_groups": "env-group minibatches (pipeline.compress_rollouts)",
+}
+
+
+def resolve_update_path(
+    requested: str, device_type: str | None, *, why_not: str | None = None
+) -> UpdatePath:
+    """The one rule for whether a `ppo.update_path` can run: the path an update runs on.
+
+    `device_type`: "cpu" or "cuda", None while unknown (run.device = "auto" at load time).
+    `why_not`: what rules the fast paths out (one of NOT_FAST), None when nothing does.
+    "auto" is "cuda_graph" on a CUDA device and "eager" otherwise; an explicit fast path
+    that cannot run is a ConfigError (exit 78), never a silent fallback. The config applies
+    it at load time; the learner (rl/training.py) again with what it is built with.
+    """
+    if requested == "auto":
+        return "cuda_graph" if device_type == "cuda" and why_not is None else "eager"
+    if requested == "eager":
+        return "eager"
+    if requested not in ("fused", "cuda_graph"):
+        raise ConfigError(f"ppo.update_path: unknown path {requested!r}")
+    if why_not is not None:
+        raise ConfigError(
+            f"ppo.update_path = {requested!r} does not support {why_not}; use 'eager' or 'auto'"
+        )
+    if requested == "cuda_graph" and device_type not in ("cuda", None):
+        raise ConfigError(
+            f"ppo.update_path = 'cuda_graph' needs a CUDA device; this run's is {device_type}"
+        )
+    return requested  # type: ignore[return-value]

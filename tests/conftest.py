@@ -12,6 +12,8 @@ import pytest
 import structlog
 import torch
 
+from tests.small_disk import read_only, small_disk  # noqa: F401 (fixtures for every test)
+
 REPO = Path(__file__).resolve().parents[1]
 # NavRL's published policy (docs/navrl-task.md §6), shipped with the tests.
 DATA = REPO / "tests" / "data"

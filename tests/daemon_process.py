@@ -80,16 +80,21 @@ def crash_and_resume(
     AssertionError naming the trial at the first broken promise.
 
     Promises: every start resumes from the newest valid checkpoint there was (never a
-    temp file, never an older one), removes and logs the temp files an earlier crash left,
-    and every `ckpt-*.nrc` on disk after a kill is valid."""
+    temp file, never an older one), removes and logs the temp files an earlier crash left;
+    iterations only go forward (the checkpoint a start resumes from is never older than
+    the one the start before resumed from, nor the newest on disk); after every kill each
+    `ckpt-*.nrc` on disk is valid, the rollout archive (every iteration archived) verifies
+    (`archive verify`'s check: index rows and blobs) and holds no (iteration, env) twice."""
     import random
 
-    from navrl_daemon.storage.checkpoint import verify
+    from navrl_daemon.storage.checkpoint import read_header, verify
 
     rng = random.Random(seed)
     checkpoints = state / "checkpoints"
     counts = {"trials": 0, "resumed": 0, "fresh_starts": 0, "killed_before_resume": 0}
     counts |= {"temp_files_left": 0, "temp_files_removed": 0, "checkpoints_valid_after_kill": 0}
+    counts |= {"archive_verified_after_kill": 0, "archived_segments": 0, "newest_iteration": 0}
+    resumed_from, newest_on_disk = 0, 0
     for trial in range(trials):
         # A log per trial: nothing a killed daemon left running can write into the next one.
         log_path = state.parent / f"{state.name}.{trial}.log"
@@ -101,6 +106,7 @@ def crash_and_resume(
         expected = newest_valid_name(checkpoints) if checkpoints.is_dir() else None
         args = ["run", "--state-dir", str(state), *TINY, "eval.interval=0"]
         args += ["checkpoint.interval=1", "checkpoint.keep_last=3", "run.total_frames=100000000"]
+        args += ["archive.interval=1"]
         with log_path.open("w") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "navrl_daemon", *args, *overrides],
@@ -113,7 +119,7 @@ def crash_and_resume(
             if rng.random() < 0.2:
                 time.sleep(rng.uniform(0.1, 3.0))
             else:
-                _wait_for_line(log_path, '"state": "running"', proc, timeout=120)
+                _wait_for_line(log_path, '"state": "running"', proc, timeout=300)
                 time.sleep(rng.uniform(0.0, max_delay_s))
             proc.kill()
             proc.wait(timeout=30)
@@ -136,10 +142,43 @@ def crash_and_resume(
             else:
                 assert Path(started["path"]).name == expected, (where, started, expected)
                 counts["resumed"] += 1
-        bad = [(p.name, why) for p, why in verify(sorted(checkpoints.glob(CKPT))) if why]
+                assert started["iteration"] >= max(resumed_from, newest_on_disk), (
+                    where,
+                    started,
+                    resumed_from,
+                    newest_on_disk,
+                )
+                resumed_from = started["iteration"]
+        files = sorted(checkpoints.glob(CKPT))
+        bad = [(p.name, why) for p, why in verify(files) if why]
         assert not bad, (where, bad)
         counts["checkpoints_valid_after_kill"] += 1
+        if files:
+            newest = read_header(files[-1]).iteration
+            assert newest >= newest_on_disk, (where, "newest checkpoint went back", newest)
+            newest_on_disk = newest
+        counts["archived_segments"] = archive_checked(state / "archive", where)
+        counts["archive_verified_after_kill"] += 1
+    counts["newest_iteration"] = newest_on_disk
     return counts
+
+
+def archive_checked(directory: Path, where: str) -> int:
+    """Verify every archive file as `archive verify` does (a file a kill left open reads
+    up to its last whole segment) and check that no (iteration, env) is in it twice;
+    returns the segments it holds."""
+    from collections import Counter
+
+    from navrl_daemon.storage.archive import ArchiveFile, archive_files
+
+    seen: Counter = Counter()
+    for path in archive_files(directory):
+        with ArchiveFile.open(path) as f:
+            f.verify()  # DataError names the file and row or segment
+            seen.update(zip(f.rows["iteration"].tolist(), f.rows["env"].tolist(), strict=True))
+    twice = sorted(k for k, n in seen.items() if n > 1)
+    assert not twice, (where, "archived twice (iteration, env)", twice[:10])
+    return sum(seen.values())
 
 
 def _wait_for_line(path: Path, needle: str, proc: subprocess.Popen, timeout: float) -> None:

@@ -136,3 +136,30 @@ def test_file_of_a_killed_writer_is_listed_incomplete_and_verifies(tmp_path: Pat
     assert result.returncode == 0, result.stderr
     (entry,) = json.loads(result.stdout)["files"]
     assert entry["complete"] is False and entry["segments"] == 7 * 3 and entry["verified"]
+
+
+def test_verify_catches_a_changed_index_row(state_dir: Path) -> None:
+    """Only the blobs had checksums: an index row's iteration overwritten with 123456789
+    verified "ok". Now every row has one (new files)."""
+    changed = state_dir / "archive" / archive_name(1)
+    with h5py.File(changed, "r+") as f:
+        f["index/iteration"][3] = 123456789
+    result = navrl_cli("archive", "verify", "--state-dir", str(state_dir), "--json")
+    assert result.returncode == 65, result.stdout
+    assert f"archive {changed}: index row 3 (iteration 123456789, env 0)" in result.stderr
+    assert "checksum mismatch: the index was changed after it was written" in result.stderr
+
+
+def test_verify_says_what_a_file_without_index_checksums_cannot_check(state_dir: Path) -> None:
+    old = state_dir / "archive" / archive_name(0)
+    with h5py.File(old, "r+") as f:  # as written before index checksums existed
+        del f["index/row_crc32"]
+        f["index/iteration"][0] = 123456789  # unnoticeable there
+    result = navrl_cli("archive", "verify", "--state-dir", str(state_dir), "--json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert [f["index_checked"] for f in doc["files"]] == [False, True]
+    assert doc["unchecked_index_files"] == 1
+    text = navrl_cli("archive", "verify", "--state-dir", str(state_dir)).stdout
+    assert "index not checksummed (written before index checksums)" in text
+    assert "iteration, env, policy_version and raw_bytes columns cannot be checked" in text

@@ -10,7 +10,7 @@ import torch
 from tensordict import TensorDict
 
 from navrl_daemon.rl.policy import NavRLPolicy
-from navrl_daemon.storage.checkpoint import load_checkpoint
+from navrl_daemon.storage.checkpoint import encode_checkpoint, load_checkpoint
 from tests.conftest import TINY, navrl_cli
 
 
@@ -152,3 +152,58 @@ def test_import_refuses_a_file_that_is_not_navrl_layout(tmp_path: Path) -> None:
     assert not (tmp_path / "s" / "checkpoints").exists() or not any(
         (tmp_path / "s" / "checkpoints").iterdir()
     )
+
+
+def reencode(src: Path, dst: Path, iteration: int, change) -> None:
+    """A valid container (magic, checksum, weights-only load) with contents `change`d."""
+    header, state = load_checkpoint(src)
+    change(state)
+    dst.write_bytes(
+        encode_checkpoint(
+            state, iteration=iteration, frames=header.frames, policy_version=iteration
+        )
+    )
+
+
+def test_verify_and_run_share_one_check_of_the_contents(trained: Path, tmp_path: Path) -> None:
+    """Right container, wrong contents: a wrong-shaped policy tensor, an offline run's
+    checkpoint in an online run, a wrong-shaped optimiser moment. `verify` used to pass
+    them and `run` exit 65 on them; now both refuse them by the same check, and `run`
+    falls back to the older valid checkpoint with a warning, as for a corrupt file."""
+    state = copy_state(trained, tmp_path / "state")
+    ckpts = state / "checkpoints"
+    newest = ckpts / "ckpt-000000003.nrc"
+    key = "actor.module.0.module.alpha_layer.weight"
+
+    def wrong_shape(s: dict) -> None:
+        s["learner"]["policy"][key] = torch.zeros(3, 3)
+
+    def offline_kind(s: dict) -> None:
+        s["kind"] = "offline"
+
+    def wrong_moment(s: dict) -> None:
+        moments = s["learner"]["optimizers"]["actor"]["state"]
+        moments[0]["exp_avg"] = torch.zeros(7)
+
+    reencode(newest, ckpts / "ckpt-000000004.nrc", 4, wrong_shape)
+    reencode(newest, ckpts / "ckpt-000000005.nrc", 5, offline_kind)
+    reencode(newest, ckpts / "ckpt-000000006.nrc", 6, wrong_moment)
+    proc = navrl_cli("checkpoints", "verify", "--state-dir", str(state), "--json")
+    assert proc.returncode == 65, proc.stderr
+    reasons = {Path(d["path"]).name: d["reason"] for d in json.loads(proc.stdout)}
+    assert reasons["ckpt-000000003.nrc"] is None
+    assert "does not fit this run's policy" in reasons["ckpt-000000004.nrc"]
+    assert key in reasons["ckpt-000000004.nrc"]
+    assert "kind 'offline' does not fit this run" in reasons["ckpt-000000005.nrc"]
+    assert "exp_avg of shape (7,)" in reasons["ckpt-000000006.nrc"]
+    assert proc.stderr.count("invalid checkpoint") == 3
+
+    run = navrl_cli("run", "--state-dir", str(state), *TINY, "run.total_frames=256")
+    assert run.returncode == 0, run.stderr[-3000:]
+    log = [json.loads(x) for x in run.stderr.splitlines() if x.startswith("{")]
+    skipped = sorted(Path(e["file"]).name for e in log if e["event"].startswith("skipping"))
+    assert skipped == ["ckpt-000000004.nrc", "ckpt-000000005.nrc", "ckpt-000000006.nrc"]
+    start = next(e for e in log if e["event"] == "resumed from checkpoint")
+    assert Path(start["path"]).name == "ckpt-000000003.nrc"
+    assert sorted(p.name for p in (ckpts / "rejected").iterdir()) == skipped  # kept, aside
+    assert navrl_cli("checkpoints", "verify", "--state-dir", str(state)).returncode == 0

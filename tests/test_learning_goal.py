@@ -53,3 +53,33 @@ def test_the_final_export_counts_when_the_run_stopped_in_time() -> None:
 
 def test_no_navrl_numbers_no_verdict() -> None:
     assert learning.goal_check([], None, None, last_stage=None, within_s=1, final_s=1) is None
+
+
+def test_frames_to_reach_is_the_first_target_eval_with_both_bounds_per_bar() -> None:
+    """A bar b needs reach_goal >= b and collision <= 1 - b, at the last stage only."""
+    curve = [
+        row(0, 0, 0.0, 0.0, 0),
+        row(10, 5, 0.95, 0.0, 0),  # an earlier stage: never counts
+        row(20, 9, 0.45, 0.2, 1),  # reach below 0.5
+        row(25, 10, 0.6, 0.45, 1),  # reach >= 0.5, collision <= 0.5: the 0.5 bar
+        row(28, 11, 0.9, 0.15, 1),  # reach >= 0.9 but collision > 0.1
+        row(40, 20, 0.9, 0.1, 1),  # both bounds inclusive
+    ]
+    out = learning.frames_to_reach(curve, [0.5, 0.9, 0.99], last_stage=1)
+    assert out["0.5"]["frames"] == 25 and out["0.9"]["frames"] == 40 and out["0.99"] is None
+    assert "held_out" not in out
+
+
+def test_frames_to_reach_on_held_out_maps_when_the_curve_has_them() -> None:
+    curve = [
+        {**row(10, 5, 0.95, 0.0), "held_out_reach_goal": 0.4, "held_out_collision": 0.6},
+        {**row(20, 9, 0.95, 0.0), "held_out_reach_goal": 0.9, "held_out_collision": 0.1},
+    ]
+    out = learning.frames_to_reach(curve, [0.9], last_stage=None)
+    assert out["0.9"]["frames"] == 10
+    assert out["held_out"]["0.9"] == {
+        "frames": 20,
+        "seconds": 9,
+        "held_out_reach_goal": 0.9,
+        "held_out_collision": 0.1,
+    }

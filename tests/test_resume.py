@@ -11,6 +11,7 @@ import resource
 import signal
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,32 @@ def test_resume_from_an_interval_checkpoint_after_kill9_is_also_exact(
     run(tmp_path / "b", *common, "run.total_frames=960")
     a, b = exported(tmp_path / "a"), exported(tmp_path / "b")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ("env.num_maps=2", "env.map_levels=[0,2,4]"),
+        ("env.spawn=border", "env.spawn_margin=1.0", "env.crossing_share=0.5"),
+    ],
+    ids=["density-levels", "crossing-share"],
+)
+def test_resume_is_exact_with_density_levels_and_a_spawn_mix(
+    tmp_path: Path, extra: tuple[str, ...]
+) -> None:
+    """Per-env density levels (env.map_levels) and the spawn mix (env.crossing_share)
+    keep the resume exact: the levels travel in the env state."""
+    common = ("checkpoint.interval=2", *extra)
+    run(tmp_path / "a", *common, "run.total_frames=640")
+    (tmp_path / "a" / "checkpoints" / "ckpt-000000010.nrc").unlink()  # as if killed at 9
+    resumed = run(tmp_path / "a", *common, "run.total_frames=960")
+    start = next(e for e in resumed if e["event"] == "resumed from checkpoint")
+    assert (start["iteration"], start["env_restored"]) == (8, True)
+    run(tmp_path / "b", *common, "run.total_frames=960")
+    a, b = exported(tmp_path / "a"), exported(tmp_path / "b")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    _, snap = load_checkpoint(tmp_path / "b" / "checkpoints" / "ckpt-000000014.nrc")
+    assert snap["collector"]["env"]["level"].shape == (8,)
 
 
 def test_kill9_at_random_moments_always_resumes_from_a_valid_checkpoint(tmp_path: Path) -> None:
@@ -252,13 +279,14 @@ def test_checkpoint_holds_everything_exact_resume_needs(tmp_path: Path) -> None:
 def test_a_checkpoint_from_before_the_newer_env_keys_still_restores_the_env(
     tmp_path: Path,
 ) -> None:
-    """Checkpoints written before `env.curriculum` and `env.reset_mode` existed lack the
-    keys; with today's defaults (what they ran on the CPU) the episodes go on."""
+    """Checkpoints written before `env.curriculum`, `env.reset_mode`, `env.map_levels`,
+    `env.crossing_share` and `env.collect_path` existed lack the keys; with today's
+    defaults (what they ran on the CPU) the episodes go on."""
     state = tmp_path / "state"
     run(state, "run.total_frames=64")
     path = state / "checkpoints" / "ckpt-000000001.nrc"
     header, snap = load_checkpoint(path)
-    for key in ("curriculum", "reset_mode"):
+    for key in ("curriculum", "reset_mode", "map_levels", "crossing_share", "collect_path"):
         del snap["config"]["env"][key]
     path.write_bytes(
         encode_checkpoint(
@@ -273,3 +301,44 @@ def test_a_checkpoint_from_before_the_newer_env_keys_still_restores_the_env(
     start = next(e for e in resumed if e["event"] == "resumed from checkpoint")
     assert (start["iteration"], start["env_restored"]) == (1, True)
     assert not [e for e in resumed if "new episodes start" in e["event"]]
+
+
+def test_rerunning_a_finished_run_leaves_its_final_checkpoint_alone(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    first = run(state, "run.total_frames=192")
+    assert [e["iteration"] for e in first if e["event"] == "checkpoint written"] == [3]
+    final = state / "checkpoints" / "ckpt-000000003.nrc"
+    before = (final.read_bytes(), final.stat().st_mtime_ns, final.stat().st_ino)
+    again = run(state, "run.total_frames=192")  # nothing left to train
+    assert not [e for e in again if e["event"] == "checkpoint written"]
+    assert (final.read_bytes(), final.stat().st_mtime_ns, final.stat().st_ino) == before
+
+
+def archived_segments(state: Path) -> Counter:
+    """(iteration, env) → how many times the archive holds it."""
+    from navrl_daemon.storage.archive import ArchiveFile, archive_files
+
+    seen: Counter = Counter()
+    for path in archive_files(state / "archive"):
+        with ArchiveFile.open(path) as f:
+            f.verify()
+            seen.update(zip(f.rows["iteration"].tolist(), f.rows["env"].tolist(), strict=True))
+    return seen
+
+
+def test_the_iterations_redone_after_a_crash_are_not_archived_twice(tmp_path: Path) -> None:
+    """A crash after iteration 5's rollout was archived but before its checkpoint: the run
+    resumes from 4 and redoes that rollout, which used to land in the archive a second time
+    (a new file). The archive numbers rollouts from 0: rollout i is trained into i + 1."""
+    state = tmp_path / "state"
+    common = ("checkpoint.interval=2", "archive.interval=1", "archive.on_full=block")
+    run(state, *common, "run.total_frames=320")  # rollouts 0..4 archived, checkpoints 2, 4, 5
+    (state / "checkpoints" / "ckpt-000000005.nrc").unlink()  # as if killed before it
+    log = run(state, *common, "run.total_frames=448")
+    assert next(e for e in log if e["event"] == "resumed from checkpoint")["iteration"] == 4
+    seen = archived_segments(state)
+    assert set(seen.values()) == {1}, [k for k, n in seen.items() if n > 1]
+    assert sorted({it for it, _ in seen}) == [0, 1, 2, 3, 4, 5, 6]
+    assert len(seen) == 7 * 8  # every env of every iteration
+    skipped = [e["iteration"] for e in log if e["event"].startswith("rollout already archived")]
+    assert skipped == [4]

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Every GPU check of issues #8, #13 and #22 as one prepared run on the lent device machine
+# Every GPU check of issues #8, #13, #22 and #23 as one prepared run on the lent device machine
 # (15 minutes of device time per session, start-up included: see docs/throughput.md).
 #
 # Here first:  benchmarks/device/wheels.sh
 # Then device run, timeout_s 590, carry [".whl", "carry"], command:
 #   bash benchmarks/device/gpu_session.sh throughput     (issue #22, ~9 min)
 #   bash benchmarks/device/gpu_session.sh update         (issue #8's update paths, ~3 min)
-#   bash benchmarks/device/gpu_session.sh learning 450   (issue #13, budget in s, ~9.5 min)
+#   bash benchmarks/device/gpu_session.sh learning 400   (issues #13/#23, budget in s, ~9.7 min)
 # Results land in $OUT (at most 8 files come back); steps run most important first, and
 # each writes its file as it ends (throughput.py rewrites its JSON after every variant),
 # so a run stopped at its limit still returns the rest.
@@ -88,15 +88,32 @@ update)
     --device $DEV --config $CONFIG --repeats 7 --episode-lengths 50,2200
   ;;
 learning)
-  # NavRL's scale with a six-stage curriculum (docs/learning.md), evals every 25 iterations.
-  budget=${2:-450}
-  # Pillars in four steps, not one: a CPU run that mastered 100 pillars (reach 0.94)
-  # fell to 0.0 at once on 350 (docs/learning.md, "NavRL's task on the CPU").
-  curriculum='[{name = "100 pillars", num_obstacles = 100, num_dynamic_obstacles = 0, promote = {reach_goal = 0.6, collision = 0.3, evals = 2}}, {name = "175 pillars", num_obstacles = 175, num_dynamic_obstacles = 0, promote = {reach_goal = 0.6, collision = 0.3, evals = 2}}, {name = "250 pillars", num_obstacles = 250, num_dynamic_obstacles = 0, promote = {reach_goal = 0.6, collision = 0.35, evals = 2}}, {name = "350 pillars", num_dynamic_obstacles = 0, promote = {reach_goal = 0.6, collision = 0.35, evals = 2}}, {name = "slow dynamic", num_dynamic_obstacles = 40, dynamic_speed_range = [0.3, 0.8], promote = {reach_goal = 0.6, collision = 0.4, evals = 2}}, {name = "navrl"}]'
-  step learning $((budget + 130)) learning_gpu.log python3 benchmarks/learning.py \
+  # NavRL's full task from scratch (issue #23), evals every 25 iterations at the
+  # curriculum's stage on the training maps; learning.py then evaluates the final export on
+  # 16 held-out maps too. RECIPE=levels (default): 16 maps, pillars as per-env density
+  # levels (each env moves up a level after reaching its goal, down after a collision:
+  # no global jump), moving obstacles in two curriculum stages; RECIPE=stages: issue #13's
+  # six global stages. EXTRA: more KEY=VALUE overrides (e.g. for a CPU smoke run).
+  budget=${2:-400}
+  levels=${LEVELS:-[0, 50, 100, 175, 250, 350]}
+  dynamic='{name = "slow dynamic", num_dynamic_obstacles = 40, dynamic_speed_range = [0.3, 0.8], promote = {reach_goal = 0.6, collision = 0.4, evals = 2}}, {name = "navrl"}'
+  case ${RECIPE:-levels} in
+  levels)
+    curriculum="[{name = \"static\", num_dynamic_obstacles = 0, promote = {reach_goal = 0.6, collision = 0.35, evals = 2}}, $dynamic]"
+    recipe=(env.num_maps=16 "env.map_levels=$levels")
+    ;;
+  stages)
+    curriculum="[{name = \"100 pillars\", num_obstacles = 100, num_dynamic_obstacles = 0, promote = {reach_goal = 0.6, collision = 0.3, evals = 2}}, {name = \"175 pillars\", num_obstacles = 175, num_dynamic_obstacles = 0, promote = {reach_goal = 0.6, collision = 0.3, evals = 2}}, {name = \"250 pillars\", num_obstacles = 250, num_dynamic_obstacles = 0, promote = {reach_goal = 0.6, collision = 0.35, evals = 2}}, {name = \"350 pillars\", num_dynamic_obstacles = 0, promote = {reach_goal = 0.6, collision = 0.35, evals = 2}}, $dynamic]"
+    recipe=()
+    ;;
+  *) log "unknown RECIPE ${RECIPE}"; exit 2 ;;
+  esac
+  # shellcheck disable=SC2206  # EXTRA is meant to split into words
+  extra=(${EXTRA:-})
+  step learning $((budget + 180)) learning_gpu.log python3 benchmarks/learning.py \
     --budget-s "$budget" --eval-every 25 --config $CONFIG \
     --navrl-checkpoint carry/navrl_checkpoint.pt --out "$OUT/learning_gpu.json" \
-    run.device=$DEV "env.curriculum=${CURRICULUM:-$curriculum}"
+    run.device=$DEV "env.curriculum=${CURRICULUM:-$curriculum}" "${recipe[@]}" "${extra[@]}"
   ;;
 *) log "unknown mode $MODE"; exit 2 ;;
 esac

@@ -3,6 +3,12 @@ decodes. Files are the state dir's `archive/rollouts-*.h5`, or the paths given.
 
 A file a kill -9 left incomplete is listed as such and read up to its last whole segment;
 a file that is not a readable archive (truncated, corrupt, foreign) exits 65 naming it.
+
+`verify` checks each index row against its row checksum, then decodes every segment
+against its blob checksum. Files written before index checksums existed have none: there
+a changed offset, size, blob checksum or length still fails a blob check, but a changed
+iteration, env, policy_version or raw_bytes cannot be noticed; such files are reported
+with `index_checked: false`.
 """
 
 from __future__ import annotations
@@ -14,7 +20,12 @@ from typing import Any
 from navrl_daemon.commands.common import config_args, json_arg, print_json, state_dir, state_dir_arg
 from navrl_daemon.config import Config
 from navrl_daemon.errors import DataError
-from navrl_daemon.storage.archive import ArchiveFile, archive_files
+
+UNCHECKED_INDEX = (
+    "index not checksummed (written before index checksums): its iteration, env, "
+    "policy_version and raw_bytes columns cannot be checked; offsets, sizes and lengths "
+    "were, through the blobs"
+)
 
 
 def register(sub: Any) -> None:
@@ -36,6 +47,8 @@ def register(sub: Any) -> None:
 
 
 def handle(cfg: Config, args: argparse.Namespace) -> int:
+    from navrl_daemon.storage.archive import archive_files  # h5py and torch: only when used
+
     paths = list(args.files) or archive_files(state_dir(cfg, args) / "archive")
     entries = [_entry(path, verify=args.action == "verify") for path in paths]
     doc = _totals(entries)
@@ -54,6 +67,8 @@ def handle(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def _entry(path: Path, *, verify: bool) -> dict[str, Any]:
+    from navrl_daemon.storage.archive import ArchiveFile
+
     try:
         with ArchiveFile.open(path) as f:
             if verify:
@@ -73,6 +88,7 @@ def _entry(path: Path, *, verify: bool) -> dict[str, Any]:
                 "mode": f.schema.mode,
                 "level": f.schema.level,
                 "keys": [k.to_json() for k in f.schema.keys],
+                "index_checked": f.index_checked,
             }
             if f.torn:
                 entry["torn_segments"] = f.torn
@@ -101,6 +117,7 @@ def _totals(entries: list[dict[str, Any]]) -> dict[str, Any]:
         "stored_bytes": sum(e["stored_bytes"] for e in good),
         "incomplete_files": sum(not e["complete"] for e in good),
         "bad_files": len(entries) - len(good),
+        "unchecked_index_files": sum(not e["index_checked"] for e in good),
         **{
             name: [min(s[0] for s in v), max(s[1] for s in v)] if v else None
             for name, v in spans.items()
@@ -120,6 +137,8 @@ def _print(doc: dict[str, Any], action: str) -> None:
             f"{ok}{e['path']}  {state}  segments={e['segments']} frames={e['frames']} "
             f"iterations={e['iterations']} ratio={ratio:.2f}"
         )
+        if action == "verify" and not e["index_checked"]:
+            print(f"     {UNCHECKED_INDEX}")
     if action != "list":
         ratio = doc["raw_bytes"] / doc["stored_bytes"] if doc["stored_bytes"] else 0.0
         print(

@@ -1,10 +1,17 @@
 """`navrl-daemon checkpoints list|verify|export|import`: the files in STATE_DIR/checkpoints.
 
-- `list`: one entry per `.nrc` file (header fields, sizes, whether it loads).
-- `verify`: loads every file (magic, lengths, checksum, weights-only load); exit 65 and a
-  line per bad file when any is not valid.
+- `list`: one entry per `.nrc` file (header fields, sizes, whether it is valid), with
+  each checkpoint's evaluation (eval/results.jsonl, same iteration) and the best one
+  marked (the rule of `eval_rank`).
+- `verify`: loads every file (magic, lengths, checksum, weights-only load) and checks that
+  its contents fit the run (kind, policy and optimiser shapes: the check `run` makes,
+  stages/resume.py `CheckpointFit`) against `--config`, else the state dir's `config.toml`
+  (the config its run resolved), else the built-in one; exit 65 and a line per bad file
+  when any is not valid. Files `run` moved aside (`checkpoints/rejected/`) are not listed.
 - `export --format navrl`: the policy of a checkpoint as a plain state_dict in NavRL's key
-  layout (what NavRL's ROS runner loads).
+  layout (what NavRL's ROS runner loads); `--format onnx|torch-export`: the deterministic
+  actor for deployment (storage/deployment.py); `--best`: the checkpoint of the best
+  evaluation instead of the newest.
 - `import --format navrl FILE`: a NavRL policy file becomes checkpoint 0 of an empty state
   dir (a warm start: `run` trains on from those weights with fresh optimisers).
 """
@@ -23,9 +30,10 @@ from navrl_daemon.commands.common import (
     state_dir,
     state_dir_arg,
 )
-from navrl_daemon.config import Config
+from navrl_daemon.config import Config, load_config
 from navrl_daemon.errors import DataError, UsageError
 from navrl_daemon.storage.checkpoint import (
+    Accept,
     CheckpointDir,
     encode_checkpoint,
     load_checkpoint,
@@ -47,11 +55,23 @@ def register(sub: Any) -> None:
     ver.add_argument("files", nargs="*", type=Path, help="default: all in the state dir")
     ver.set_defaults(handler=handle_verify)
 
-    exp = cmds.add_parser("export", help="a checkpoint's policy as a NavRL state_dict")
+    exp = cmds.add_parser(
+        "export", help="a checkpoint's policy: NavRL state_dict, ONNX or torch.export"
+    )
     state_dir_arg(config_args(exp, overrides=False))
-    exp.add_argument("--format", choices=["navrl"], default="navrl")
-    exp.add_argument("--checkpoint", type=Path, help="default: the newest valid one")
-    exp.add_argument("--out", type=Path, help="default: STATE_DIR/export/navrl-ITER.pt")
+    exp.add_argument(
+        "--format",
+        choices=list(EXPORT_SUFFIX),
+        default="navrl",
+        help="navrl: NavRL's state_dict (.pt); onnx: the actor for ONNX Runtime (.onnx); "
+        "torch-export: the actor as a torch.export program (.pt2)",
+    )
+    which = exp.add_mutually_exclusive_group()
+    which.add_argument("--checkpoint", type=Path, help="default: the newest valid one")
+    which.add_argument(
+        "--best", action="store_true", help="the checkpoint with the best evaluation"
+    )
+    exp.add_argument("--out", type=Path, help="default: STATE_DIR/export/navrl-ITER.pt|.onnx|.pt2")
     exp.set_defaults(handler=handle_export)
 
     imp = cmds.add_parser("import", help="warm-start a new state dir from a NavRL policy")
@@ -61,8 +81,22 @@ def register(sub: Any) -> None:
     imp.set_defaults(handler=handle_import)
 
 
+EXPORT_SUFFIX = {"navrl": ".pt", "onnx": ".onnx", "torch-export": ".pt2"}
+RESULTS_FILE = Path("eval") / "results.jsonl"
+
+
 def _directory(cfg: Config, args: argparse.Namespace) -> CheckpointDir:
     return CheckpointDir(state_dir(cfg, args) / "checkpoints")
+
+
+def _fit(cfg: Config, args: argparse.Namespace) -> Accept:
+    """The run check against the config the files were written under (see the docstring)."""
+    from navrl_daemon.stages.resume import CheckpointFit
+
+    saved = state_dir(cfg, args) / "config.toml"
+    if args.config is None and saved.is_file():
+        cfg = load_config(saved)
+    return CheckpointFit(cfg)
 
 
 def describe(path: Path, why: str | None) -> dict[str, Any]:
@@ -88,25 +122,56 @@ def describe(path: Path, why: str | None) -> dict[str, Any]:
 
 def handle_list(cfg: Config, args: argparse.Namespace) -> int:
     directory = _directory(cfg, args)
-    entries = [describe(p, why) for p, why in verify(directory.files())]
+    entries = [describe(p, why) for p, why in verify(directory.files(), _fit(cfg, args))]
+    with_evaluations(entries, state_dir(cfg, args) / RESULTS_FILE)
     if args.json:
         print_json(entries)
         return 0
     if not entries:
         print(f"no checkpoints in {directory.path}")
+        return 0
+    print(
+        f"{'file':<22} {'iteration':>9} {'frames':>13} {'size':>9}  {'eval reach/coll.':<18} status"
+    )
     for e in entries:
         status = "valid" if e["valid"] else f"INVALID: {e['reason']}"
-        size = f"{e['stored_bytes']} bytes" if e["stored_bytes"] is not None else "?"
+        size = f"{e['stored_bytes'] / 1e6:.1f} MB" if e["stored_bytes"] is not None else "?"
+        ev = e["eval"]
+        score = "—" if ev is None else f"{ev['reach_goal']:.3f} / {ev['collision']:.3f}"
+        score += "  best" if e["best"] else ""
+        frames = f"{e['frames']:,}" if e["frames"] is not None else "?"
         print(
-            f"{Path(e['path']).name}  iteration {e['iteration']}  frames {e['frames']}  "
-            f"{size}  {status}"
+            f"{Path(e['path']).name:<22} {e['iteration'] if e['iteration'] is not None else '?':>9}"
+            f" {frames:>13} {size:>9}  {score:<18} {status}"
         )
     return 0
 
 
+def with_evaluations(entries: list[dict[str, Any]], results: Path) -> None:
+    """Give each `list` entry `eval` (reach_goal, collision, return of the evaluation of
+    its iteration, or None) and `best` (whether it is the best-evaluated valid one)."""
+    from navrl_daemon.rl.evaluate import eval_rank
+    from navrl_daemon.storage.history import read_jsonl
+
+    by_iteration = {
+        row["iteration"]: row
+        for row in read_jsonl(results, required=("iteration", "reach_goal", "collision")).rows
+    }
+    for e in entries:
+        row = by_iteration.get(e["iteration"])
+        e["eval"] = (
+            None if row is None else {k: row.get(k) for k in ("reach_goal", "collision", "return")}
+        )
+        e["best"] = False
+    scored = [e for e in entries if e["valid"] and e["eval"] is not None]
+    if scored:
+        best = max(scored, key=lambda e: eval_rank(by_iteration[e["iteration"]]))
+        best["best"] = True
+
+
 def handle_verify(cfg: Config, args: argparse.Namespace) -> int:
     files = args.files or _directory(cfg, args).files()
-    results = verify(files)
+    results = verify(files, _fit(cfg, args))
     bad = [(p, why) for p, why in results if why is not None]
     if args.json:
         print_json([{"path": str(p), "valid": why is None, "reason": why} for p, why in results])
@@ -125,17 +190,44 @@ def handle_export(cfg: Config, args: argparse.Namespace) -> int:
         header, state = load_checkpoint(args.checkpoint)
         source = args.checkpoint
     else:
-        directory = _directory(cfg, args)
+        source, header, state = _chosen_checkpoint(cfg, args)
+    policy_state = dict(state.get("learner", {}).get("policy", {}))
+    policy = make_policy(cfg, "cpu")
+    check_policy_layout(policy_state, policy.state_dict(), source)
+    suffix = EXPORT_SUFFIX[args.format]
+    name = f"navrl-{header.iteration:09d}{suffix}"
+    out = args.out or state_dir(cfg, args) / "export" / name
+    if args.format == "navrl":
+        save_policy_state(out, policy_state)
+    else:
+        from navrl_daemon.rl.deploy import DeployedActor
+        from navrl_daemon.storage.deployment import export_actor
+
+        policy.load_state_dict(policy_state)
+        export_actor(DeployedActor(policy), args.format, out)
+    print(f"exported {source} (iteration {header.iteration}) as {args.format} to {out}")
+    return 0
+
+
+def _chosen_checkpoint(cfg: Config, args: argparse.Namespace) -> tuple[Path, Any, dict[str, Any]]:
+    """The newest valid checkpoint, or with --best the best-evaluated valid one."""
+    directory = _directory(cfg, args)
+    if not args.best:
         found = directory.newest_valid()
         if found is None:
             raise DataError(f"{directory.path}: no valid checkpoint to export")
-        source, header, state = found
-    policy = dict(state.get("learner", {}).get("policy", {}))
-    check_policy_layout(policy, make_policy(cfg, "cpu").state_dict(), source)
-    out = args.out or state_dir(cfg, args) / "export" / f"navrl-{header.iteration:09d}.pt"
-    save_policy_state(out, policy)
-    print(f"exported {source} (iteration {header.iteration}) to {out}")
-    return 0
+        return found
+    entries = [describe(p, why) for p, why in verify(directory.files())]
+    with_evaluations(entries, state_dir(cfg, args) / RESULTS_FILE)
+    best = next((e for e in entries if e["best"]), None)
+    if best is None:
+        raise DataError(
+            f"{directory.path}: no valid checkpoint of an evaluated iteration (--best needs "
+            f"eval.interval to coincide with checkpoint.interval; see {RESULTS_FILE})"
+        )
+    path = Path(best["path"])
+    header, state = load_checkpoint(path)
+    return path, header, state
 
 
 def handle_import(cfg: Config, args: argparse.Namespace) -> int:

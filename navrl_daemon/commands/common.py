@@ -40,5 +40,12 @@ def print_json(doc: Any) -> None:
 
 
 def print_fields(fields: dict[str, Any]) -> None:
+    """One `key: value` line per field; a dict value as `name count, name count`."""
     for k, v in fields.items():
-        print(f"{k:>14}: {v:.4f}" if isinstance(v, float) else f"{k:>14}: {v}")
+        if isinstance(v, float):
+            text = f"{v:.4f}"
+        elif isinstance(v, dict):
+            text = ", ".join(f"{name} {count}" for name, count in v.items())
+        else:
+            text = str(v)
+        print(f"{k:>14}: {text}")

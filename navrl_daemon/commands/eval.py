@@ -1,9 +1,19 @@
-"""`navrl-daemon eval`: NavRL's eval layout with Beta-mean actions on a saved policy."""
+"""`navrl-daemon eval`: NavRL's eval layout with Beta-mean actions on a saved policy.
+
+The config comes from, first match: `--config F`; the run the policy belongs to
+(`--state-dir D`'s `config.toml`, or that of the state dir holding the checkpoint file,
+or the config a `.nrc` checkpoint carries); the built-in defaults. A policy trained on the
+small task is then evaluated on that task, not at NavRL's full scale. `KEY=VALUE`
+overrides apply on top. The chosen source is printed on stderr before the evaluation,
+which shows a progress bar on a terminal.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,18 +22,23 @@ from navrl_daemon.commands.common import (
     json_arg,
     print_fields,
     print_json,
-    state_dir,
     state_dir_arg,
 )
-from navrl_daemon.config import Config, load_config, resolve_device
+from navrl_daemon.config import Config, load_config, resolve_device, validate
 from navrl_daemon.errors import UsageError
+
+RUN_CONFIG = "config.toml"  # written by `run` into its state dir
+VIDEO = (".gif", ".mp4")
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("eval", help="NavRL eval layout with Beta-mean actions")
     config_args(p)
     p.add_argument(
-        "--checkpoint", type=Path, help="NavRL-layout state_dict (.pt) or checkpoint (.nrc)"
+        "--checkpoint",
+        type=Path,
+        help="NavRL-layout state_dict (.pt) or checkpoint (.nrc); default: "
+        "STATE_DIR/export/policy.pt",
     )
     state_dir_arg(p)
     p.add_argument("--episodes", type=int, help="drones, one first episode each")
@@ -32,6 +47,18 @@ def register(sub: Any) -> None:
         type=Path,
         metavar="FILE.png",
         help="also draw the map and each drone's path, coloured by outcome (embedded env)",
+    )
+    p.add_argument(
+        "--video",
+        type=Path,
+        metavar="FILE.gif|FILE.mp4",
+        help="also write a video of the episodes, top-down and side view (embedded env)",
+    )
+    p.add_argument(
+        "--probe",
+        action="store_true",
+        help="also probe LiDAR use (flown blind, action gap near pillars) and the altitude "
+        "and path of each outcome (embedded env)",
     )
     json_arg(p)
     p.set_defaults(handler=handle)
@@ -42,11 +69,12 @@ def handle(cfg: Config, args: argparse.Namespace) -> int:
     from navrl_daemon.rl.training import eval_steps, make_eval_env, make_policy
     from navrl_daemon.storage.policy_file import check_policy_layout, load_any_policy_state
 
-    if args.episodes is not None:
-        if args.episodes < 1:
-            raise UsageError("--episodes must be at least 1")
-        cfg = load_config(args.config, [*args.overrides, f"eval.num_envs={args.episodes}"])
-    path = args.checkpoint or state_dir(cfg, args) / "export" / "policy.pt"
+    if args.episodes is not None and args.episodes < 1:
+        raise UsageError("--episodes must be at least 1")
+    for flag, path, suffixes in (("--plot", args.plot, (".png",)), ("--video", args.video, VIDEO)):
+        if path is not None and path.suffix.lower() not in suffixes:
+            raise UsageError(f"{flag} writes {' or '.join(suffixes)}: not {path}")
+    path, cfg, source = eval_config(cfg, args)
     device = resolve_device(cfg)
     policy = make_policy(cfg, "cpu")
     state = load_any_policy_state(path)
@@ -54,13 +82,25 @@ def handle(cfg: Config, args: argparse.Namespace) -> int:
     policy.load_state_dict(state)
     policy.to(device)
     env = make_eval_env(cfg, device)
+    max_steps = eval_steps(cfg)
+    print(
+        f"navrl-daemon: evaluating {path} with {source}: {cfg.eval.num_envs} drones, layout "
+        f"{cfg.eval.layout}, up to {max_steps} steps on {device}",
+        file=sys.stderr,
+    )
     t0 = time.perf_counter()
-    if args.plot is None:
-        results = evaluate(env, policy, seed=cfg.eval.seed, max_steps=eval_steps(cfg))
-    else:
-        results = _evaluate_and_plot(cfg, env, policy, path, args.plot)
+    with _progress_bar(cfg.eval.num_envs, max_steps) as progress:
+        if args.plot is None and args.video is None:
+            results = evaluate(
+                env, policy, seed=cfg.eval.seed, max_steps=max_steps, progress=progress
+            )
+        else:
+            results = _evaluate_and_draw(cfg, env, policy, path, args, progress)
+    if args.probe:
+        results = {**results, **_probe(cfg, env, policy)}
     results = {
         "checkpoint": str(path),
+        "config": source,
         "layout": cfg.eval.layout,
         **results,
         "seconds": round(time.perf_counter() - t0, 3),
@@ -72,10 +112,123 @@ def handle(cfg: Config, args: argparse.Namespace) -> int:
     return 0
 
 
-def _evaluate_and_plot(
-    cfg: Config, env: Any, policy: Any, checkpoint: Path, out: Path
+def eval_config(cfg: Config, args: argparse.Namespace) -> tuple[Path, Config, str]:
+    """(policy file, config, where the config came from): see the module docstring."""
+    root = args.state_dir if args.state_dir is not None else Path(cfg.run.state_dir)
+    path = args.checkpoint or root / "export" / "policy.pt"
+    extra = [f"eval.num_envs={args.episodes}"] if args.episodes is not None else []
+    if args.config is not None:
+        return path, _with(cfg, args, extra), str(args.config)
+    run_config = _run_config_file(path, args.state_dir)
+    if run_config is not None:
+        cfg = load_config(run_config, [*args.overrides, *extra])
+        return path, cfg, f"{run_config} (the run's config)"
+    embedded = _embedded_config(path)
+    if embedded is not None:
+        cfg = validate(_with_overrides(embedded, [*args.overrides, *extra]))
+        return path, cfg, f"the config stored in {path}"
+    return path, _with(cfg, args, extra), "the built-in defaults (no run config found)"
+
+
+def _run_config_file(policy: Path, state_dir: Path | None) -> Path | None:
+    """The config.toml of the run a policy file belongs to: that of `--state-dir`, else
+    that of the state dir holding the file (STATE_DIR/export/*.pt,
+    STATE_DIR/checkpoints/*.nrc)."""
+    if state_dir is not None:
+        candidate = state_dir / RUN_CONFIG
+    elif policy.parent.name in ("export", "checkpoints"):
+        candidate = policy.parent.parent / RUN_CONFIG
+    else:
+        return None
+    return candidate if candidate.is_file() else None
+
+
+def _embedded_config(path: Path) -> dict[str, Any] | None:
+    """The resolved config a `.nrc` checkpoint of a run carries (None for a `.pt` file)."""
+    from navrl_daemon.errors import DataError
+    from navrl_daemon.storage.checkpoint import MAGIC, load_checkpoint
+
+    try:
+        with open(path, "rb") as f:
+            if f.read(len(MAGIC)) != MAGIC:
+                return None
+        _, state = load_checkpoint(path)
+    except (OSError, DataError):
+        return None  # the policy load that follows says what is wrong with the file
+    config = state.get("config")
+    return config if isinstance(config, dict) else None
+
+
+def _with_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """A stored config's sections with dotted `KEY=VALUE` overrides set on top."""
+    from navrl_daemon.config import parse_override
+
+    data = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    for item in overrides:
+        key, value = parse_override(item)
+        *parents, leaf = key.split(".")
+        node = data
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return data
+
+
+def _with(cfg: Config, args: argparse.Namespace, extra: list[str]) -> Config:
+    return load_config(args.config, [*args.overrides, *extra]) if extra else cfg
+
+
+class _progress_bar:
+    """A tqdm bar over the evaluation's steps on a terminal (drones finished in its
+    postfix); nothing off a terminal. Yields the `progress` callback `evaluate` takes."""
+
+    def __init__(self, drones: int, max_steps: int) -> None:
+        self.drones, self.max_steps = drones, max_steps
+        self.bar: Any = None
+
+    def __enter__(self) -> Callable[[int, int], None] | None:
+        if not sys.stderr.isatty():
+            return None
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=self.max_steps, unit="step", desc="eval", leave=False)
+
+        def progress(step: int, finished: int) -> None:
+            self.bar.update(step - self.bar.n)
+            self.bar.set_postfix_str(f"{finished}/{self.drones} drones finished")
+
+        return progress
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _probe(cfg: Config, env: Any, policy: Any) -> dict[str, Any]:
+    """rl/probes.py on this evaluation: LiDAR use, and path statistics per outcome."""
+    from navrl_daemon.env.navigation import NavigationEnv
+    from navrl_daemon.rl.evaluate import evaluate_recorded
+    from navrl_daemon.rl.probes import lidar_use, path_stats
+    from navrl_daemon.rl.training import eval_steps
+
+    if not isinstance(env, NavigationEnv):
+        raise UsageError(f"--probe needs env.backend = 'navigation', not {cfg.env.backend!r}")
+    steps = eval_steps(cfg)
+    use = lidar_use(env, policy, seed=cfg.eval.seed, max_steps=steps)
+    _, traj = evaluate_recorded(env, policy, seed=cfg.eval.seed, max_steps=steps)
+    return {"lidar_use": use, "paths": path_stats(traj, env.cfg.dt)}
+
+
+def _evaluate_and_draw(
+    cfg: Config,
+    env: Any,
+    policy: Any,
+    checkpoint: Path,
+    args: argparse.Namespace,
+    progress: Callable[[int, int], None] | None,
 ) -> dict[str, Any]:
-    """`evaluate` with the paths recorded, drawn to `out`; the same numbers as without."""
+    """`evaluate` with the paths recorded, drawn to --plot and/or --video; the same
+    numbers as without."""
     from navrl_daemon.env.navigation import NavigationEnv
     from navrl_daemon.ops.plots import trajectory_plot, write_png
     from navrl_daemon.rl.evaluate import evaluate_recorded
@@ -83,17 +236,25 @@ def _evaluate_and_plot(
 
     if not isinstance(env, NavigationEnv):
         raise UsageError(
-            f"--plot draws the embedded env's map and needs env.backend = 'navigation', "
+            f"--plot and --video draw the embedded env and need env.backend = 'navigation', "
             f"not {cfg.env.backend!r}"
         )
-    if out.suffix.lower() != ".png":
-        raise UsageError(f"--plot writes a PNG: give a FILE.png, not {out}")
-    results, traj = evaluate_recorded(env, policy, seed=cfg.eval.seed, max_steps=eval_steps(cfg))
+    results, traj = evaluate_recorded(
+        env, policy, seed=cfg.eval.seed, max_steps=eval_steps(cfg), progress=progress
+    )
     title = f"{checkpoint.name}, layout {cfg.eval.layout}, seed {cfg.eval.seed}"
+    out: dict[str, Any] = {}
     try:
-        write_png(out, trajectory_plot(traj, title))
+        if args.plot is not None:
+            write_png(args.plot, trajectory_plot(traj, title))
+            out["plot"] = str(args.plot)
+        if args.video is not None:
+            from navrl_daemon.ops.video import write_video
+
+            write_video(args.video, traj, title)
+            out["video"] = str(args.video)
     except OSError as err:
-        raise UsageError(f"--plot {out}: {err.strerror or err}") from err
+        raise UsageError(f"{err.filename or 'output'}: {err.strerror or err}") from err
     outcomes = traj.outcomes()
     counts = {k: outcomes.count(k) for k in ("reached", "collided", "timed out")}
-    return {**results, "outcomes": counts, "plot": str(out)}
+    return {**results, "outcomes": counts, **out}

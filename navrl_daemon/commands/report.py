@@ -22,6 +22,7 @@ from navrl_daemon.errors import DataError, NavrlError, UsageError
 from navrl_daemon.storage.atomic import write_atomic
 from navrl_daemon.storage.checkpoint import CheckpointDir, verify
 from navrl_daemon.storage.history import HISTORY_FILE, read_jsonl
+from navrl_daemon.storage.run_config import earlier_configs
 
 if TYPE_CHECKING:
     from navrl_daemon.ops.report import RunRecords
@@ -57,6 +58,7 @@ def handle(cfg: Config, args: argparse.Namespace) -> int:
     checkpoints = [describe(p, why) for p, why in verify(files)]
     config_path = root / "config.toml"
     config_text = config_path.read_text(errors="replace") if config_path.is_file() else None
+    earlier = [(p.name, p.read_text(errors="replace")) for p in earlier_configs(root)]
     if not (history.rows or evals.rows or checkpoints or history.bad or evals.bad):
         raise DataError(
             f"{root}: no {HISTORY_FILE}, {RESULTS_FILE} or checkpoints: nothing to report "
@@ -69,6 +71,7 @@ def handle(cfg: Config, args: argparse.Namespace) -> int:
         evals=sorted(evals.rows, key=lambda r: r["iteration"]),
         checkpoints=checkpoints,
         config_text=config_text,
+        earlier_configs=earlier,
         problems=[f"{b} (line skipped)" for b in bad],
     )
     if args.no_trajectories:
@@ -78,10 +81,11 @@ def handle(cfg: Config, args: argparse.Namespace) -> int:
 
     out = args.out if args.out is not None else root / "report"
     images = learning_curves(records.history, records.evals)
+    images_to_write = dict(images)
     if records.trajectory_png is not None:
-        images_to_write = {**images, "trajectories.png": records.trajectory_png}
-    else:
-        images_to_write = images
+        images_to_write["trajectories.png"] = records.trajectory_png
+    if records.video_gif is not None:
+        images_to_write["episodes.gif"] = records.video_gif
     try:
         for name, png in images_to_write.items():
             write_atomic(out / name, png)
@@ -127,7 +131,7 @@ def _trajectories(records: RunRecords, config_path: Path, episodes: int | None) 
         overrides.append(f"eval.num_envs={episodes}")
     try:
         cfg = load_config(config_path, overrides)
-        png, results = _replay(cfg, Path(chosen["path"]))
+        png, gif, results = _replay(cfg, Path(chosen["path"]))
     except NavrlError as err:
         records.trajectory_caption = f"not drawn: {err}"
         return
@@ -136,7 +140,7 @@ def _trajectories(records: RunRecords, config_path: Path, episodes: int | None) 
             f"not drawn: env.backend = {cfg.env.backend!r}; the plot needs the embedded env"
         )
         return
-    records.trajectory_png = png
+    records.trajectory_png, records.video_gif = png, gif
     same = "the latest evaluation's" if chosen["iteration"] == latest else "the newest"
     records.trajectory_caption = (
         f"Checkpoint {Path(chosen['path']).name} ({same}), replayed by `report` on a fresh "
@@ -147,9 +151,11 @@ def _trajectories(records: RunRecords, config_path: Path, episodes: int | None) 
     )
 
 
-def _replay(cfg: Config, checkpoint: Path) -> tuple[bytes | None, dict[str, Any]]:
+def _replay(cfg: Config, checkpoint: Path) -> tuple[bytes | None, bytes | None, dict[str, Any]]:
+    """The evaluation with `checkpoint`'s policy: (plot PNG, video GIF, results)."""
     from navrl_daemon.env.navigation import NavigationEnv
     from navrl_daemon.ops.plots import trajectory_plot
+    from navrl_daemon.ops.video import gif_bytes
     from navrl_daemon.rl.evaluate import evaluate_recorded
     from navrl_daemon.rl.training import eval_steps, make_eval_env, make_policy
     from navrl_daemon.storage.policy_file import check_policy_layout, load_any_policy_state
@@ -160,7 +166,7 @@ def _replay(cfg: Config, checkpoint: Path) -> tuple[bytes | None, dict[str, Any]
     policy.load_state_dict(state)
     env = make_eval_env(cfg, "cpu")
     if not isinstance(env, NavigationEnv):
-        return None, {}
+        return None, None, {}
     results, traj = evaluate_recorded(env, policy, seed=cfg.eval.seed, max_steps=eval_steps(cfg))
     title = f"{checkpoint.name}, layout {cfg.eval.layout}"
-    return trajectory_plot(traj, title), results
+    return trajectory_plot(traj, title), gif_bytes(traj, checkpoint.name), results

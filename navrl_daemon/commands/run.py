@@ -1,4 +1,5 @@
-"""`navrl-daemon run`: train until run.total_frames or a signal, resuming if it can."""
+"""`navrl-daemon run`: train until run.total_frames or a signal, resuming if it can; then
+say where the results are and what to run next (commands/run_summary.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,12 @@ def register(sub: Any) -> None:
 
 
 def handle(cfg: Config, args: argparse.Namespace) -> int:
+    from navrl_daemon.commands.run_summary import print_run_summary
     from navrl_daemon.pipeline import daemon
+    from navrl_daemon.runtime.distributed import World
 
-    return daemon.run(cfg, state_dir(cfg, args))
+    root = state_dir(cfg, args)
+    code = daemon.run(cfg, root)
+    if World.from_environ().leader:  # rank 0 owns the state dir it describes
+        print_run_summary(cfg, root)
+    return code

@@ -31,6 +31,7 @@ from navrl_daemon.storage.history import DAEMON_FILE, HISTORY_FILE, read_jsonl
 EXIT_UNHEALTHY = 1
 EXIT_NOT_RUNNING = 3
 HTTP_TIMEOUT_S = 2.0
+EVAL_RESULTS = Path("eval") / "results.jsonl"
 
 
 def register(sub: Any) -> None:
@@ -148,6 +149,7 @@ def _from_files(root: Path) -> dict[str, Any]:
         "frames": None,
         "frames_per_second": None,
         "last_checkpoint": None,
+        "last_eval": None,
         "queues": None,
     }
     now = time.time()
@@ -161,6 +163,15 @@ def _from_files(root: Path) -> dict[str, Any]:
         )
         if isinstance(last.get("time"), int | float):
             out["history_age_s"] = round(now - last["time"], 1)
+    evals = read_jsonl(root / EVAL_RESULTS, required=("iteration",)).rows
+    if evals:
+        last_eval = evals[-1]
+        out["last_eval"] = {
+            k: last_eval.get(k)
+            for k in ("iteration", "frames", "reach_goal", "collision", "return")
+        }
+        if isinstance(last_eval.get("time"), int | float):
+            out["last_eval"]["age_s"] = round(now - last_eval["time"], 1)
     for path in reversed(CheckpointDir(root / "checkpoints").files()):
         try:
             header = read_header(path)
@@ -188,5 +199,16 @@ def _print_text(doc: dict[str, Any]) -> None:
     ckpt = doc.get("last_checkpoint")
     if ckpt:
         print(f"last checkpoint: {Path(ckpt['path']).name}, {ckpt['age_s']} s old")
+    ev = doc.get("last_eval")
+    if ev:
+        age = f", {ev['age_s']:.0f} s ago" if isinstance(ev.get("age_s"), int | float) else ""
+        print(
+            f"last eval: iteration {ev['iteration']}, reach_goal {_fmt(ev.get('reach_goal'))}, "
+            f"collision {_fmt(ev.get('collision'))}{age}"
+        )
     if doc.get("queues"):
         print("queues: " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(doc["queues"].items())))
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.3f}" if isinstance(v, float) else str(v)

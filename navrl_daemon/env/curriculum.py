@@ -78,10 +78,25 @@ class Curriculum:
         return self.env.stage_env(stage)
 
     def build_env(
-        self, stage: int, *, device: str | torch.device, seed: int, **kwargs: Any
+        self,
+        stage: int,
+        *,
+        device: str | torch.device,
+        seed: int,
+        previous: EnvBase | None = None,
+        **kwargs: Any,
     ) -> EnvBase:
-        """A fresh env of `stage` (same seed: its maps are the ones a run starting there gets)."""
-        return make_env(self.env_config(stage), device=device, seed=seed, **kwargs)
+        """A fresh env of `stage` (same seed: its maps are the ones a run starting there gets).
+
+        With `env.map_levels`, each env keeps the density level it reached in `previous`
+        (the stage's env before), so a promotion changes the stage's keys without sending
+        every env back to the sparsest level."""
+        env = make_env(self.env_config(stage), device=device, seed=seed, **kwargs)
+        levels = getattr(previous, "level", None)
+        here = getattr(env, "level", None)
+        if self.env.map_levels and levels is not None and getattr(here, "shape", 0) == levels.shape:
+            env.level.copy_(levels)  # type: ignore[attr-defined]
+        return env
 
     def observe(self, result: Mapping[str, Any]) -> Promotion | None:
         """Count one evaluation result (`iteration`, `reach_goal`, `collision`, and the

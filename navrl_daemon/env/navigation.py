@@ -38,6 +38,15 @@ In place: a step, a reset, a reseed and `load_state_dict_env` update the state t
 (`state_tensors`) in place, and nothing in a step branches on its number, so a CUDA graph of
 the step (rl/captured_rollout.py) replays it on the same tensors.
 
+Density levels (`env.map_levels`, ours): each env flies the first k pillars of its map,
+k = map_levels[level]; the LiDAR grid holds one slot per (map, level). An env's level
+changes only when a new episode starts there: up one after an episode that reached its
+goal, down one after a collision, unchanged after a time-out (per env, as legged robots'
+terrain curricula do), so the share of envs at the denser levels rises with success and
+nothing jumps at once. Without levels every env flies its whole map (NavRL). The move
+is arithmetic on the ended episode's stats written in place (no host read, no branch on a
+value), so a captured step moves levels as the eager one does.
+
 Test and scripting hooks: `set_pillars` replaces the static boxes, `place_drones` starts
 episodes at given positions, and `dynamic` (a `DynamicObstacles`) exposes the moving
 obstacles' tensors.
@@ -95,6 +104,7 @@ LOCAL_SPAWN_TRIES = 32
 
 STAT_KEYS = ("return", "episode_len", "reach_goal", "collision", "truncated")
 _STATS = tuple(enumerate(STAT_KEYS))
+_REACH_GOAL, _COLLISION = STAT_KEYS.index("reach_goal"), STAT_KEYS.index("collision")
 OBS = ("agents", "observation")
 ACTION_KEY = ("agents", "action")
 REWARD_KEY = ("agents", "reward")
@@ -122,10 +132,18 @@ class NavigationEnv(EnvBase):
         self.num_maps = cfg.num_maps
         self.ground_half_extent = cfg.field_size / 2 + cfg.border_width
         self.map_id = torch.arange(n, device=self.device) % self.num_maps
+        # Pillar counts of the density levels; one level (the whole map) without map_levels.
+        self.level_counts = list(cfg.map_levels) or [cfg.num_obstacles]
 
         map_gen = torch.Generator().manual_seed(seed)
         self.pillars = generate_pillars(cfg.num_obstacles, cfg.field_size, map_gen, self.num_maps)
-        self._build_lidar([self.pillars.boxes(m) for m in range(self.num_maps)])
+        self._build_lidar(
+            [
+                self.pillars.boxes(m, count)
+                for m in range(self.num_maps)
+                for count in self.level_counts
+            ]
+        )
         self.dynamic = DynamicObstacles.generate(
             self.num_maps,
             cfg.num_dynamic_obstacles,
@@ -153,7 +171,7 @@ class NavigationEnv(EnvBase):
         per_map = [boxes] * self.num_maps if isinstance(boxes, Tensor) else list(boxes)
         if len(per_map) != self.num_maps:
             raise ValueError(f"expected boxes for {self.num_maps} maps, got {len(per_map)}")
-        self._build_lidar(per_map)
+        self._build_lidar([b for b in per_map for _ in self.level_counts])
         self._rescan(torch.arange(self.num_envs, device=self.device))
 
     def place_drones(
@@ -179,16 +197,19 @@ class NavigationEnv(EnvBase):
     def load_state_dict_env(self, state: dict[str, Tensor]) -> None:
         """Restore `state_dict_env` output (same config and num_envs; any device), copied
         into the state tensors: their addresses stay (see `state_tensors`)."""
+        values = {}
         for name in _STATE_TENSORS:
             current = getattr(self, name)
-            value = state[name]
+            # States saved before env.map_levels existed hold no levels: all were at 0.
+            value = state.get(name, torch.zeros_like(current)) if name == "level" else state[name]
             if value.shape != current.shape:
                 raise ValueError(
                     f"env state {name}: shape {tuple(value.shape)}, "
                     f"this env needs {tuple(current.shape)}"
                 )
-        for name in _STATE_TENSORS:
-            getattr(self, name).copy_(state[name])
+            values[name] = value
+        for name, value in values.items():
+            getattr(self, name).copy_(value)
         for i, k in _STATS:
             self.episode_stats[:, i].copy_(state[f"stats.{k}"])
         prefix = "dynamic."
@@ -228,6 +249,7 @@ class NavigationEnv(EnvBase):
             # One host sync per partial reset (torchrl already synced to find a done env):
             # the spawn and the LiDAR are then computed for the reset envs only.
             ids = mask.reshape(self.num_envs).nonzero().squeeze(-1)
+        self._advance_levels(ids)
         start, goal = self._draw_spawns(ids)
         self._begin_episodes(ids, start, goal)
         return self._reset_output()
@@ -252,6 +274,7 @@ class NavigationEnv(EnvBase):
         if self._post_step_mdp_hooks is not None:
             record, following = self._post_step_mdp_hooks(record, following)
         done = record.get(("next", "done")).reshape(self.num_envs)
+        self._advance_levels(self._all_ids, where=done)
         start, goal = self._draw_spawns(self._all_ids)
         self._begin_episodes_where(done, start, goal)
         following.update(self._reset_output())
@@ -273,7 +296,7 @@ class NavigationEnv(EnvBase):
         self.pos.copy_(pos)
         self.vel.copy_(vel)
         self.dynamic.step(self._gen)
-        self.scan.copy_(self.lidar.distances(self.pos, self.yaw, self.map_id))
+        self.scan.copy_(self.lidar.distances(self.pos, self.yaw, self.slot))
         self.step_count.add_(1)
 
         dyn_obs, dyn_clearance, dyn_collision = self._dynamic_view()
@@ -308,6 +331,8 @@ class NavigationEnv(EnvBase):
         if self.layout == "navrl":
             return self._navrl_layout(ids)
         k = ids.shape[0]
+        if self.cfg.spawn == "border" and self.cfg.crossing_share > 0:
+            return self._mixed_spawns(k)
         if self.cfg.spawn == "border":
             return self._border_point(k), self._border_point(k)
         if self.cfg.spawn == "crossing":
@@ -325,6 +350,14 @@ class NavigationEnv(EnvBase):
         start = torch.stack(((i / n - 0.5) * span, torch.full_like(i, side), z), -1)
         goal = torch.stack((goal_x, torch.full_like(i, -side), z), -1)
         return start, goal
+
+    def _mixed_spawns(self, k: int) -> tuple[Tensor, Tensor]:
+        """NavRL's border rule, except that a `crossing_share` of the episodes put the goal
+        on the side opposite the start."""
+        side, other = self._random_side(k), self._random_side(k)
+        crossing = self._rand(k) < self.cfg.crossing_share
+        goal_side = torch.where(crossing, side ^ 1, other)
+        return self._border_point(k, side), self._border_point(k, goal_side)
 
     def _random_side(self, k: int) -> Tensor:
         """Sides of the square: 0 (y = +S), 1 (y = -S), 2 (x = +S), 3 (x = -S)."""
@@ -356,7 +389,7 @@ class NavigationEnv(EnvBase):
         goal_xy = (start_xy + offset).clamp(-half, half)
         start = torch.cat((start_xy, self._spawn_z(tries, k)[..., None]), -1)
         goal = torch.cat((goal_xy, self._spawn_z(tries, k)[..., None]), -1)
-        maps = self.map_id[ids].repeat(tries)
+        maps = self.slot[ids].repeat(tries)
         free = self._pillar_clearance(start.reshape(-1, 3), maps) > LOCAL_SPAWN_CLEARANCE
         free &= self._pillar_clearance(goal.reshape(-1, 3), maps) > LOCAL_SPAWN_CLEARANCE
         free = free.reshape(tries, k)
@@ -364,9 +397,10 @@ class NavigationEnv(EnvBase):
         cols = torch.arange(k, device=self.device)
         return start[pick, cols], goal[pick, cols]
 
-    def _pillar_clearance(self, points: Tensor, map_id: Tensor) -> Tensor:
-        """3D distance [P] from points [P,3] to the nearest pillar (capped at the LiDAR range)."""
-        boxes = self.lidar.grid.candidates(points, map_id)  # [P,K,5]
+    def _pillar_clearance(self, points: Tensor, slot: Tensor) -> Tensor:
+        """3D distance [P] from points [P,3] to the nearest pillar of their grid slots [P]
+        (capped at the LiDAR range)."""
+        boxes = self.lidar.grid.candidates(points, slot)  # [P,K,5]
         p = points[:, None, :]
         dx = torch.maximum(boxes[..., 0] - p[..., 0], p[..., 0] - boxes[..., 2]).clamp_min(0)
         dy = torch.maximum(boxes[..., 1] - p[..., 1], p[..., 1] - boxes[..., 3]).clamp_min(0)
@@ -411,12 +445,37 @@ class NavigationEnv(EnvBase):
         for name, rows in self._episode_start(start, goal).items():
             old = getattr(self, name)
             torch.where(mask.view(-1, *[1] * (old.dim() - 1)), rows, old, out=old)
-        scan = self.lidar.distances(self.pos, self.yaw, self.map_id)
+        scan = self.lidar.distances(self.pos, self.yaw, self.slot)
         torch.where(mask[:, None], scan, self.scan, out=self.scan)
+
+    @property
+    def slot(self) -> Tensor:
+        """Each env's LiDAR grid slot [N]: its map and density level."""
+        return self.map_id * len(self.level_counts) + self.level
+
+    def _advance_levels(self, ids: Tensor, where: Tensor | None = None) -> None:
+        """Move envs `ids` whose episode just ended (`where` [len(ids)], default all) one
+        level up if it reached its goal, down if it collided; in place, without a host
+        read (a captured step replays it). Without map_levels (one level) this changes
+        nothing and is skipped."""
+        top = len(self.level_counts) - 1
+        if top == 0:
+            return
+        ended = self.episode_stats[ids]
+        step = ended[:, _REACH_GOAL] - ended[:, _COLLISION]
+        if where is not None:
+            step = step * where
+        moved = (self.level[ids] + step.to(self.level.dtype)).clamp(0, top)
+        self.level.index_copy_(0, ids, moved)
+
+    def level_shares(self) -> list[float]:
+        """The share of envs at each density level (one entry without map_levels)."""
+        counts = torch.bincount(self.level, minlength=len(self.level_counts))
+        return (counts.double() / self.num_envs).tolist()
 
     def _rescan(self, ids: Tensor) -> None:
         """Cast the LiDAR of these envs at their current pose (fresh scan after a reset)."""
-        scan = self.lidar.distances(self.pos[ids], self.yaw[ids], self.map_id[ids])
+        scan = self.lidar.distances(self.pos[ids], self.yaw[ids], self.slot[ids])
         self.scan.index_copy_(0, ids, scan)
 
     # ------------------------------------------------------------------------ obs and reward
@@ -539,6 +598,7 @@ class NavigationEnv(EnvBase):
         self.yaw = torch.zeros(n, device=dev)
         self.height_range = torch.zeros(n, 2, device=dev)
         self.step_count = torch.zeros(n, dtype=torch.long, device=dev)
+        self.level = torch.zeros(n, dtype=torch.long, device=dev)
         self.scan = torch.full((n, NUM_BEAMS), LIDAR_RANGE, device=dev)
         self.episode_stats = torch.zeros(n, len(STAT_KEYS), device=dev)  # STAT_KEYS order
         self._rescan(torch.arange(n, device=dev))
@@ -633,4 +693,5 @@ _STATE_TENSORS = (
     "height_range",
     "step_count",
     "scan",
+    "level",
 )

@@ -70,19 +70,22 @@ class PillarDraws:
     def num_maps(self) -> int:
         return self.corner_px.shape[0]
 
-    def boxes(self, map_index: int = 0) -> Tensor:
+    def boxes(self, map_index: int = 0, count: int | None = None) -> Tensor:
         """Boxes [B,5] = (x0, y0, x1, y1, height) in metres of one map, disjoint in x-y.
 
         Later pillars overwrite the heights of earlier ones where they overlap (the height
         field is painted in order), so an overlapped earlier pillar is cut into the pieces
         that stay visible; B >= P when pillars overlap.
+
+        `count` keeps only the first `count` pillars. Each pillar was placed against the
+        earlier ones only, so that prefix is itself a map the generator could have drawn
+        with `count` pillars: the density levels of `env.map_levels`.
         """
-        rects = torch.cat(
-            (self.corner_px[map_index], self.corner_px[map_index] + self.size_px[map_index]), -1
-        )
-        pieces, owner = _visible_pieces(rects)
+        k = self.corner_px.shape[1] if count is None else count
+        corner, size = self.corner_px[map_index, :k], self.size_px[map_index, :k]
+        pieces, owner = _visible_pieces(torch.cat((corner, corner + size), -1))
         metres = pieces.to(torch.float64) * PIXEL - self.field_size / 2
-        height = self.height[map_index].to(torch.float64)[owner]
+        height = self.height[map_index, :k].to(torch.float64)[owner]
         return torch.cat((metres, height[:, None]), -1).to(torch.float32)
 
 

@@ -1,29 +1,15 @@
-"""structlog set-up: JSON lines for journald when stderr is not a TTY, colours when it is."""
+"""structlog set-up: JSON lines for journald when stderr is not a TTY; on a TTY colours,
+progress summaries as tables and lines kept off the progress bar (ops/console.py)."""
 
 from __future__ import annotations
 
 import logging
-import sys
 from typing import Any
 
 import structlog
 
 from navrl_daemon.config import LogConfig
-
-
-class _CurrentStderr:
-    """Whatever `sys.stderr` is when a line is written, not when logging was set up (a
-    test harness or a caller may swap it and close the old one)."""
-
-    def write(self, text: str) -> int:
-        return sys.stderr.write(text)
-
-    def flush(self) -> None:
-        sys.stderr.flush()
-
-    def isatty(self) -> bool:
-        return _isatty(sys.stderr)
-
+from navrl_daemon.ops.console import BarAwareStderr, ProgressTableRenderer
 
 # Fields every line of this process carries, from any thread (the rank of a distributed
 # run); contextvars would not reach threads that were started before they were bound.
@@ -41,7 +27,7 @@ def _add_process_fields(_logger: Any, _name: str, event: dict[str, Any]) -> dict
 
 
 def configure_logging(cfg: LogConfig, *, stream: Any = None) -> None:
-    stream = stream or _CurrentStderr()
+    stream = stream or BarAwareStderr()
     fmt = cfg.format
     if fmt == "auto":
         fmt = "console" if _isatty(stream) else "json"
@@ -49,7 +35,7 @@ def configure_logging(cfg: LogConfig, *, stream: Any = None) -> None:
     if fmt == "json":
         renderer = structlog.processors.JSONRenderer()
     else:
-        renderer = structlog.dev.ConsoleRenderer(colors=_isatty(stream))
+        renderer = ProgressTableRenderer(structlog.dev.ConsoleRenderer(colors=_isatty(stream)))
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

@@ -17,10 +17,11 @@ pool reads are plain attribute reads.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
 from prometheus_client import (
@@ -35,10 +36,15 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-STATES = ("starting", "running", "draining", "stopped")
+# "finished": run.total_frames reached (the daemon keeps serving for metrics.final_scrape_s
+# so Prometheus sees it, and the down alert can tell a finished run from a crash).
+STATES = ("starting", "running", "draining", "stopped", "finished")
 # Durations from 1 ms (a channel hop) to 60 s (a NavRL-scale update or checkpoint).
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 POLICY_LAG_BUCKETS = (0, 1, 2, 4, 8)
+# The `file` label of navrl_write_failures_total: eval/results.jsonl, history.jsonl,
+# export/*.pt.
+WRITTEN_FILES = ("eval_results", "history", "export")
 
 # PPO's loss dict (rl/ppo.py STAT_NAMES) → (metric, label value).
 # "bc": the behaviour-cloning loss of an offline objective (x bc_coef under "ppo+bc").
@@ -73,6 +79,11 @@ class ChannelStatsLike(Protocol):
     blocked_seconds: float
 
 
+class ArchiveUsageLike(Protocol):
+    files: int
+    bytes: int
+
+
 class WatchedPool(Protocol):
     """What the lease collector reads: runtime.leases.LeasePool."""
 
@@ -93,11 +104,19 @@ class Metrics:
         torch_version: str,
         device: str,
         stage_phases: Iterable[tuple[str, str]] = (),
+        eval_interval: int = 0,
         registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`stage_phases`: the (stage, phase) pairs to export before their first timing."""
+        """`stage_phases`: the (stage, phase) pairs to export before their first timing;
+        `eval_interval`: eval.interval (0: no evaluations are expected). `clock` times the
+        ages (monotonic: a step of the wall clock changes no age)."""
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        self._clock = clock
+        self._started = clock()
+        self._last_iteration_at: float | None = None
+        self._last_checkpoint_at: float | None = None
 
         # training
         self.frames_total = Counter("navrl_frames", "Environment frames trained on.", registry=r)
@@ -161,6 +180,12 @@ class Metrics:
             "Unix time the last training iteration completed; 0 before the first.",
             registry=r,
         )
+        Gauge(
+            "navrl_last_iteration_age_seconds",
+            "Seconds since the last training iteration completed (since the daemon started, "
+            "before the first), on the monotonic clock: a wall-clock step changes nothing.",
+            registry=r,
+        ).set_function(lambda: self._age(self._last_iteration_at))
 
         # pipeline
         self.stage_seconds = Histogram(
@@ -203,6 +228,12 @@ class Metrics:
             "Unix time the last checkpoint was written; 0 before the first of this process.",
             registry=r,
         )
+        Gauge(
+            "navrl_checkpoint_age_seconds",
+            "Seconds since this process last wrote a checkpoint (since it started, before "
+            "the first), on the monotonic clock: a wall-clock step changes nothing.",
+            registry=r,
+        ).set_function(lambda: self._age(self._last_checkpoint_at))
         self.checkpoint_bytes = Gauge(
             "navrl_checkpoint_bytes",
             "Size of the last checkpoint in bytes, before (raw) and after (stored) compression.",
@@ -212,6 +243,23 @@ class Metrics:
         self.checkpoint_failures_total = Counter(
             "navrl_checkpoint_failures", "Checkpoint writes that failed.", registry=r
         )
+        self.checkpoint_missed_intervals = Gauge(
+            "navrl_checkpoint_missed_intervals",
+            "Checkpoint intervals that passed without their checkpoint since the newest one "
+            "this run wrote (or resumed from); 0 while checkpoints land on schedule.",
+            registry=r,
+        )
+        self._checkpoint_interval = 0
+        self._checkpointed_iteration = 0
+        self.write_failures_total = Counter(
+            "navrl_write_failures",
+            "Writes of a state-dir file other than checkpoints and the archive that failed "
+            "(a failed row is retried with the next one; the export is not).",
+            ["file"],
+            registry=r,
+        )
+        for name in WRITTEN_FILES:
+            self.write_failures_total.labels(file=name)
         self.archive_bytes_total = Counter(
             "navrl_archive_bytes",
             "Rollout bytes archived, before (raw) and after (stored) compression.",
@@ -224,6 +272,24 @@ class Metrics:
         self.archive_dropped_total = Counter(
             "navrl_archive_dropped",
             "Rollouts the archiver dropped because it did not keep up.",
+            registry=r,
+        )
+        self.archive_disk_bytes = Gauge(
+            "navrl_archive_disk_bytes",
+            "Bytes of the rollout archive files in the state dir now.",
+            registry=r,
+        )
+        self.archive_files = Gauge(
+            "navrl_archive_files", "Rollout archive files in the state dir now.", registry=r
+        )
+        self.archive_rotated_files_total = Counter(
+            "navrl_archive_rotated_files",
+            'Oldest archive files deleted to make room (archive.on_full = "rotate").',
+            registry=r,
+        )
+        self.archive_rotated_bytes_total = Counter(
+            "navrl_archive_rotated_bytes",
+            'Bytes of the archive files deleted to make room (archive.on_full = "rotate").',
             registry=r,
         )
         self.prefetch_wait_seconds = Histogram(
@@ -246,6 +312,16 @@ class Metrics:
             for key, (_, name, what) in _EPISODE_STATS.items()
         }
         self.evaluations_total = Counter("navrl_evaluations", "Evaluations completed.", registry=r)
+        self.last_evaluation_timestamp = Gauge(
+            "navrl_last_evaluation_timestamp_seconds",
+            "Unix time the last evaluation finished; 0 before the first of this process.",
+            registry=r,
+        )
+        Gauge(
+            "navrl_eval_interval_iterations",
+            "eval.interval: iterations between evaluations (0: evaluation is off).",
+            registry=r,
+        ).set(eval_interval)
         self.curriculum_stage_gauge = Gauge(
             "navrl_curriculum_stage",
             "Index of the env.curriculum stage the training env is at (0 without one).",
@@ -256,6 +332,8 @@ class Metrics:
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
         r.register(_GpuMemoryCollector(device))
+        self.disk = _StateDirDiskCollector()
+        r.register(self.disk)
         Gauge(
             "navrl_build_info",
             "Always 1; the labels say which daemon, torch and device this is.",
@@ -304,6 +382,10 @@ class Metrics:
             self.explained_variance.set(losses["explained_var"])
         self.nonfinite_updates_total.inc(losses.get("nonfinite_updates", 0))
         self.last_iteration_timestamp.set(time.time() if now is None else now)
+        if self._checkpoint_interval:
+            behind = (policy_version - self._checkpointed_iteration) // self._checkpoint_interval
+            self.checkpoint_missed_intervals.set(max(0, behind - 1))  # one may be in flight
+        self._last_iteration_at = self._clock()
 
     def episodes(self, stats: dict[str, float]) -> None:
         """Means of the training episodes finished in a window (`EpisodeStats.take()`);
@@ -341,19 +423,38 @@ class Metrics:
 
     # checkpoints, archive, prefetch
 
+    def checkpoint_schedule(self, interval: int, iteration: int) -> None:
+        """Checkpoints are due every `interval` iterations (0: none); the run starts from
+        a checkpoint of `iteration` (0: a new run)."""
+        self._checkpoint_interval = interval
+        self._checkpointed_iteration = iteration
+
     def checkpoint_written(
-        self, seconds: float, raw_bytes: int, stored_bytes: int, now: float | None = None
+        self,
+        seconds: float,
+        raw_bytes: int,
+        stored_bytes: int,
+        iteration: int | None = None,
+        now: float | None = None,
     ) -> None:
+        if iteration is not None:
+            self._checkpointed_iteration = max(self._checkpointed_iteration, iteration)
+            self.checkpoint_missed_intervals.set(0)
         self.checkpoint_write_seconds.observe(seconds)
         self.checkpoint_bytes.labels(kind="raw").set(raw_bytes)
         self.checkpoint_bytes.labels(kind="stored").set(stored_bytes)
         self.checkpoint_last_success_timestamp.set(time.time() if now is None else now)
+        self._last_checkpoint_at = self._clock()
 
     def checkpoint_stall(self, seconds: float) -> None:
         self.checkpoint_stall_seconds.observe(seconds)
 
     def checkpoint_failed(self) -> None:
         self.checkpoint_failures_total.inc()
+
+    def write_failed(self, file: str) -> None:
+        """`file`: one of WRITTEN_FILES."""
+        self.write_failures_total.labels(file=file).inc()
 
     def archive_written(self, raw_bytes: int, stored_bytes: int, segments: int = 1) -> None:
         self.archive_bytes_total.labels(kind="raw").inc(raw_bytes)
@@ -363,6 +464,15 @@ class Metrics:
     def archive_dropped(self, count: int = 1) -> None:
         self.archive_dropped_total.inc(count)
 
+    def archive_rotated(self, files: int, nbytes: int) -> None:
+        self.archive_rotated_files_total.inc(files)
+        self.archive_rotated_bytes_total.inc(nbytes)
+
+    def archive_usage(self, usage: ArchiveUsageLike) -> None:
+        """The archive directory's files and bytes (storage.archive_retention.ArchiveUsage)."""
+        self.archive_files.set(usage.files)
+        self.archive_disk_bytes.set(usage.bytes)
+
     def prefetch_wait(self, seconds: float) -> None:
         self.prefetch_wait_seconds.observe(seconds)
 
@@ -371,13 +481,21 @@ class Metrics:
 
     # evaluation
 
-    def evaluation(self, result: dict[str, float]) -> None:
+    def evaluation(self, result: dict[str, float], now: float | None = None) -> None:
         """One finished evaluation (`rl.evaluate.evaluate`'s result)."""
         _set_means(self.eval, result)
         self.evaluations_total.inc()
+        self.last_evaluation_timestamp.set(time.time() if now is None else now)
+
+    def watch_state_dir(self, path: str) -> None:
+        """Export the free space of the state dir's file system, read at scrape time."""
+        self.disk.path = path
 
     def curriculum_stage(self, stage: int) -> None:
         self.curriculum_stage_gauge.set(stage)
+
+    def _age(self, since: float | None) -> float:
+        return self._clock() - (self._started if since is None else since)
 
     # exposition
 
@@ -463,8 +581,11 @@ class _QueueCollector(Collector):
 
 
 class _GpuMemoryCollector(Collector):
-    """torch.cuda's allocated and reserved bytes on the daemon's device; 0 when it is not
-    a CUDA device or CUDA is not initialised yet."""
+    """torch.cuda's allocated and reserved bytes on the daemon's device, and the device's
+    own used and total bytes (every process on it: cudaMemGetInfo); 0 when it is not a
+    CUDA device or CUDA is not initialised yet."""
+
+    KINDS = ("allocated", "reserved", "device_used", "device_total")
 
     def __init__(self, device: str) -> None:
         self.device = device
@@ -473,28 +594,64 @@ class _GpuMemoryCollector(Collector):
         return iter([self._family()])
 
     def collect(self) -> Iterator[Metric]:
-        allocated = reserved = 0
+        values = dict.fromkeys(self.KINDS, 0)
         # Never import torch or initialise CUDA from a scrape: the first takes seconds and
         # the second would create a CUDA context in the HTTP thread of a CPU run.
         torch = sys.modules.get("torch")
         if self.device.startswith("cuda") and torch is not None and torch.cuda.is_initialized():
             try:
-                allocated = torch.cuda.memory_allocated(self.device)
-                reserved = torch.cuda.memory_reserved(self.device)
+                free, total = torch.cuda.mem_get_info(self.device)
+                values.update(
+                    allocated=torch.cuda.memory_allocated(self.device),
+                    reserved=torch.cuda.memory_reserved(self.device),
+                    device_used=total - free,
+                    device_total=total,
+                )
             except RuntimeError:
-                allocated = reserved = 0  # the device went away; the log says why
+                values = dict.fromkeys(self.KINDS, 0)  # the device went away; the log says why
         family = self._family()
-        family.add_metric(["allocated"], allocated)
-        family.add_metric(["reserved"], reserved)
+        for kind, value in values.items():
+            family.add_metric([kind], value)
         return iter([family])
 
     @staticmethod
     def _family() -> GaugeMetricFamily:
         return GaugeMetricFamily(
             "navrl_gpu_memory_bytes",
-            "GPU memory of the daemon's device held by torch tensors (allocated) and by "
-            "torch's caching allocator (reserved), in bytes.",
+            "GPU memory of the daemon's device: held by torch tensors (allocated) and by "
+            "torch's caching allocator (reserved), used by every process on the device "
+            "(device_used) and its size (device_total), in bytes.",
             labels=["kind"],
+        )
+
+
+class _StateDirDiskCollector(Collector):
+    """Free bytes on the state dir's file system (what a non-root process may still write,
+    as the archiver's free-space guard counts it), read with statvfs at scrape time; no
+    sample until the state dir is known."""
+
+    def __init__(self) -> None:
+        self.path: str | None = None
+
+    def describe(self) -> Iterator[Metric]:
+        return iter([self._family()])
+
+    def collect(self) -> Iterator[Metric]:
+        family = self._family()
+        if self.path is not None:
+            try:
+                st = os.statvfs(self.path)
+            except OSError:
+                pass  # the dir went away: no sample, and the log of the failing write says why
+            else:
+                family.add_metric([], st.f_bavail * st.f_frsize)
+        return iter([family])
+
+    @staticmethod
+    def _family() -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            "navrl_state_dir_free_bytes",
+            "Free bytes on the file system of the state dir (checkpoints, archive, history).",
         )
 
 

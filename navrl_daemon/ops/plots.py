@@ -3,7 +3,7 @@
 - `trajectory_plot`: an evaluation seen from above (`eval --plot`, `report`): pillars shaded
   by height, the dynamic obstacles' paths faint, each drone's path coloured by its outcome,
   start and goal marked; beside it, each drone's altitude along its path.
-- `curves_plot`: learning curves for `report` (one PNG per group of series).
+- `curves_plot`: learning curves for `report` (one PNG per group of panels).
 """
 
 from __future__ import annotations
@@ -112,42 +112,73 @@ class Series:
     markers: bool = False
 
 
+@dataclass(frozen=True)
+class Panel:
+    """One learning-curve plot. `ylim`: fixed y limits (a ratio: 0..1); `from_zero`: the y
+    axis starts at 0 (a count, a size, a rate), so that a change of 1 % does not fill the
+    panel as if it were a signal. Neither: matplotlib's autoscale (losses)."""
+
+    title: str
+    series: Sequence[Series]
+    ylim: tuple[float, float] | None = None
+    from_zero: bool = False
+
+
+RATIO_YLIM = (-0.03, 1.03)
+
+
 def curves_plot(
-    panels: Sequence[tuple[str, Sequence[Series]]],
+    panels: Sequence[Panel | tuple[str, Sequence[Series]]],
     *,
     xlabel: str = "frames",
     marks: Sequence[float] = (),
     mark_label: str = "resumed",
 ) -> bytes:
-    """PNG bytes of panels side by side, each (title, series); `marks`: dashed x positions
+    """PNG bytes of `curves_figure`."""
+    return _png(curves_figure(panels, xlabel=xlabel, marks=marks, mark_label=mark_label))
+
+
+def curves_figure(
+    panels: Sequence[Panel | tuple[str, Sequence[Series]]],
+    *,
+    xlabel: str = "frames",
+    marks: Sequence[float] = (),
+    mark_label: str = "resumed",
+) -> Figure:
+    """Panels side by side, each a `Panel` or (title, series); `marks`: dashed x positions
     (e.g. where the run resumed). A panel with no data says so instead of an empty frame."""
+    panels = [p if isinstance(p, Panel) else Panel(*p) for p in panels]
     cols = min(len(panels), 2)
     rows = math.ceil(len(panels) / cols)
     fig = Figure(figsize=(6 * cols, 3.4 * rows), dpi=DPI)
     axes = fig.subplots(rows, cols, squeeze=False)
     for ax in axes.flat[len(panels) :]:
         ax.set_visible(False)
-    for ax, (title, series) in zip(axes.flat, panels, strict=False):
-        ax.set_title(title, fontsize=10)
+    for ax, panel in zip(axes.flat, panels, strict=False):
+        ax.set_title(panel.title, fontsize=10)
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
-        drawn = False
-        for s in series:
+        lowest = math.inf
+        for s in panel.series:
             pts = [(x, y) for x, y in zip(s.x, s.y, strict=True) if y is not None]
             if not pts:
                 continue
             xs, ys = zip(*pts, strict=True)
             style = {"marker": "o", "ms": 4, "ls": "--"} if s.markers else {"lw": 1.5}
             ax.plot(xs, ys, label=s.label, **style)
-            drawn = True
-        if not drawn:
+            lowest = min(lowest, *ys)
+        if lowest == math.inf:
             ax.text(0.5, 0.5, "no data yet", ha="center", va="center", transform=ax.transAxes)
             continue
+        if panel.ylim is not None:
+            ax.set_ylim(*panel.ylim)
+        elif panel.from_zero and lowest >= 0:
+            ax.set_ylim(0, max(ax.get_ylim()[1], 1e-9))
         for i, x in enumerate(marks):
             ax.axvline(x, color="0.5", ls=":", lw=1, label=mark_label if i == 0 else None)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    return _png(fig)
+    return fig
 
 
 def _png(fig: Figure) -> bytes:

@@ -9,6 +9,7 @@ state dir is the command's job (commands/report.py).
 from __future__ import annotations
 
 import base64
+import difflib
 import html
 import itertools
 import time
@@ -17,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from navrl_daemon.ops.plots import Series, curves_plot
+from navrl_daemon.ops.plots import RATIO_YLIM, Panel, Series, curves_plot
+from navrl_daemon.rl.evaluate import eval_rank
 
 
 @dataclass
@@ -29,9 +31,18 @@ class RunRecords:
     evals: list[dict[str, Any]] = field(default_factory=list)
     checkpoints: list[dict[str, Any]] = field(default_factory=list)  # `checkpoints list` entries
     config_text: str | None = None
+    # (file name, text) of the configs earlier runs on the state dir used, oldest first
+    earlier_configs: list[tuple[str, str]] = field(default_factory=list)
     trajectory_png: bytes | None = None
+    video_gif: bytes | None = None  # the same episodes, animated (ops/video.py)
     trajectory_caption: str = ""
     problems: list[str] = field(default_factory=list)  # shown at the top of the page
+
+
+# Training episodes pooled per point of the outcome curves: a window in which one episode
+# finished would otherwise plot reach_goal 0 or 1, a spike that is only noise.
+MIN_EPISODES_PER_POINT = 32
+_EPISODE_KEYS = ("train_reach_goal", "train_collision", "train_return", "train_episode_len")
 
 
 def learning_curves(
@@ -41,9 +52,14 @@ def learning_curves(
     frames = [r.get("frames") for r in history]
     eval_frames = [r.get("frames") for r in evals]
     marks = _resume_marks(history)
+    pooled = pool_episodes(history, MIN_EPISODES_PER_POINT)
+    pooled_frames = [frames_at for frames_at, _ in pooled]
 
     def train(key: str, label: str) -> Series:
         return Series(label, frames, [_number(r.get(key)) for r in history])
+
+    def episodes(key: str, label: str) -> Series:
+        return Series(label, pooled_frames, [means.get(key) for _, means in pooled])
 
     def size(key: str, label: str) -> Series:
         return Series(label, frames, [_mb(r.get(key)) for r in history])
@@ -54,57 +70,66 @@ def learning_curves(
     images = {
         "outcomes.png": curves_plot(
             [
-                (
+                Panel(
                     "episode outcomes (ratio)",
                     [
-                        train("train_reach_goal", "train reach_goal"),
-                        train("train_collision", "train collision"),
+                        episodes("train_reach_goal", "train reach_goal"),
+                        episodes("train_collision", "train collision"),
                         evaluated("reach_goal", "eval reach_goal"),
                         evaluated("collision", "eval collision"),
                     ],
+                    ylim=RATIO_YLIM,
                 ),
-                (
+                Panel(
                     "episode return",
-                    [train("train_return", "train"), evaluated("return", "eval")],
+                    [episodes("train_return", "train"), evaluated("return", "eval")],
                 ),
-                (
+                Panel(
                     "episode length (steps)",
-                    [train("train_episode_len", "train"), evaluated("episode_len", "eval")],
+                    [episodes("train_episode_len", "train"), evaluated("episode_len", "eval")],
+                    from_zero=True,
                 ),
             ],
             marks=marks,
         ),
         "losses.png": curves_plot(
             [
-                ("actor loss", [train("actor_loss", "actor")]),
-                ("critic loss", [train("critic_loss", "critic")]),
-                ("entropy", [train("entropy", "entropy")]),
-                (
+                Panel("actor loss", [train("actor_loss", "actor")]),
+                Panel("critic loss", [train("critic_loss", "critic")]),
+                Panel("entropy", [train("entropy", "entropy")]),
+                Panel(
                     "gradient norm (before clipping)",
                     [train("actor_grad_norm", "actor"), train("critic_grad_norm", "critic")],
+                    from_zero=True,
                 ),
             ],
             marks=marks,
         ),
         "throughput.png": curves_plot(
             [
-                ("frames per second", [train("frames_per_second", "frames/s")]),
-                ("policy lag (versions)", [train("policy_lag", "mean lag")]),
+                Panel(
+                    "frames per second",
+                    [train("frames_per_second", "frames/s")],
+                    from_zero=True,
+                ),
+                Panel("policy lag (versions)", [train("policy_lag", "mean lag")], from_zero=True),
             ],
             marks=marks,
         ),
         "checkpoints.png": curves_plot(
             [
-                (
+                Panel(
                     "checkpoint stall per summary window (s)",
                     [train("checkpoint_stall_s", "training held up")],
+                    from_zero=True,
                 ),
-                (
+                Panel(
                     "last checkpoint size (MB)",
                     [
                         size("checkpoint_stored_bytes", "stored"),
                         size("checkpoint_raw_bytes", "raw"),
                     ],
+                    from_zero=True,
                 ),
             ],
             marks=marks,
@@ -113,19 +138,39 @@ def learning_curves(
     return images
 
 
+def pool_episodes(
+    history: Sequence[dict[str, Any]], min_episodes: int
+) -> list[tuple[float, dict[str, float]]]:
+    """(frames, episode-weighted means of the train_* episode stats) over consecutive rows
+    holding at least `min_episodes` finished episodes together; the last point may hold
+    fewer. Rows without `train_episodes` (histories written before it) count as one each."""
+    points: list[tuple[float, dict[str, float]]] = []
+    sums: dict[str, float] = {}
+    count = 0.0
+    last_frames: float | None = None
+    for row in history:
+        n = _number(row.get("train_episodes"))
+        n = 1.0 if n is None and _number(row.get("train_reach_goal")) is not None else n or 0.0
+        last_frames = _number(row.get("frames"))
+        if n <= 0:
+            continue
+        for key in _EPISODE_KEYS:
+            value = _number(row.get(key))
+            if value is not None:
+                sums[key] = sums.get(key, 0.0) + n * value
+        count += n
+        if count >= min_episodes and last_frames is not None:
+            points.append((last_frames, {k: v / count for k, v in sums.items()}))
+            sums, count = {}, 0.0
+    if count and last_frames is not None:
+        points.append((last_frames, {k: v / count for k, v in sums.items()}))
+    return points
+
+
 def best_eval(evals: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-    """Highest reach_goal; ties go to fewer collisions, then the later iteration."""
+    """The best evaluation by `eval_rank`; None without a scored one."""
     scored = [r for r in evals if _number(r.get("reach_goal")) is not None]
-    if not scored:
-        return None
-    return max(
-        scored,
-        key=lambda r: (
-            r["reach_goal"],
-            -(_number(r.get("collision")) or 0.0),
-            _number(r.get("iteration")) or 0,
-        ),
-    )
+    return max(scored, key=eval_rank) if scored else None
 
 
 def render_html(records: RunRecords, images: dict[str, bytes]) -> str:
@@ -147,8 +192,9 @@ def render_html(records: RunRecords, images: dict[str, bytes]) -> str:
     parts.append(_summary(records))
     parts.append('<section id="curves"><h2>Learning curves</h2>')
     captions = {
-        "outcomes.png": "Training episodes (lines, mean over each summary window) and "
-        "evaluations (dots) against frames trained; dotted lines mark resumes.",
+        "outcomes.png": "Training episodes (lines: each point pools consecutive summary "
+        f"windows until at least {MIN_EPISODES_PER_POINT} episodes finished, weighted by "
+        "episodes) and evaluations (dots) against frames trained; dotted lines mark resumes.",
         "losses.png": "PPO losses and gradient norms, mean over each summary window.",
         "throughput.png": "Training throughput and the policy lag of the rollouts.",
         "checkpoints.png": "Time training was held up taking checkpoint snapshots, and the "
@@ -162,6 +208,16 @@ def render_html(records: RunRecords, images: dict[str, bytes]) -> str:
         parts.append(_figure(records.trajectory_png, "trajectories", records.trajectory_caption))
     else:
         parts.append(f"<p class=note>{_e(records.trajectory_caption)}</p>")
+    if records.video_gif is not None:
+        parts.append(
+            _figure(
+                records.video_gif,
+                "episodes",
+                "The same episodes as they flew: from above and from the side, the moving "
+                "obstacles in purple (also written as episodes.gif).",
+                mime="image/gif",
+            )
+        )
     parts.append("</section>")
     parts.append(_checkpoint_table(records.checkpoints))
     parts.append('<section id="config"><h2>Config (STATE_DIR/config.toml)</h2>')
@@ -169,6 +225,7 @@ def render_html(records: RunRecords, images: dict[str, bytes]) -> str:
         parts.append("<p class=note>no config.toml in the state dir</p>")
     else:
         parts.append(f"<pre>{_e(records.config_text)}</pre>")
+    parts.append(_config_changes(records))
     parts.append("</section></body></html>")
     return "\n".join(parts) + "\n"
 
@@ -223,12 +280,27 @@ def _checkpoint_table(entries: Sequence[dict[str, Any]]) -> str:
     return f'<section id="checkpoints"><h2>Checkpoints</h2>{table}</section>'
 
 
-def _figure(png: bytes, alt: str, caption: str) -> str:
-    data = base64.b64encode(png).decode("ascii")
+def _figure(image: bytes, alt: str, caption: str, mime: str = "image/png") -> str:
+    data = base64.b64encode(image).decode("ascii")
     return (
-        f'<figure><img src="data:image/png;base64,{data}" alt="{_e(alt)}">'
+        f'<figure><img src="data:{mime};base64,{data}" alt="{_e(alt)}">'
         f"<figcaption>{_e(caption)}</figcaption></figure>"
     )
+
+
+def _config_changes(records: RunRecords) -> str:
+    """Each earlier run's config and what the next one changed (a unified diff), so a
+    resume with changed settings is visible next to the curves it bent."""
+    if not records.earlier_configs:
+        return "<p class=note>Every run on this state dir used this config.</p>"
+    versions = [*records.earlier_configs, ("config.toml (current)", records.config_text or "")]
+    parts = [f"<h3>Changed between runs ({len(versions) - 1} change(s))</h3>"]
+    for (old_name, old), (new_name, new) in itertools.pairwise(versions):
+        diff = difflib.unified_diff(
+            old.splitlines(), new.splitlines(), old_name, new_name, lineterm="", n=0
+        )
+        parts.append(f"<pre class=diff>{_e(chr(10).join(diff))}</pre>")
+    return "".join(parts)
 
 
 def _resume_marks(history: Sequence[dict[str, Any]]) -> list[float]:

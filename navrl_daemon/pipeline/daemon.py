@@ -1,10 +1,10 @@
 """`navrl-daemon run`: wires the stages of docs/design.md §2 and hands them to the supervisor.
 
 ```
-  RolloutProducer ──rollouts: leases (block)──► Trainer ──snapshots (coalesce)──► CheckpointWriter
-     ▲     │                                       ├──weights (coalesce)──► Evaluator
+  RolloutProducer ──rollouts (block)──► Trainer ──snapshots (drop oldest)──► CheckpointWriter
+     ▲     │                               ├──weights (coalesce)──► Evaluator
      │     └──every archive.interval-th rollout (block|drop)──► RolloutArchiver
-     └──────────────── weights (coalesce) ─────────┘
+     └──────────────── weights (coalesce) ─┘
 ```
 Before anything runs, the newest valid checkpoint in `STATE_DIR/checkpoints` (if any) is
 loaded into the learner and the collector (stages/resume.py).
@@ -30,40 +30,43 @@ import torch
 from navrl_daemon import __version__
 from navrl_daemon.config import Config, resolve_device, to_toml
 from navrl_daemon.env.curriculum import Curriculum
-from navrl_daemon.errors import DataError, StageFailed
+from navrl_daemon.errors import StageFailed
 from navrl_daemon.ops.logging import bind_process_fields
 from navrl_daemon.pipeline import offline
-from navrl_daemon.pipeline.ranks import Ranks, collector_for_rank
+from navrl_daemon.pipeline.context import RunContext
+from navrl_daemon.pipeline.ranks import Ranks
 from navrl_daemon.pipeline.telemetry import Telemetry
+from navrl_daemon.rl import ppo
 from navrl_daemon.rl.captured_rollout import CapturedRollout
-from navrl_daemon.rl.evaluate import Evaluation
 from navrl_daemon.rl.policy import NavRLPolicy
-from navrl_daemon.rl.snapshot import learner_state, restore_learner
 from navrl_daemon.rl.training import (
     Collector,
+    Evaluations,
     Learner,
     acting_copy,
-    eval_steps,
-    make_eval_env,
     make_policy,
 )
 from navrl_daemon.runtime.channels import Channel, Overflow, Sender
 from navrl_daemon.runtime.compute import ComputeThreads
 from navrl_daemon.runtime.distributed import World
-from navrl_daemon.runtime.leases import LeasePool
+from navrl_daemon.runtime.leases import Lease, LeasePool
 from navrl_daemon.runtime.lock import StateDirLock
-from navrl_daemon.runtime.supervisor import Shutdown, State, Supervisor
+from navrl_daemon.runtime.supervisor import Shutdown, Stage, State, Supervisor
 from navrl_daemon.stages import resume
 from navrl_daemon.stages.archiver import RolloutArchiver, archive_channel
+from navrl_daemon.stages.cadence import Cadence, Position
 from navrl_daemon.stages.checkpoint_writer import CheckpointWriter
-from navrl_daemon.stages.evaluator import Evaluator, StageEvaluation, eval_scores
-from navrl_daemon.stages.messages import PolicyWeights, Snapshot
+from navrl_daemon.stages.coordinator import Coordinator, Found, SingleProcess, collector_for_rank
+from navrl_daemon.stages.curriculum import CurriculumFollower, NoCurriculum, promote
+from navrl_daemon.stages.evaluator import BestPolicy, Evaluator, StageEvaluation, eval_scores
+from navrl_daemon.stages.messages import PolicyWeights, Rollout, Snapshot
 from navrl_daemon.stages.producer import RolloutProducer
 from navrl_daemon.stages.trainer import Checkpointing, IterationRecord, Trainer
-from navrl_daemon.storage.atomic import write_atomic
 from navrl_daemon.storage.checkpoint import CheckpointDir
 from navrl_daemon.storage.compressed_rollout import CompressedMinibatches
+from navrl_daemon.storage.run_config import record_run_config
 from navrl_daemon.storage.staging import SnapshotStaging
+from navrl_daemon.storage.state_dir import check_writable
 
 log = structlog.get_logger("daemon")
 
@@ -77,10 +80,21 @@ def run(cfg: Config, state_dir: Path) -> int:
     if not world.leader:  # rank 0 owns the state dir; this rank only trains
         anyio.run(serving)
         return 0
+    check_writable(state_dir, written_dirs(cfg))  # ConfigError (78) naming the path
     with StateDirLock(state_dir):
-        write_atomic(state_dir / "config.toml", to_toml(cfg).encode())
+        record_run_config(state_dir, to_toml(cfg))  # an earlier run's, if different, kept
         anyio.run(serving)
     return 0
+
+
+def written_dirs(cfg: Config) -> list[str]:
+    """The directories of the state dir that a run of `cfg` writes files into."""
+    names = ["checkpoints", "export"]
+    if cfg.eval.interval:
+        names.append("eval")
+    if cfg.archive.interval:
+        names.append("archive")
+    return names
 
 
 async def serve(
@@ -94,6 +108,7 @@ async def serve(
     device = world.device(resolve_device(cfg))
     if cfg.run.torch_threads:
         torch.set_num_threads(cfg.run.torch_threads)
+    cadence = Cadence.of(cfg, world.world_size)
     log.info(
         "starting",
         version=__version__,
@@ -101,23 +116,24 @@ async def serve(
         device=str(device),
         state_dir=str(state_dir),
         num_envs=cfg.env.num_envs,
-        frames_per_iteration=cfg.frames_per_iteration * world.world_size,
+        frames_per_iteration=cadence.frames_per_iteration,
         total_frames=cfg.run.total_frames,
         max_policy_lag=cfg.pipeline.max_policy_lag,
         **({"rank": world.rank, "world_size": world.world_size} if world.distributed else {}),
     )
-    telemetry = Telemetry(cfg, device, observe, world)
+    telemetry = Telemetry(cfg, device, observe, world, cadence)
     shutdown = Shutdown()
     threads = ComputeThreads(device.type)
-    ranks: Ranks | None = None
+    coordinator: Coordinator = SingleProcess()
     failure: StageFailed | None = None
     try:
         if world.distributed:
-            ranks = await anyio.to_thread.run_sync(Ranks, world, device, cfg.distributed.timeout_s)
+            coordinator = await anyio.to_thread.run_sync(
+                Ranks, world, device, cfg.distributed.timeout_s
+            )
         telemetry.start()
-        stages = await threads.producer.run(
-            build_stages, cfg, state_dir, device, shutdown, threads, telemetry, ranks
-        )
+        ctx = RunContext(cfg, state_dir, device, shutdown, threads, telemetry, coordinator, cadence)
+        stages = await threads.producer.run(build_stages, ctx)
 
         def on_state(state: State) -> None:
             telemetry.state(state, shutdown.reason)
@@ -137,44 +153,45 @@ async def serve(
                 failure = err  # raised below, not wrapped in the task group's ExceptionGroup
             finally:
                 tg.cancel_scope.cancel()
+        if shutdown.reason is None:  # run.total_frames reached: say so to Prometheus
+            await telemetry.finished(cfg.metrics.final_scrape_s)
     finally:
         telemetry.close()
         threads.close()
-        if ranks is not None:
-            ranks.close()
+        coordinator.close()
     if failure is not None:
         raise failure
     log.info("stopped", reason=shutdown.reason or "total_frames reached")
 
 
-def build_stages(
-    cfg: Config,
-    state_dir: Path,
-    device: torch.device,
-    shutdown: Shutdown,
-    threads: ComputeThreads,
-    telemetry: Telemetry,
-    ranks: Ranks | None = None,
-) -> list[Any]:
+def build_stages(ctx: RunContext) -> list[Stage]:
     """Everything heavy (env, policy, buffers) is built here, off the event loop."""
-    world = ranks.world if ranks is not None else World()
+    cfg, world, telemetry = ctx.cfg, ctx.world, ctx.telemetry
     offline.refuse_distributed(cfg, world.distributed)
     if cfg.offline.objective == "bc":  # no env: prefetcher → offline trainer (offline.py)
-        return offline.bc_stages(cfg, state_dir, device, shutdown, threads, telemetry)
-    checkpoints = CheckpointDir(state_dir / "checkpoints")
-    found = _checkpoint_to_resume(checkpoints, ranks)
+        return offline.bc_stages(ctx)
+    checkpoints = CheckpointDir(ctx.state_dir / "checkpoints", accept=resume.CheckpointFit(cfg))
+    found = ctx.coordinator.newest_checkpoint(checkpoints)
     torch.manual_seed(cfg.run.seed)  # the same initial weights on every rank
-    policy = make_policy(cfg, device)
-    learner = Learner.build(cfg, policy, device)
-    if cfg.pipeline.compress_rollouts:
-        learner.minibatches = CompressedMinibatches(cfg.pipeline.compress_workers)
-    if ranks is not None:
-        learner.reducer, learner.check_interval = ranks.reducer, cfg.distributed.check_interval
+    policy = make_policy(cfg, ctx.device)
+    bc = offline.PPOPlusBC(ctx) if cfg.offline.objective == "ppo+bc" else None
+    learner = Learner.build(  # ConfigError (78) here if ppo.update_path cannot run with these
+        cfg,
+        policy,
+        ctx.device,
+        reducer=ctx.coordinator.reducer,
+        minibatches=(
+            CompressedMinibatches(cfg.pipeline.compress_workers)
+            if cfg.pipeline.compress_rollouts
+            else ppo.frame_minibatches
+        ),
+        aux_loss=bc.term if bc is not None else None,
+    )
+    if world.distributed:
         torch.manual_seed(cfg.run.seed + world.rank)  # each rank samples its own actions
-    learner.update_path()  # ConfigError (78) now if it cannot run (the trainer logs it)
-    curriculum = _curriculum(cfg, ranks)
+    curriculum = Curriculum(cfg.env) if cfg.env.curriculum else None
     train_cfg = cfg.model_copy(update={"env": curriculum.env_config(0)}) if curriculum else cfg
-    collector = Collector.build(_rank_config(train_cfg, world), acting_copy(policy), device)
+    collector = Collector.build(_rank_config(train_cfg, world), acting_copy(policy), ctx.device)
     masked = getattr(collector.env, "masked_reset", None)  # the embedded env's choice
     if masked is not None:
         captured = isinstance(collector.rollout, CapturedRollout)
@@ -184,149 +201,147 @@ def build_stages(
             collect_path="cuda_graph" if captured else "eager",
         )
     first = collector.new_buffer()
-    start_frames = 0
-    if found is not None:
-        path, header, state = found
-        state = {**state, "collector": collector_for_rank(state.get("collector"), world)}
-        resumed = resume.restore(cfg, path, header, state, learner, collector, curriculum)
-        if curriculum is not None and resumed.env_restored:
-            resume.replay_evaluations(curriculum, state_dir / "eval" / "results.jsonl", resumed)
-        collector.policy.load_state_dict(policy.state_dict())
-        start_frames = resumed.frames
-        log.info(
-            "resumed from checkpoint",
-            path=str(resumed.path),
-            iteration=resumed.iteration,
-            frames=resumed.frames,
-            kind=resumed.kind,
-            env_restored=resumed.env_restored,
-        )
-        if world.leader:
-            telemetry.run_starts(state_dir, resumed.iteration, resumed.frames)
-    else:
-        log.info("no checkpoint: starting a new run", checkpoints=str(checkpoints.path))
-        if world.leader:
-            telemetry.run_starts(state_dir, 0, 0)
-    if ranks is not None:
-        ranks.reducer.broadcast_module(policy)  # rank 0's weights, whatever happened above
-        collector.policy.load_state_dict(policy.state_dict())
-    frames_per_iteration = cfg.frames_per_iteration * world.world_size
+    start = _resume(ctx, found, learner, collector, curriculum)
+    ctx.coordinator.share_weights(policy)  # rank 0's weights, whatever happened above
+    collector.policy.load_state_dict(policy.state_dict())
     pool = LeasePool([first, *(first.clone() for _ in range(cfg.pipeline.lease_pool - 1))])
-
     if curriculum is not None:
         telemetry.curriculum_stage(curriculum.applied)
-    rollouts: Channel[Any] = Channel("rollouts", cfg.pipeline.lease_pool, Overflow.BLOCK)
+
+    rollouts: Channel[Rollout] = Channel("rollouts", cfg.pipeline.lease_pool, Overflow.BLOCK)
     weights: Channel[PolicyWeights] = Channel("weights", 1, Overflow.COALESCE)
     channels: list[Channel[Any]] = [rollouts, weights]
+    owned = None
+    if world.leader:  # the final snapshot's env state: every rank's, gathered by the
+        # producers when they stopped together
+        final_state = lambda: producer.final_state  # noqa: E731
+        owned = _state_dir_stages(
+            ctx, checkpoints, policy, curriculum, final_state, resumed_from=start.iteration
+        )
     producer = RolloutProducer(
         collector,
         pool,
-        [rollouts.sender()],
+        rollouts.sender(),
         weights.receiver(),
-        max_policy_lag=cfg.pipeline.max_policy_lag,
-        frames_per_rollout=frames_per_iteration,
-        total_frames=cfg.run.total_frames,
-        shutdown=shutdown,
-        compute=threads.producer,
-        start_iteration=learner.version,
-        start_frames=start_frames,
-        checkpoint_interval=cfg.checkpoint.interval,
-        curriculum=curriculum,
-        on_stage=telemetry.curriculum_stage,
-        ranks=ranks,
-    )
-    if ranks is None:
-        rollback = functools.partial(resume.load_learner, checkpoints)
-    else:  # rank 0 loads it, every rank gets it
-        rollback = functools.partial(_shared_rollback, ranks, checkpoints)
-    owned = (
-        _state_dir_stages(
-            cfg,
-            state_dir,
-            device,
-            shutdown,
-            threads,
-            telemetry,
-            channels,
-            checkpoints,
-            producer,
-            policy,
-            curriculum,
-            rollback,
-            distributed=ranks is not None,
-        )
-        if world.leader
-        else None
+        cadence=ctx.cadence,
+        start=start,
+        coordinator=ctx.coordinator,
+        curriculum=(
+            CurriculumFollower(
+                curriculum, collector, ctx.threads.producer, on_stage=telemetry.curriculum_stage
+            )
+            if curriculum is not None
+            else NoCurriculum()
+        ),
+        archive=owned.archive if owned else None,
+        shutdown=ctx.shutdown,
+        compute=ctx.threads.producer,
     )
     trainer = Trainer(
         learner,
         rollouts.receiver(),
         [weights.sender()],
-        frames_per_iteration=frames_per_iteration,
-        shutdown=shutdown,
-        compute=threads.trainer,
-        export_path=state_dir / "export" / "policy.pt" if owned else None,  # rank 0 exports
-        on_iteration=telemetry.iteration,
+        cadence=ctx.cadence,
+        start_frames=start.frames,
         evaluations=owned.evaluations if owned else None,
-        eval_interval=cfg.eval.interval,
-        start_frames=start_frames,
         checkpoints=owned.checkpointing if owned else None,
-        rollback=rollback,
+        export_path=ctx.state_dir / "export" / "policy.pt" if owned else None,  # rank 0's
+        rollback=functools.partial(ctx.coordinator.rollback, checkpoints),
+        on_iteration=telemetry.iteration,
+        on_export_failed=functools.partial(telemetry.metrics.write_failed, "export"),
+        shutdown=ctx.shutdown,
+        compute=ctx.threads.trainer,
     )
-    stages: list[Any] = [producer, trainer, *(owned.stages if owned else [])]
-    if cfg.offline.objective == "ppo+bc":  # + a BC term from prefetched archive batches
-        stages[1], prefetcher = offline.with_bc_term(cfg, trainer, device, shutdown, telemetry)
-        stages.append(prefetcher)
-    if owned is not None:
-        stages.append(owned.writer)
-    for channel in channels:
+    stages: list[Stage] = [
+        producer,
+        bc.trainer(trainer) if bc is not None else trainer,
+        *(owned.stages if owned else []),
+        *([bc.prefetcher(learner.version)] if bc is not None else []),  # after resume
+        *([owned.writer] if owned else []),
+    ]
+    for channel in [*channels, *(owned.channels if owned else [])]:
         telemetry.metrics.watch_channel(channel)
     telemetry.metrics.watch_pool(pool)
     return stages
 
 
+def _resume(
+    ctx: RunContext,
+    found: Found | None,
+    learner: Learner,
+    collector: Collector,
+    curriculum: Curriculum | None,
+) -> Position:
+    """Put the checkpoint `found` (if any) into learner and collector; where the run
+    starts. History rows after that point are about to be redone (Telemetry.run_starts)."""
+    if found is None:
+        checkpoints = ctx.state_dir / "checkpoints"
+        log.info("no checkpoint: starting a new run", checkpoints=str(checkpoints))
+        if ctx.world.leader:
+            ctx.telemetry.run_starts(ctx.state_dir, 0, 0)
+        return Position()
+    path, header, state = found
+    state = {**state, "collector": collector_for_rank(state.get("collector"), ctx.world)}
+    resumed = resume.restore(ctx.cfg, path, header, state, learner, collector, curriculum)
+    if curriculum is not None and resumed.env_restored:
+        resume.replay_evaluations(curriculum, ctx.state_dir / "eval" / "results.jsonl", resumed)
+    collector.policy.load_state_dict(learner.policy.state_dict())
+    log.info(
+        "resumed from checkpoint",
+        path=str(resumed.path),
+        iteration=resumed.iteration,
+        frames=resumed.frames,
+        kind=resumed.kind,
+        env_restored=resumed.env_restored,
+    )
+    if ctx.world.leader:
+        ctx.telemetry.run_starts(ctx.state_dir, resumed.iteration, resumed.frames)
+    return Position(learner.version, resumed.frames)
+
+
 @dataclass
 class StateDirStages:
     """What the process that owns the state dir (rank 0, or the only one) runs besides
-    producer and trainer, and the trainer's ends of it."""
+    producer and trainer, the channels between them, and the ends producer and trainer
+    hold."""
 
-    stages: list[Any]  # archiver, evaluator (as configured)
+    stages: list[Stage]  # archiver, evaluator (as configured)
     writer: CheckpointWriter
+    channels: list[Channel[Any]]
+    archive: Sender[Lease] | None
     evaluations: Sender[PolicyWeights] | None
     checkpointing: Checkpointing
 
 
 def _state_dir_stages(
-    cfg: Config,
-    state_dir: Path,
-    device: torch.device,
-    shutdown: Shutdown,
-    threads: ComputeThreads,
-    telemetry: Telemetry,
-    channels: list[Channel[Any]],
+    ctx: RunContext,
     checkpoints: CheckpointDir,
-    producer: RolloutProducer,
     policy: NavRLPolicy,
     curriculum: Curriculum | None,
-    rollback: Callable[[Learner], Path],
-    *,
-    distributed: bool,
+    final_state: Callable[[], dict[str, Any] | None],
+    resumed_from: int,
 ) -> StateDirStages:
-    """Archiver, checkpoint writer and evaluator, with their channels (added to
-    `channels`); the producer gets its archive sender."""
-    stages: list[Any] = []
+    """Archiver, evaluator and checkpoint writer, with their channels."""
+    cfg, telemetry = ctx.cfg, ctx.telemetry
+    results = ctx.state_dir / "eval" / "results.jsonl"
+    stages: list[Stage] = []
+    channels: list[Channel[Any]] = []
+    archive_sender = None
     if cfg.archive.interval:
         archive = archive_channel(cfg.archive, on_dropped=telemetry.metrics.archive_dropped)
         channels.append(archive)
-        producer.archive, producer.archive_interval = archive.sender(), cfg.archive.interval
+        archive_sender = archive.sender()
         stages.append(
             RolloutArchiver(
                 cfg.archive,
-                state_dir / "archive",
+                ctx.state_dir / "archive",
                 archive.receiver(),
-                shutdown=shutdown,
+                shutdown=ctx.shutdown,
                 on_written=telemetry.metrics.archive_written,
                 on_failed=telemetry.metrics.archive_dropped,
+                resumed_from=resumed_from,
+                on_rotated=telemetry.metrics.archive_rotated,
+                on_usage=telemetry.metrics.archive_usage,
             )
         )
 
@@ -341,13 +356,15 @@ def _state_dir_stages(
         snapshots.receiver(),
         checkpoints,
         cfg.checkpoint,
-        meta={"seed": cfg.run.seed, "device": str(device), "threads": torch.get_num_threads()},
+        meta={"seed": cfg.run.seed, "device": str(ctx.device), "threads": torch.get_num_threads()},
         on_written=telemetry.checkpoint_written,
         on_failed=telemetry.metrics.checkpoint_failed,
-        scores=eval_scores(state_dir / "eval" / "results.jsonl"),
+        scores=eval_scores(results),
     )
 
     def on_eval(record: dict[str, Any]) -> None:
+        if curriculum is not None:
+            promote(curriculum, record)  # the producer applies it between rollouts
         telemetry.evaluation(record)
         writer.record_eval(record["iteration"], record["reach_goal"])
 
@@ -356,59 +373,33 @@ def _state_dir_stages(
         to_eval: Channel[PolicyWeights] = Channel("evaluations", 1, Overflow.COALESCE)
         eval_sender = to_eval.sender()
         channels.append(to_eval)
+        evaluation: Callable[[Any], dict[str, Any]]
         if curriculum is None:
-            evaluation: Callable[[Any], dict[str, Any]] = Evaluation.for_env(
-                make_eval_env(cfg, device), seed=cfg.eval.seed, max_steps=eval_steps(cfg)
-            )
+            evaluation: Callable[[Any], dict[str, Any]] = Evaluations(cfg, ctx.device)
         else:  # at the curriculum's current stage
-            evaluation = StageEvaluation(cfg, curriculum, device)
+            evaluation = StageEvaluation(cfg, curriculum, ctx.device)
         stages.append(
             Evaluator(
                 acting_copy(policy),
                 evaluation,
                 to_eval.receiver(),
-                results_path=state_dir / "eval" / "results.jsonl",
-                shutdown=shutdown,
-                compute=threads.evaluator,
+                results_path=results,
+                shutdown=ctx.shutdown,
+                compute=ctx.threads.evaluator,
                 on_result=on_eval,
-                curriculum=curriculum,
+                on_write_failed=functools.partial(telemetry.metrics.write_failed, "eval_results"),
+                best=BestPolicy(ctx.state_dir / "export" / "best.pt"),
             )
         )
 
     checkpointing = Checkpointing(
         snapshots.sender(),
-        cfg.checkpoint.interval,
         SnapshotStaging(cfg.checkpoint.queue_size + 2),
-        # The final snapshot's env state: in a distributed run every rank's, gathered by
-        # the producers when they stopped together.
-        collector_state=(lambda: producer.final_state) if distributed else producer.collector_state,
+        collector_state=final_state,
         static=resume.static_state(cfg),
         on_stall=telemetry.metrics.checkpoint_stall,
-        rollback=rollback,
     )
-    return StateDirStages(stages, writer, eval_sender, checkpointing)
-
-
-def _checkpoint_to_resume(
-    checkpoints: CheckpointDir, ranks: Ranks | None
-) -> tuple[Path, Any, dict[str, Any]] | None:
-    """The newest valid checkpoint (stages/resume.py); in a distributed run rank 0 reads
-    it and every rank gets rank 0's choice, or its DataError."""
-    if ranks is None:
-        return resume.newest_checkpoint(checkpoints)
-    found, error = None, None
-    if ranks.world.leader:
-        try:
-            found = resume.newest_checkpoint(checkpoints)
-        except DataError as err:
-            error = err
-    return ranks.share_checkpoint(found, error)
-
-
-def _curriculum(cfg: Config, ranks: Ranks | None) -> Curriculum | None:
-    if not cfg.env.curriculum:
-        return None
-    return Curriculum(cfg.env)
+    return StateDirStages(stages, writer, channels, archive_sender, eval_sender, checkpointing)
 
 
 def _rank_config(cfg: Config, world: World) -> Config:
@@ -418,19 +409,3 @@ def _rank_config(cfg: Config, world: World) -> Config:
         return cfg
     run = cfg.run.model_copy(update={"seed": cfg.run.seed + world.rank})
     return cfg.model_copy(update={"run": run})
-
-
-def _shared_rollback(ranks: Ranks, checkpoints: CheckpointDir, learner: Learner) -> Path:
-    """Rollback in a distributed run: rank 0 loads its newest checkpoint's learner state
-    and every other rank gets the same state (or rank 0's error) from it."""
-    if ranks.world.leader:
-        try:
-            path = resume.load_learner(checkpoints, learner)
-        except Exception as err:
-            ranks.share_learner_state(None, str(err))
-            raise
-        ranks.share_learner_state((str(path), learner_state(learner)), None)
-        return path
-    path_name, state = ranks.share_learner_state(None, None)
-    restore_learner(learner, state, counters=False)
-    return Path(path_name)

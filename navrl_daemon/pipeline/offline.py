@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import time
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -33,14 +32,14 @@ import torch
 
 from navrl_daemon.config import Config
 from navrl_daemon.errors import ConfigError, DataError
+from navrl_daemon.pipeline.context import RunContext
 from navrl_daemon.pipeline.telemetry import Telemetry
 from navrl_daemon.rl.bc import BCLearner, ImageJointPolicy
 from navrl_daemon.rl.evaluate import evaluate
 from navrl_daemon.rl.training import acting_copy, eval_steps, make_eval_env, make_policy
 from navrl_daemon.runtime.channels import Channel, Overflow
-from navrl_daemon.runtime.compute import ComputeThreads
 from navrl_daemon.runtime.leases import Lease
-from navrl_daemon.runtime.supervisor import Shutdown
+from navrl_daemon.runtime.supervisor import Stage
 from navrl_daemon.stages import resume
 from navrl_daemon.stages.checkpoint_writer import CheckpointWriter
 from navrl_daemon.stages.evaluator import Evaluator, eval_scores
@@ -60,7 +59,7 @@ from navrl_daemon.storage.staging import SnapshotStaging
 
 log = structlog.get_logger("daemon")
 
-OFFLINE = "offline"  # the `kind` of an offline run's checkpoints
+OFFLINE = resume.OFFLINE  # the `kind` of an offline run's checkpoints
 EXPORT_NAMES = {"navigation": "policy.pt", "image_joint": "image_joint_policy.pt"}
 
 
@@ -73,38 +72,25 @@ def refuse_distributed(cfg: Config, distributed: bool) -> None:
         )
 
 
-def bc_stages(
-    cfg: Config,
-    state_dir: Path,
-    device: torch.device,
-    shutdown: Shutdown,
-    threads: ComputeThreads,
-    telemetry: Telemetry,
-) -> list[Any]:
+def bc_stages(ctx: RunContext) -> list[Stage]:
     """The stages of a purely offline run (see the module docstring). Runs off the loop."""
     t0 = time.perf_counter()
+    cfg = ctx.cfg
     data = load_offline_data(cfg.prefetch, cfg.offline)  # DataError: exit 65, nothing started
     try:
-        return _bc_stages(cfg, state_dir, device, shutdown, threads, telemetry, data, t0)
+        return _bc_stages(ctx, data, t0)
     except BaseException:
         if isinstance(data, ArchiveReader):
             data.close()
         raise
 
 
-def _bc_stages(
-    cfg: Config,
-    state_dir: Path,
-    device: torch.device,
-    shutdown: Shutdown,
-    threads: ComputeThreads,
-    telemetry: Telemetry,
-    data: MultimodalDataset | ArchiveReader,
-    t0: float,
-) -> list[Any]:
+def _bc_stages(ctx: RunContext, data: MultimodalDataset | ArchiveReader, t0: float) -> list[Stage]:
+    cfg, state_dir, device, shutdown = ctx.cfg, ctx.state_dir, ctx.device, ctx.shutdown
+    threads, telemetry = ctx.threads, ctx.telemetry
     _log_data(data, time.perf_counter() - t0)
     learner = _bc_learner(cfg, data, device)
-    checkpoints = CheckpointDir(state_dir / "checkpoints")
+    checkpoints = CheckpointDir(state_dir / "checkpoints", accept=resume.CheckpointFit(cfg))
     found = resume.newest_checkpoint(checkpoints)
     frames = 0
     if found is not None:
@@ -158,7 +144,7 @@ def _bc_stages(
         on_failed=metrics.checkpoint_failed,
         scores=eval_scores(state_dir / "eval" / "results.jsonl"),
     )
-    stages: list[Any] = [prefetcher]
+    stages: list[Stage] = [prefetcher]
     eval_sender = None
     if cfg.eval.interval and learner.kind == "navigation":
         to_eval: Channel[PolicyWeights] = Channel("evaluations", 1, Overflow.COALESCE)
@@ -181,6 +167,7 @@ def _bc_stages(
                 shutdown=shutdown,
                 compute=threads.evaluator,
                 on_result=on_eval,
+                on_write_failed=functools.partial(metrics.write_failed, "eval_results"),
             )
         )
     progress = OfflineProgress(telemetry, cfg.log.summary_interval, cfg.prefetch.batch_size)
@@ -192,13 +179,13 @@ def _bc_stages(
         shutdown=shutdown,
         compute=threads.trainer,
         export_path=state_dir / "export" / EXPORT_NAMES[learner.kind],
+        on_export_failed=functools.partial(metrics.write_failed, "export"),
         on_step=progress,
         on_end=progress.summarise,
+        cadence=ctx.cadence,
         evaluations=eval_sender,
-        eval_interval=cfg.eval.interval,
         checkpoints=Checkpointing(
             snapshots.sender(),
-            cfg.checkpoint.interval,
             SnapshotStaging(cfg.checkpoint.queue_size + 2),
             collector_state=lambda: None,
             static={**resume.static_state(cfg), "kind": OFFLINE},
@@ -323,33 +310,41 @@ def _mean(values: list[float]) -> float:
 # ---------------------------------------------------------------------------- ppo+bc
 
 
-def with_bc_term(
-    cfg: Config,
-    trainer: Trainer,
-    device: torch.device,
-    shutdown: Shutdown,
-    telemetry: Telemetry,
-) -> tuple[TrainerWithBCTerm, HDF5Prefetcher]:
-    """For "ppo+bc": `trainer`'s PPO updates get `offline.bc_coef` x the Beta NLL of prefetched
-    rollout-archive batches, one per minibatch. The archives are checked here (exit 65).
-    A resumed run starts the batch sequence where that many updates would have left it."""
-    reader = load_offline_data(cfg.prefetch, cfg.offline)
-    assert isinstance(reader, ArchiveReader)  # the config insists on layout "archive"
-    _log_data(reader, 0.0)
-    metrics = telemetry.metrics
-    batches: Channel[Lease[int]] = Channel("batches", cfg.prefetch.depth, Overflow.BLOCK)
-    metrics.watch_channel(batches)
-    per_update = cfg.ppo.epochs * cfg.ppo.minibatches
-    prefetcher = HDF5Prefetcher(
-        cfg.prefetch,
-        cfg.offline,
-        batches.sender(),
-        shutdown=shutdown,
-        on_batch=lambda _: metrics.prefetch_batch(),
-        first_batch=trainer.learner.version * per_update,
-        data=reader,
-    )
-    term = BCTerm(
-        batches.receiver(), coef=cfg.offline.bc_coef, device=device, on_wait=metrics.prefetch_wait
-    )
-    return TrainerWithBCTerm(trainer, term), prefetcher
+class PPOPlusBC:
+    """For "ppo+bc": the learner's PPO updates get `offline.bc_coef` x the Beta NLL of
+    prefetched rollout-archive batches, one per minibatch. Made before the learner (the
+    term is part of it); the prefetcher after resume, where the batch sequence restarts
+    where that many updates would have left it."""
+
+    def __init__(self, ctx: RunContext) -> None:
+        cfg = self.cfg = ctx.cfg
+        self.shutdown = ctx.shutdown
+        self.metrics = ctx.telemetry.metrics
+        self.batches: Channel[Lease[int]] = Channel("batches", cfg.prefetch.depth, Overflow.BLOCK)
+        self.metrics.watch_channel(self.batches)
+        self.term = BCTerm(
+            self.batches.receiver(),
+            coef=cfg.offline.bc_coef,
+            device=ctx.device,
+            on_wait=self.metrics.prefetch_wait,
+        )
+
+    def prefetcher(self, updates_done: int) -> HDF5Prefetcher:
+        """The archives are checked here (exit 65)."""
+        cfg = self.cfg
+        reader = load_offline_data(cfg.prefetch, cfg.offline)
+        assert isinstance(reader, ArchiveReader)  # the config insists on layout "archive"
+        _log_data(reader, 0.0)
+        per_update = cfg.ppo.epochs * cfg.ppo.minibatches
+        return HDF5Prefetcher(
+            cfg.prefetch,
+            cfg.offline,
+            self.batches.sender(),
+            shutdown=self.shutdown,
+            on_batch=lambda _: self.metrics.prefetch_batch(),
+            first_batch=updates_done * per_update,
+            data=reader,
+        )
+
+    def trainer(self, trainer: Trainer) -> TrainerWithBCTerm:
+        return TrainerWithBCTerm(trainer, self.term)

@@ -1,4 +1,5 @@
-"""The process groups of a distributed run (torchrun; runtime/distributed.py's `World`).
+"""The coordinator of a distributed run (stages/coordinator.py's protocol) over the
+process groups of torch.distributed (torchrun; runtime/distributed.py's `World`).
 
 `Ranks` opens them:
 
@@ -19,15 +20,22 @@ sockets and the others' next collective fails at once (gloo), so nobody hangs.
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
+import anyio
 import structlog
 import torch
 import torch.distributed as dist
 
 from navrl_daemon.errors import DataError
 from navrl_daemon.rl.data_parallel import DataParallel
+from navrl_daemon.rl.snapshot import learner_state, restore_learner
+from navrl_daemon.rl.training import Learner
 from navrl_daemon.runtime.distributed import World
+from navrl_daemon.stages import resume
+from navrl_daemon.stages.coordinator import Found
+from navrl_daemon.storage.checkpoint import CheckpointDir
 
 log = structlog.get_logger("distributed")
 
@@ -67,35 +75,55 @@ class Ranks:
 
     # ------------------------------------------------------------------ control (producer)
 
-    def agree(self, stopping: bool, stage: int = 0) -> tuple[bool, int]:
-        """One vote per rollout: stop if any rank wants to, and train at the highest
-        curriculum stage any rank has reached (only rank 0 evaluates, so only its stage
-        moves; the others follow it here, at the same rollout)."""
-        votes = torch.tensor([int(stopping), stage])
-        dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=self.control)
-        return bool(votes[0]), int(votes[1])
+    async def agree(self, stopping: bool, stage: int) -> tuple[bool, int]:
+        """One vote: stop if any rank wants to, and train at the highest curriculum stage
+        any rank has reached (only rank 0 evaluates, so only its stage moves; the others
+        follow it here, at the same rollout)."""
 
-    def sum_episodes(
+        def vote() -> tuple[bool, int]:
+            votes = torch.tensor([int(stopping), stage])
+            dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=self.control)
+            return bool(votes[0]), int(votes[1])
+
+        return await anyio.to_thread.run_sync(vote)
+
+    async def sum_episodes(
         self, sums_count: tuple[torch.Tensor, torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The finished-episode stat sums of every rank's envs (CPU tensors)."""
         sums, count = sums_count
-        both = torch.cat([sums.double().cpu().reshape(-1), count.double().cpu().reshape(1)])
-        dist.all_reduce(both, op=dist.ReduceOp.SUM, group=self.control)
-        return both[:-1].to(sums.dtype), both[-1].to(count.dtype).reshape(count.shape)
 
-    def gather_collectors(self, state: dict[str, Any] | None) -> dict[str, Any] | None:
+        def reduce() -> tuple[torch.Tensor, torch.Tensor]:
+            both = torch.cat([sums.double().cpu().reshape(-1), count.double().cpu().reshape(1)])
+            dist.all_reduce(both, op=dist.ReduceOp.SUM, group=self.control)
+            return both[:-1].to(sums.dtype), both[-1].to(count.dtype).reshape(count.shape)
+
+        return await anyio.to_thread.run_sync(reduce)
+
+    async def gather_collectors(self, state: dict[str, Any] | None) -> dict[str, Any] | None:
         """Every rank's collector state onto rank 0, as rank 0's with the others under
         `peers` (rank order) and `world_size`; None on the other ranks, or when a rank's
         env cannot save its state."""
+        return await anyio.to_thread.run_sync(self._gather_collectors, state)
+
+    def _gather_collectors(self, state: dict[str, Any] | None) -> dict[str, Any] | None:
         gathered: list[Any] | None = [None] * self.world.world_size if self.world.leader else None
         dist.gather_object(state, gathered, dst=0, group=self.control)
         if gathered is None or any(s is None for s in gathered):
             return None
         return {**gathered[0], "peers": gathered[1:], "world_size": self.world.world_size}
 
-    def share_checkpoint(self, found: Any, error: DataError | None) -> Any:
-        """Rank 0's choice of checkpoint (or its DataError) on every rank."""
+    # ------------------------------------------------------------------ start-up (wiring)
+
+    def newest_checkpoint(self, checkpoints: CheckpointDir) -> Found | None:
+        """Rank 0 reads the newest valid checkpoint (stages/resume.py); every rank gets
+        rank 0's choice, or its DataError."""
+        found, error = None, None
+        if self.world.leader:
+            try:
+                found = resume.newest_checkpoint(checkpoints)
+            except DataError as err:
+                error = err
         payload = [(found, str(error) if error else None)]
         dist.broadcast_object_list(payload, src=0, group=self.control)
         found, message = payload[0]
@@ -103,32 +131,30 @@ class Ranks:
             raise DataError(message)
         return found
 
+    def share_weights(self, policy: torch.nn.Module) -> None:
+        self.reducer.broadcast_module(policy)  # rank 0's weights, whatever each loaded
+
     # ------------------------------------------------------------------ learner (trainer)
 
-    def share_learner_state(self, state: Any, error: str | None) -> Any:
-        """Rank 0's learner state (a rollback), or its error, on every rank."""
+    def rollback(self, checkpoints: CheckpointDir, learner: Learner) -> Path:
+        """Rank 0 loads its newest checkpoint's learner state and every other rank gets
+        the same state (or rank 0's error) from it."""
+        if self.world.leader:
+            try:
+                path = resume.load_learner(checkpoints, learner)
+            except Exception as err:
+                self._share_learner_state(None, str(err))
+                raise
+            self._share_learner_state((str(path), learner_state(learner)), None)
+            return path
+        path_name, state = self._share_learner_state(None, None)
+        restore_learner(learner, state, counters=False)
+        return Path(path_name)
+
+    def _share_learner_state(self, state: Any, error: str | None) -> Any:
         payload = [(state, error)]
         dist.broadcast_object_list(payload, src=0, group=self.learner)
         state, message = payload[0]
         if message is not None:
             raise RuntimeError(message)
         return state
-
-
-def collector_for_rank(collected: dict[str, Any] | None, world: World) -> dict[str, Any] | None:
-    """This rank's part of a checkpoint's collector state, or None to start new episodes
-    (then says why). A single-process checkpoint has world size 1."""
-    if collected is None:
-        return None
-    saved_world = int(collected.get("world_size", 1))
-    if saved_world != world.world_size:
-        log.warning(
-            "world size changed since the checkpoint: model, optimisers and counters are "
-            "restored; every rank's envs are re-seeded and start new episodes",
-            checkpoint_world_size=saved_world,
-            world_size=world.world_size,
-        )
-        return None
-    if world.rank == 0:
-        return collected
-    return collected["peers"][world.rank - 1]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,9 +20,11 @@ from navrl_daemon.config import Config
 from navrl_daemon.errors import StageFailed
 from navrl_daemon.ops.http import Health, MetricsServer
 from navrl_daemon.ops.metrics import Metrics
+from navrl_daemon.ops.tensorboard import TensorBoardLog, open_tensorboard
 from navrl_daemon.runtime.distributed import World
 from navrl_daemon.runtime.sd_notify import ProgressWatchdog, SystemdNotifier
 from navrl_daemon.runtime.supervisor import Shutdown, State
+from navrl_daemon.stages.cadence import Cadence
 from navrl_daemon.stages.progress import ProgressLog
 from navrl_daemon.stages.trainer import IterationRecord
 from navrl_daemon.storage.atomic import write_atomic
@@ -50,11 +53,13 @@ class Telemetry:
         device: torch.device,
         observe: Callable[[IterationRecord], None] | None = None,
         world: World | None = None,
+        cadence: Cadence | None = None,
     ) -> None:
         self.cfg = cfg
         self.world = world or World()
         # Frames of one iteration over all ranks.
-        self.frames_per_iteration = cfg.frames_per_iteration * self.world.world_size
+        cadence = cadence or Cadence.of(cfg, self.world.world_size)
+        self.frames_per_iteration = cadence.frames_per_iteration
         self.observe = observe
         self.notifier = SystemdNotifier()
         self.watchdog = ProgressWatchdog(self.notifier)
@@ -63,6 +68,7 @@ class Telemetry:
             torch_version=torch.__version__,
             device=str(device),
             stage_phases=STAGE_PHASES,
+            eval_interval=cfg.eval.interval,
         )
         self.health = Health(stall_after_s=cfg.metrics.stall_after_s)
         self.server: MetricsServer | None = None
@@ -73,6 +79,7 @@ class Telemetry:
             on_summary=self.summary,
         )
         self.history: HistoryFile | None = None
+        self.tensorboard: TensorBoardLog | None = None
         self.daemon_file: Path | None = None
         self._row_iteration = 0  # the iteration the next history row's window starts after
         self._resumed_from: int | None = None
@@ -108,8 +115,12 @@ class Telemetry:
             self.history = history
             if dropped:
                 log.info("history cut back to the checkpoint", iteration=iteration, dropped=dropped)
+        if self.cfg.log.tensorboard:
+            self.tensorboard = open_tensorboard(state_dir, frames)
+        self.metrics.watch_state_dir(str(state_dir))
         self._row_iteration = iteration
         self._resumed_from = iteration or None
+        self.metrics.checkpoint_schedule(self.cfg.checkpoint.interval, iteration)
         self.progress.window_frames = frames  # frames/s of the first window counts from here
         self.progress.window_start = time.perf_counter()
         url = None if self.server is None else f"http://{self.server.url_host}:{self.server.port}"
@@ -125,6 +136,20 @@ class Telemetry:
         self.health.set_state(str(state))
         if state is State.DRAINING:
             self.notifier.stopping(f"draining: {reason or 'finished'}")
+
+    async def finished(self, final_scrape_s: float) -> None:
+        """State "finished", served for `final_scrape_s` more seconds so that a scrape
+        records it (the down alert tells a finished run from a crash by it)."""
+        self.metrics.set_state("finished")
+        self.health.set_state("finished")
+        if self.server is None or final_scrape_s <= 0:
+            return
+        log.info("finished: serving metrics a last time", seconds=final_scrape_s)
+        # The supervisor no longer owns the signals: a SIGINT/SIGTERM ends the wait early.
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            with anyio.move_on_after(final_scrape_s):
+                async for _ in signals:
+                    break
 
     async def extend_stop_timeout(self, shutdown: Shutdown) -> None:
         """While draining, keep asking systemd for EXTEND_STOP_S more, every third of it.
@@ -167,10 +192,12 @@ class Telemetry:
             self.metrics.stage_busy(stage, ratio)
         if self.history is not None:
             row = self._history_row(summary)
-            try:
-                self.history.append(row)
-            except OSError as err:
-                log.warning("history row not written", iteration=row["iteration"], error=str(err))
+            error = self.history.append(row)  # a failed row waits for the next one
+            if error is not None:
+                self.metrics.write_failed("history")
+                log.warning("history row not written", iteration=row["iteration"], error=str(error))
+            if self.tensorboard is not None:
+                self.tensorboard.history_row(row)
 
     def _history_row(self, summary: dict[str, Any]) -> dict[str, Any]:
         """The summary as a history row: which iterations it covers (`iterations` ending at
@@ -184,8 +211,8 @@ class Telemetry:
             "time": round(now, 3),
             **{k: v for k, v in summary.items() if k not in ("iteration", "frames", "phases")},
             "checkpoint_stall_s": round(stall - self._stall_s, 6),
-            "checkpoint_age_s": (
-                round(now - self._checkpoint["time"], 3) if self._checkpoint else None
+            "checkpoint_age_s": (  # monotonic: a wall-clock step (NTP) changes no age
+                round(time.monotonic() - self._checkpoint["at"], 3) if self._checkpoint else None
             ),
             "checkpoint_write_s": self._checkpoint.get("write_s"),
             "checkpoint_raw_bytes": self._checkpoint.get("raw_bytes"),
@@ -206,11 +233,15 @@ class Telemetry:
     def evaluation(self, record: dict[str, Any]) -> None:
         self.metrics.evaluation(record)
         self.metrics.stage_time("evaluator", "evaluate", record["seconds"])
+        if self.tensorboard is not None:
+            self.tensorboard.evaluation(record)
 
-    def checkpoint_written(self, seconds: float, raw_bytes: int, stored_bytes: int) -> None:
-        self.metrics.checkpoint_written(seconds, raw_bytes, stored_bytes)
+    def checkpoint_written(
+        self, seconds: float, raw_bytes: int, stored_bytes: int, iteration: int
+    ) -> None:
+        self.metrics.checkpoint_written(seconds, raw_bytes, stored_bytes, iteration)
         self._checkpoint = {
-            "time": time.time(),
+            "at": time.monotonic(),
             "write_s": round(seconds, 6),
             "raw_bytes": raw_bytes,
             "stored_bytes": stored_bytes,
@@ -220,6 +251,8 @@ class Telemetry:
     def close(self) -> None:
         self.progress.summarise()
         self.progress.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
         if self.server is not None:
             self.server.stop()
         if self.daemon_file is not None:

@@ -28,9 +28,6 @@ from navrl_daemon.rl.graphs import WARMUP_RUNS, Capture, Replay, SameObjects, cu
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.rl.rollout import STAT_KEYS
 
-# Steps between two checks (a host read) of whether every env finished its first episode.
-CHECK_EVERY = 16
-
 
 @dataclass(frozen=True)
 class Trajectories:
@@ -66,8 +63,20 @@ class Trajectories:
         ]
 
 
+# Told (steps done, envs whose first episode has finished) every CHECK_EVERY steps.
+Progress = Callable[[int, int], None]
+CHECK_EVERY = 16  # steps between the host syncs that check whether every env finished
+
+
 @torch.no_grad()
-def evaluate(env: EnvBase, policy: NavRLPolicy, *, seed: int, max_steps: int) -> dict[str, float]:
+def evaluate(
+    env: EnvBase,
+    policy: NavRLPolicy,
+    *,
+    seed: int,
+    max_steps: int,
+    progress: Progress | None = None,
+) -> dict[str, float]:
     """Mean stats over the envs' first episodes.
 
     The env is reseeded and fully reset, so the same weights always give the same numbers.
@@ -76,7 +85,7 @@ def evaluate(env: EnvBase, policy: NavRLPolicy, *, seed: int, max_steps: int) ->
     in `unfinished`. Captured where the env's steps are (`Evaluation.for_env`); a caller
     that evaluates again and again keeps one `Evaluation` instead (one capture).
     """
-    return Evaluation.for_env(env, seed=seed, max_steps=max_steps)(policy)
+    return Evaluation.for_env(env, seed=seed, max_steps=max_steps)(policy, progress)
 
 
 class Evaluation:
@@ -125,7 +134,8 @@ class Evaluation:
         return cls(env, seed=seed, max_steps=max_steps, capture=capture, fallback=fallback)
 
     @torch.no_grad()
-    def __call__(self, policy: NavRLPolicy) -> dict[str, float]:
+    def __call__(self, policy: NavRLPolicy, progress: Progress | None = None) -> dict[str, float]:
+        """The evaluation of `policy`; `progress` is told every CHECK_EVERY steps."""
         with self._own_stream():
             self.env.set_seed(self.seed)
             start = self.env.reset()
@@ -142,7 +152,7 @@ class Evaluation:
             while taken < self.max_steps:
                 run()
                 taken += 1
-                if taken % CHECK_EVERY == 0 and bool(self._finished.all()):  # a host read
+                if taken % CHECK_EVERY == 0 and _all_finished(self._finished, taken, progress):
                     break
             return _results(self._first, self._last, self._finished)
 
@@ -212,6 +222,14 @@ def _evaluation_step(
     return step
 
 
+def _all_finished(finished: Tensor, steps: int, progress: Progress | None) -> bool:
+    """Whether every env finished its first episode (a host read); `progress` is told."""
+    done = int(finished.sum())
+    if progress is not None:
+        progress(steps, done)
+    return done == finished.shape[0]
+
+
 def _results(first: Tensor, last: Tensor, finished: Tensor) -> dict[str, float]:
     """Means of the first episodes' stats; envs still running count with their last."""
     stats = torch.where(finished[:, None], first, last)
@@ -239,39 +257,89 @@ def _generators(env: EnvBase) -> list[torch.Generator]:
 
 @torch.no_grad()
 def evaluate_recorded(
-    env: NavigationEnv, policy: NavRLPolicy, *, seed: int, max_steps: int
+    env: NavigationEnv,
+    policy: NavRLPolicy,
+    *,
+    seed: int,
+    max_steps: int,
+    progress: Progress | None = None,
 ) -> tuple[dict[str, float], Trajectories]:
     """`evaluate`, plus every drone's path and the obstacles (the embedded env only): the
     same numbers as `evaluate`, at the cost of a copy of the positions per step."""
     recorder = _Recorder(env)
-    results = _evaluate_recorded(env, policy, seed=seed, max_steps=max_steps, recorder=recorder)
+    results = _evaluate(
+        env, policy, seed=seed, max_steps=max_steps, recorder=recorder, progress=progress
+    )
     return results, recorder.trajectories()
 
 
-def _evaluate_recorded(
-    env: NavigationEnv, policy: NavRLPolicy, *, seed: int, max_steps: int, recorder: _Recorder
+@torch.no_grad()
+def evaluate_op_by_op(
+    env: EnvBase,
+    policy: NavRLPolicy,
+    *,
+    seed: int,
+    max_steps: int,
+    progress: Progress | None = None,
 ) -> dict[str, float]:
-    """`evaluate`'s loop, with the step split in two so the positions are read before
-    the reset."""
+    """`evaluate` never captured: for objects that act like a policy but read values on the
+    host in their `act` (the probes' wrappers), which a captured step cannot hold."""
+    return _evaluate(env, policy, seed=seed, max_steps=max_steps, recorder=None, progress=progress)
+
+
+def _evaluate(
+    env: EnvBase,
+    policy: NavRLPolicy,
+    *,
+    seed: int,
+    max_steps: int,
+    recorder: _Recorder | None,
+    progress: Progress | None,
+) -> dict[str, float]:
+    """`evaluate`'s loop op by op; with a recorder, the step is split in two so the
+    positions are read before the reset."""
     env.set_seed(seed)
     td = env.reset()
     n = env.batch_size[0]
     first = torch.zeros(n, len(STAT_KEYS), device=env.device)
     last = torch.zeros_like(first)
     finished = torch.zeros(n, dtype=torch.bool, device=env.device)
-    recorder.start()
+    if recorder is not None:
+        recorder.start()
     for step in range(max_steps):
-        record = env.step(policy.act(td, deterministic=True))
-        recorder.step(finished)
-        td = env.maybe_reset(step_mdp(record))
+        td = policy.act(td, deterministic=True)
+        if recorder is None:
+            record, td = env.step_and_maybe_reset(td)
+        else:
+            record = env.step(td)
+            recorder.step(finished)
+            td = env.maybe_reset(step_mdp(record))
         last = torch.cat([record["next", "stats", k] for k in STAT_KEYS], dim=-1)
         newly = record["next", "done"].squeeze(-1) & ~finished
         first = torch.where(newly[:, None], last, first)
         finished |= newly
-        if step % CHECK_EVERY == CHECK_EVERY - 1 and bool(finished.all()):
+        if step % CHECK_EVERY == CHECK_EVERY - 1 and _all_finished(finished, step + 1, progress):
             break
-    recorder.stats = torch.where(finished[:, None], first, last)
+    if recorder is not None:
+        recorder.stats = torch.where(finished[:, None], first, last)
     return _results(first, last, finished)
+
+
+def eval_rank(record: dict[str, Any]) -> tuple[float, float, float, float]:
+    """How evaluation results compare (higher is better): the later curriculum stage (a
+    harder task), then reach_goal, then fewer collisions, then the later iteration. The
+    one rule for `export/best.pt`, `checkpoints list` and the report's best evaluation."""
+
+    def number(key: str) -> float:
+        v = record.get(key)
+        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0.0
+
+    return (
+        number("curriculum_stage"),
+        number("reach_goal"),
+        -number("collision"),
+        number("iteration"),
+    )
 
 
 class _Recorder:

@@ -27,7 +27,10 @@ for `lr`, `fused`/`capturable` off), so checkpoints are the same whichever path 
 The paths cover NavRL's update: uniform frame minibatches, one process, no extra loss
 terms. `resolve` picks the eager path for anything else, and for `auto` on a CPU, where
 there is no launch overhead to save (benchmarks/throughput.py and ppo_update.py measure
-both; docs/throughput.md).
+both; docs/throughput.md). The rule itself is config.py's `resolve_update_path`, the one
+place that decides whether a path can run. `build_update` makes a learner's update once,
+from the path resolved for what the learner is built with: an `EagerUpdate` (ppo.update,
+which takes a reducer, an extra loss term and any minibatch source) or a `FastUpdate`.
 """
 
 from __future__ import annotations
@@ -35,19 +38,18 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Literal
 
 import torch
 from tensordict import TensorDictBase
 from torch.nn.utils import clip_grad_norm_
 
-from navrl_daemon.config import PPOConfig
-from navrl_daemon.errors import ConfigError
+from navrl_daemon.config import NOT_FAST, PPOConfig, UpdatePath, resolve_update_path
 from navrl_daemon.rl import ppo
+from navrl_daemon.rl.data_parallel import DataParallel
 from navrl_daemon.rl.graphs import capture_graph
 from navrl_daemon.rl.policy import NavRLPolicy
 
-UpdatePath = Literal["eager", "fused", "cuda_graph"]
+AuxLoss = Callable[[NavRLPolicy], dict[str, torch.Tensor]]
 
 # Warm-up steps on a side stream before capture (CUDA's lazy initialisation: cuBLAS
 # workspaces, autograd's stream bookkeeping); each is a skipped Adam step, maths-neutral.
@@ -55,25 +57,87 @@ _WARMUP_STEPS = 3
 
 
 def resolve(requested: str, device: torch.device, *, why_not: str | None = None) -> UpdatePath:
-    """The path an update runs on. `why_not` names what rules the fast paths out for this
-    learner (data parallelism, a BC term, compressed minibatches), None when nothing does.
+    """The path an update runs on for this device (config.resolve_update_path's rule)."""
+    return resolve_update_path(requested, device.type, why_not=why_not)
 
-    "auto" is "cuda_graph" on a CUDA device and "eager" otherwise; an explicit fast path
-    that cannot run here is a ConfigError (exit 78), never a silent fallback.
-    """
-    if requested == "auto":
-        return "cuda_graph" if device.type == "cuda" and why_not is None else "eager"
-    if requested == "eager":
-        return "eager"
-    if why_not is not None:
-        raise ConfigError(f"ppo.update_path = {requested!r} does not support {why_not}")
-    if requested == "cuda_graph" and device.type != "cuda":
-        raise ConfigError(
-            f"ppo.update_path = 'cuda_graph' needs a CUDA device; this run's is {device}"
+
+def build_update(
+    cfg: PPOConfig,
+    policy: NavRLPolicy,
+    optimizers: dict[str, torch.optim.Optimizer],
+    device: torch.device,
+    *,
+    reducer: DataParallel | None = None,
+    aux_loss: AuxLoss | None = None,
+    minibatches: ppo.MinibatchSource = ppo.frame_minibatches,
+) -> EagerUpdate | FastUpdate:
+    """A learner's update, its path resolved once: ConfigError (exit 78) if
+    `cfg.update_path` cannot run with these."""
+    why_not = None
+    if reducer is not None:
+        why_not = NOT_FAST["reducer"]
+    elif aux_loss is not None:
+        why_not = NOT_FAST["aux_loss"]
+    elif minibatches is not ppo.frame_minibatches:
+        why_not = NOT_FAST["env_groups"]
+    path = resolve(cfg.update_path, device, why_not=why_not)
+    if path == "eager":
+        return EagerUpdate(policy, optimizers, reducer, aux_loss, minibatches)
+    return FastUpdate(
+        policy,
+        optimizers,
+        device,
+        graphs=path == "cuda_graph",
+        fallback=cfg.update_path == "auto",
+    )
+
+
+class EagerUpdate:
+    """NavRL's update, `ppo.update`, with what the learner was built with."""
+
+    path: UpdatePath = "eager"
+    capture_error: str | None = None
+
+    def __init__(
+        self,
+        policy: NavRLPolicy,
+        optimizers: dict[str, torch.optim.Optimizer],
+        reducer: DataParallel | None,
+        aux_loss: AuxLoss | None,
+        minibatches: ppo.MinibatchSource,
+    ) -> None:
+        self.policy = policy
+        self.optimizers = optimizers
+        self.reducer = reducer
+        self.aux_loss = aux_loss
+        self.minibatches = minibatches
+
+    def __call__(
+        self,
+        batch: TensorDictBase,
+        cfg: PPOConfig,
+        generator: torch.Generator | None,
+        abort: threading.Event | None = None,
+        release: Callable[[], None] | None = None,
+    ) -> dict[str, float]:
+        return ppo.update(
+            self.policy,
+            self.optimizers,
+            batch,
+            cfg,
+            generator,
+            abort=abort,
+            reducer=self.reducer,
+            aux_loss=self.aux_loss,
+            minibatches=self.minibatches,
+            release=release,
         )
-    if requested not in ("fused", "cuda_graph"):
-        raise ConfigError(f"ppo.update_path: unknown path {requested!r}")
-    return requested  # type: ignore[return-value]
+
+    def report(self) -> dict[str, float]:
+        """What the minibatch source reports, if it has a `report()` (compressed rollouts:
+        ratio and seconds spent compressing and decoding)."""
+        report = getattr(self.minibatches, "report", None)
+        return report() if callable(report) else {}
 
 
 class FastUpdate:
@@ -112,14 +176,21 @@ class FastUpdate:
 
     # ------------------------------------------------------------------------ public
 
+    @property
+    def path(self) -> UpdatePath:
+        """The path resolved (a failed capture under "auto" goes on fused: capture_error)."""
+        return self.requested
+
     def __call__(
         self,
         batch: TensorDictBase,
         cfg: PPOConfig,
         generator: torch.Generator | None,
         abort: threading.Event | None = None,
+        release: Callable[[], None] | None = None,
     ) -> dict[str, float]:
-        """What ppo.update returns, for the same arguments (no reducer, no aux loss)."""
+        """What ppo.update returns, for the same arguments (no reducer, no aux loss).
+        Reads `batch` to the end: `release` is never called (the caller releases it)."""
         advantages, targets = ppo.advantages_and_targets(self.policy, batch, cfg)
         data = ppo.update_data(batch, advantages, targets)
         flat = data.reshape(-1)
@@ -150,6 +221,9 @@ class FastUpdate:
             "minibatch_updates": applied,
             "nonfinite_updates": steps - applied,
         }
+
+    def report(self) -> dict[str, float]:
+        return {}
 
     # ------------------------------------------------------------------------ the step
 

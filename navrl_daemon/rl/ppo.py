@@ -214,6 +214,20 @@ def env_groups(
         yield from minibatch_indices(num_envs, cfg.minibatches, generator, device)
 
 
+@torch.no_grad()
+def approx_kl(policy: NavRLPolicy, batch: TensorDictBase, rows: int) -> torch.Tensor:
+    """KL from the rollout's policy to `policy`, estimated on about `rows` frames spread
+    evenly over the [N, T] batch: mean((r − 1) − log r) with r = π(a)/π_old(a) (Schulman's
+    k3 estimator, never negative)."""
+    flat = batch.reshape(-1)
+    stride = max(1, flat.shape[0] // rows)
+    sample = flat[torch.arange(0, flat.shape[0], stride, device=flat.device)]
+    dist = policy.distribution(policy.observe(sample))
+    action = sample.get(("agents", "action_normalized"))
+    log_ratio = dist.log_prob(action) - sample.get("sample_log_prob")
+    return ((log_ratio.exp() - 1.0) - log_ratio).mean()
+
+
 # ---------------------------------------------------------------------------- the update
 
 

@@ -44,12 +44,15 @@ def learner_state(learner: Learner) -> dict[str, Any]:
 def restore_learner(learner: Learner, state: dict[str, Any], *, counters: bool = True) -> None:
     """Load policy, optimisers and minibatch RNG; `counters=False` keeps the version (a
     rollback continues numbering versions forward). Learning rates come from the config,
-    not the file: a user who changes `ppo.actor_lr` and restarts gets the new one."""
+    not the file: a user who changes `ppo.actor_lr` and restarts gets the new one; except
+    under `ppo.lr_schedule = "kl_adaptive"`, where the adapted rates are the run's state
+    and go on from the file's."""
     learner.policy.load_state_dict(state["policy"])
     lrs = learning_rates(learner.cfg.ppo)
+    adapted = learner.cfg.ppo.lr_schedule == "kl_adaptive"
     for name, opt in learner.optimizers.items():
         opt.load_state_dict(state["optimizers"][name])
-        for group in opt.param_groups:
+        for group in opt.param_groups if not adapted else ():
             group["lr"] = lrs[name]
     learner.generator.set_state(state["generator"].cpu())
     if counters:

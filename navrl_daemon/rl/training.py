@@ -21,7 +21,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.envs import EnvBase
 
-from navrl_daemon.config import Config, PPOConfig
+from navrl_daemon.config import Config, PPOConfig, UpdatePath
 from navrl_daemon.env import check_backend, make_env
 from navrl_daemon.env.navigation import collect_path
 from navrl_daemon.rl import fast_update, ppo, schedules
@@ -30,6 +30,9 @@ from navrl_daemon.rl.data_parallel import DataParallel
 from navrl_daemon.rl.evaluate import Evaluation
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.rl.rollout import EpisodeStats, Rollout, collect, first_step, make_rollout_buffer
+
+# Frames of the rollout the kl_adaptive schedule measures the KL on after each update.
+KL_SAMPLE_ROWS = 1024
 
 
 class NonFiniteTraining(RuntimeError):
@@ -100,27 +103,49 @@ class Learner:
     policy: NavRLPolicy
     optimizers: dict[str, torch.optim.Optimizer]
     generator: torch.Generator
+    # The PPO update, its path (eager / fused / cuda_graph) resolved once when built
+    # (rl/fast_update.py): ppo.update's options are the update's, not the learner's.
+    ppo_update: fast_update.EagerUpdate | fast_update.FastUpdate = field(repr=False)
+    # Data parallelism over torch.distributed ranks (None: this process alone); every
+    # `distributed.check_interval` updates the ranks compare parameter checksums.
+    reducer: DataParallel | None = None
     # Number of updates applied: the version of the weights in `policy`.
     version: int = 0
     nonfinite_streak: int = 0
-    # Data parallelism over torch.distributed ranks (None: this process alone), and every
-    # how many updates the ranks compare parameter checksums (0: never).
-    reducer: DataParallel | None = None
-    check_interval: int = 0
-    # Extra loss terms per minibatch (ppo.update's `aux_loss`): the BC term of "ppo+bc".
-    aux_loss: Callable[[NavRLPolicy], dict[str, torch.Tensor]] | None = None
-    # How the batch is cut into minibatches: NavRL's uniform frames, or env groups decoded
-    # from a compressed copy (`pipeline.compress_rollouts`, storage/compressed_rollout.py).
-    minibatches: ppo.MinibatchSource = ppo.frame_minibatches
-    # The fused/graph update (rl/fast_update.py), made when the path first resolves to
-    # one (`update_path`); None: only the eager path has run.
-    fast: fast_update.FastUpdate | None = field(default=None, repr=False)
 
     @classmethod
-    def build(cls, cfg: Config, policy: NavRLPolicy, device: torch.device | str) -> Learner:
+    def build(
+        cls,
+        cfg: Config,
+        policy: NavRLPolicy,
+        device: torch.device | str,
+        *,
+        reducer: DataParallel | None = None,
+        minibatches: ppo.MinibatchSource = ppo.frame_minibatches,
+        aux_loss: fast_update.AuxLoss | None = None,
+    ) -> Learner:
+        """The learner, complete: `minibatches` (NavRL's uniform frames, or env groups of
+        a compressed copy: storage/compressed_rollout.py) and `aux_loss` (extra loss
+        terms per minibatch: the BC term of "ppo+bc") go to its update, whose path is
+        resolved here: ConfigError (exit 78) if `ppo.update_path` cannot run with them."""
+        device = torch.device(device)
         generator = torch.Generator(device=device)
         generator.manual_seed(cfg.run.seed)
-        return cls(cfg, policy, ppo.make_optimizers(policy, cfg.ppo), generator)
+        optimizers = ppo.make_optimizers(policy, cfg.ppo)
+        ppo_update = fast_update.build_update(
+            cfg.ppo,
+            policy,
+            optimizers,
+            device,
+            reducer=reducer,
+            aux_loss=aux_loss,
+            minibatches=minibatches,
+        )
+        return cls(cfg, policy, optimizers, generator, ppo_update, reducer)
+
+    @property
+    def update_path(self) -> UpdatePath:
+        return self.ppo_update.path
 
     def update(
         self,
@@ -132,62 +157,42 @@ class Learner:
         is called when `buffer` is no longer read, if that is before the update ends.
 
         The losses carry the actor's `lr` and the `entropy_coef` this update used, and
-        what the minibatch source reports, if it has a `report()` (compressed rollouts:
-        ratio and seconds spent compressing and decoding).
+        what the update reports (compressed rollouts: ratio and seconds spent compressing
+        and decoding).
         """
         ppo_cfg = self.apply_schedules()
-        if self.update_path() != "eager":
-            assert self.fast is not None
-            losses = self.fast(buffer, ppo_cfg, self.generator, abort=abort)
-        else:
-            losses = ppo.update(
-                self.policy,
-                self.optimizers,
-                buffer,
-                ppo_cfg,
-                self.generator,
-                abort=abort,
-                reducer=self.reducer,
-                aux_loss=self.aux_loss,
-                minibatches=self.minibatches,
-                release=release,
-            )
+        losses = self.ppo_update(buffer, ppo_cfg, self.generator, abort=abort, release=release)
         self._check_finite(losses)
         self.version += 1
-        every = self.check_interval
+        every = self.cfg.distributed.check_interval
         if self.reducer is not None and every and self.version % every == 0:
             self.reducer.check_same(self.policy)
         lr = self.optimizers["actor"].param_groups[0]["lr"]
-        report = getattr(self.minibatches, "report", None)  # e.g. the compressed source's
-        extra = report() if callable(report) else {}
-        return {**losses, "lr": lr, "entropy_coef": ppo_cfg.entropy_coef, **extra}
+        if ppo_cfg.lr_schedule == "kl_adaptive":
+            losses["approx_kl"] = self._adapt_lr_to_kl(buffer)
+        return {
+            **losses,
+            "lr": lr,
+            "entropy_coef": ppo_cfg.entropy_coef,
+            **self.ppo_update.report(),
+        }
 
-    def update_path(self) -> fast_update.UpdatePath:
-        """`ppo.update_path` resolved for this learner as it is wired now (ConfigError if
-        it cannot run); resolved again at every update, since stages set the fields above
-        after building the learner."""
-        device = next(self.policy.parameters()).device
-        path = fast_update.resolve(
-            self.cfg.ppo.update_path, device, why_not=self._fast_unsupported()
-        )
-        if path != "eager" and (self.fast is None or self.fast.requested != path):
-            self.fast = fast_update.FastUpdate(
-                self.policy,
-                self.optimizers,
-                device,
-                graphs=path == "cuda_graph",
-                fallback=self.cfg.ppo.update_path == "auto",
-            )
-        return path
-
-    def _fast_unsupported(self) -> str | None:
+    def _adapt_lr_to_kl(self, buffer: TensorDictBase) -> float:
+        """`ppo.lr_schedule = "kl_adaptive"`: measure how far this update moved the policy
+        from the rollout's (every rank's mean) and set the next update's learning rates.
+        They live in the optimisers' param groups, which checkpoints save, so a resumed
+        run goes on with the same rates."""
+        kl = ppo.approx_kl(self.policy, buffer, KL_SAMPLE_ROWS)
         if self.reducer is not None:
-            return "data parallelism over ranks (distributed)"
-        if self.aux_loss is not None:
-            return "an extra loss term (offline.objective = 'ppo+bc')"
-        if self.minibatches is not ppo.frame_minibatches:
-            return "env-group minibatches (pipeline.compress_rollouts)"
-        return None
+            kl = self.reducer.sum(kl.reshape(1))[0] / self.reducer.world_size
+        kl_value = float(kl)
+        cfg = self.cfg.ppo
+        actor_lr = self.optimizers["actor"].param_groups[0]["lr"]
+        scale = schedules.kl_adapted_lr(cfg, actor_lr, kl_value) / cfg.actor_lr
+        for name, lr in ppo.learning_rates(cfg).items():
+            for group in self.optimizers[name].param_groups:
+                group["lr"] = lr * scale
+        return kl_value
 
     @property
     def trained_frames(self) -> int:
@@ -203,7 +208,7 @@ class Learner:
         """
         ppo_cfg = self.cfg.ppo
         frames, span = self.trained_frames, ppo_cfg.schedule_frames
-        if ppo_cfg.lr_schedule != "constant":
+        if ppo_cfg.lr_schedule == "linear":  # kl_adaptive sets the rates after updates
             scale = schedules.lr_scale(ppo_cfg, frames, span)
             for name, lr in ppo.learning_rates(ppo_cfg).items():
                 for group in self.optimizers[name].param_groups:
@@ -249,7 +254,7 @@ class Training:
     learner: Learner
     buffer: TensorDictBase
     frames: int = 0
-    evaluation: Evaluation | None = field(default=None, repr=False)
+    evaluations: Evaluations | None = field(default=None, repr=False)
 
     @classmethod
     def build(cls, cfg: Config, device: str | torch.device) -> Training:
@@ -278,14 +283,10 @@ class Training:
         return IterationResult(self.iteration, self.frames, collect_s, update_s, losses)
 
     def evaluate(self) -> dict[str, Any]:
-        """NavRL's evaluation on a separate env that shares the training map."""
-        if self.evaluation is None:
-            self.evaluation = Evaluation.for_env(
-                make_eval_env(self.cfg, self.device),
-                seed=self.cfg.eval.seed,
-                max_steps=eval_steps(self.cfg),
-            )
-        return self.evaluation(self.policy)
+        """NavRL's evaluation on separate envs (`Evaluations`: the eval section's maps)."""
+        if self.evaluations is None:
+            self.evaluations = Evaluations(self.cfg, self.device)
+        return self.evaluations(self.policy)
 
 
 def acting_copy(policy: NavRLPolicy) -> NavRLPolicy:
@@ -295,14 +296,44 @@ def acting_copy(policy: NavRLPolicy) -> NavRLPolicy:
     return clone
 
 
-def make_eval_env(cfg: Config, device: str | torch.device) -> EnvBase:
+def make_eval_env(
+    cfg: Config, device: str | torch.device, *, map_seed: int | None = None
+) -> EnvBase:
+    """The evaluation's env: the whole map (no density levels), `eval.num_maps` maps drawn
+    from `map_seed` (default `eval.map_seed`; -1 there: run.seed, the training maps)."""
+    if map_seed is None:
+        map_seed = cfg.eval.map_seed if cfg.eval.map_seed >= 0 else cfg.run.seed
+    env_cfg = cfg.env.model_copy(
+        update={"map_levels": [], "num_maps": cfg.eval.num_maps or cfg.env.num_maps}
+    )
     return make_env(
-        cfg.env,
+        env_cfg,
         device=device,
-        seed=cfg.run.seed,
+        seed=map_seed,
         num_envs=cfg.eval.num_envs,
         layout=cfg.eval.layout,
     )
+
+
+class Evaluations:
+    """NavRL's evaluation (an `Evaluation`: captured where the env's steps are) on the eval
+    section's maps and, with `eval.held_out_seed`, again on maps of that seed, reported as
+    `held_out_<stat>`. Built once and called with each policy (one capture per env)."""
+
+    def __init__(self, cfg: Config, device: str | torch.device) -> None:
+        def on(env: EnvBase) -> Evaluation:
+            return Evaluation.for_env(env, seed=cfg.eval.seed, max_steps=eval_steps(cfg))
+
+        self.main = on(make_eval_env(cfg, device))
+        held_out = cfg.eval.held_out_seed
+        self.held_out = on(make_eval_env(cfg, device, map_seed=held_out)) if held_out >= 0 else None
+
+    def __call__(self, policy: NavRLPolicy) -> dict[str, Any]:
+        results = self.main(policy)
+        if self.held_out is not None:
+            other = self.held_out(policy)
+            results.update({f"held_out_{k}": v for k, v in other.items()})
+        return results
 
 
 def eval_steps(cfg: Config) -> int:

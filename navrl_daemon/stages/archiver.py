@@ -4,14 +4,20 @@ For each rollout lease it receives, a due one (`iteration % interval == 0`) is c
 host memory and its lease released at once; the copy is split into one segment per env,
 compressed in a thread pool of `archive.workers` (tasks of several envs each, so each
 is worth a thread) and appended to `DIR/rollouts-<seq:06d>.h5` (storage/archive.py has
-the format). A file past `archive.max_file_bytes` is closed and the next started; past
-`archive.max_total_bytes` in the directory, the oldest files are removed. `flush`
-closes the open file, which marks it complete; after a kill -9 the file being written
-reads back up to its last whole segment. A write that fails (disk full, I/O error) turns
-archiving off until the daemon restarts (HDF5 cannot be trusted after one: see
-`_abandon_file`); it is logged, every rollout not archived counts as a drop, and training
-goes on. The producer sends only due rollouts here;
-a lease that is not due is released untouched.
+the format). A file past `archive.max_file_bytes` is closed and the next started.
+Before each append, storage/archive_retention.py checks that the rollout fits under
+`archive.max_total_bytes` with `FREE_RESERVE` left on the disk: with `archive.on_full =
+"rotate"` it deletes the oldest finished files no reader holds to make room; with "drop"
+or "block" nothing is deleted and a rollout that does not fit is skipped (counted as a
+drop; the log says so once when the archive fills and once when it has room again).
+`flush` closes the open file, which marks it complete; after a kill -9 the file being
+written reads back up to its last whole segment. A run resumed from a checkpoint redoes
+the iterations a crash lost after it; those that were archived before the crash are not
+archived again (each iteration is in the archive once). A write that fails (disk full,
+I/O error) turns archiving off until the daemon restarts (HDF5 cannot be trusted after
+one: see `_abandon_file`); it is logged, every rollout not archived counts as a drop, and
+training goes on. The producer sends only due rollouts here; a lease that is not due is
+released untouched.
 While draining (first signal) it still archives what is queued; once `shutdown.abort` is
 set (second signal) it releases leases without archiving them.
 
@@ -26,6 +32,9 @@ RolloutArchiver(
     archive.receiver(),
     shutdown=shutdown,
     on_written=metrics.archive_written,
+    on_failed=metrics.archive_dropped,
+    on_rotated=metrics.archive_rotated,
+    on_usage=metrics.archive_usage,
 )
 ```
 Only build it when `cfg.archive.interval > 0`.
@@ -34,7 +43,6 @@ Only build it when `cfg.archive.interval > 0`.
 from __future__ import annotations
 
 import math
-import os
 import resource
 import time
 from collections.abc import Callable
@@ -55,11 +63,13 @@ from navrl_daemon.runtime.supervisor import Shutdown
 from navrl_daemon.storage.archive import (
     ArchiveWriter,
     Schema,
-    archive_files,
     archive_name,
     encode_segments,
+    last_archived_iteration,
     next_sequence,
+    remove_temp_files,
 )
+from navrl_daemon.storage.archive_retention import ArchiveRetention, ArchiveUsage, Rotated
 from navrl_daemon.storage.codec import parse_key_filters
 from navrl_daemon.storage.episode_store import Arrays, rollout_arrays
 
@@ -69,6 +79,9 @@ log = structlog.get_logger("archiver")
 MIN_TASK_BYTES = 1 << 20
 # Free disk space the archive leaves alone, so checkpoints can still be written.
 FREE_RESERVE = 512 << 20
+# What an append adds to a file beyond its blobs' bytes: index rows and the last chunk's
+# unused tail (storage/archive.py: MAX_BLOB_CHUNK).
+APPEND_SLACK = 256 << 10
 
 
 def arrays_bytes(buffer: TensorDictBase) -> int:
@@ -105,6 +118,9 @@ class RolloutArchiver:
         shutdown: Shutdown,
         on_written: Callable[[int, int, int], None] = lambda raw, stored, segments: None,
         on_failed: Callable[[], None] = lambda: None,
+        resumed_from: int = 0,
+        on_rotated: Callable[[int, int], None] = lambda files, nbytes: None,
+        on_usage: Callable[[ArchiveUsage], None] = lambda usage: None,
     ) -> None:
         self.cfg = cfg
         self.directory = directory
@@ -112,6 +128,15 @@ class RolloutArchiver:
         self.shutdown = shutdown
         self.on_written = on_written
         self.on_failed = on_failed
+        self.on_rotated = on_rotated
+        self.on_usage = on_usage
+        self.retention = ArchiveRetention(
+            directory,
+            max_total_bytes=cfg.max_total_bytes,
+            reserve_bytes=FREE_RESERVE,
+            rotate=cfg.on_full == "rotate",
+        )
+        self._full = False  # no room for the last rollout (logged when it changes)
         self.archived = 0
         self.failures = 0
         self._key_filters = parse_key_filters(cfg.key_filters)
@@ -119,24 +144,34 @@ class RolloutArchiver:
         self._files = anyio.CapacityLimiter(1)  # one thread at a time touches the HDF5 file
         self._schema: Schema | None = None
         self._writer: ArchiveWriter | None = None
+        removed = remove_temp_files(directory)
+        if removed:
+            log.warning("removed half-created archive files", files=[p.name for p in removed])
         self._next_seq = next_sequence(directory)  # a restart never appends to an old file
+        # Resumed from checkpoint `resumed_from`: iterations after it up to this one were
+        # archived before a crash, and are about to be redone.
+        archived = last_archived_iteration(directory) if resumed_from else None
+        self._archived_through = archived if archived is not None else -1  # rollouts from 0
         self._host: TensorDictBase | None = None  # pinned staging buffer for CUDA rollouts
         self._broken: list[ArchiveWriter] = []  # see _abandon_file
 
     async def run(self) -> None:
         try:
+            self.on_usage(await anyio.to_thread.run_sync(self.retention.usage))
             async for lease in self.rollouts:
                 with lease:
                     iteration = int(lease.meta["iteration"])
                     if not is_due(self.cfg, iteration) or self.shutdown.abort.is_set():
                         continue
+                    if iteration <= self._archived_through:
+                        log.info("rollout already archived before the restart", iteration=iteration)
+                        continue
                     if self._broken:
                         self.on_failed()  # archiving is off since a write failed
                         continue
-                    room = self._room_for(arrays_bytes(lease.buffer))
-                    if room is not None:
+                    if limit := _file_size_limit(self._writer, arrays_bytes(lease.buffer)):
                         self.on_failed()
-                        log.warning("rollout not archived: no room for it", reason=room)
+                        log.warning("rollout not archived", reason=limit)
                         continue
                     policy_version = int(lease.meta["policy_version"])
                     arrays = await anyio.to_thread.run_sync(self._host_copy, lease.buffer)
@@ -157,6 +192,9 @@ class RolloutArchiver:
                         error=f"{type(err).__name__}: {err}",
                         failures=self.failures,
                     )
+                    continue
+                if segments == 0:  # no room for it (the archive is full)
+                    self.on_failed()
                     continue
                 self.archived += 1
                 self.on_written(raw, stored, segments)
@@ -205,6 +243,8 @@ class RolloutArchiver:
             groups,
         )
         segments = [s for part in encoded for s in part]
+        if not self._make_room(sum(s.stored_bytes for s in segments) + APPEND_SLACK):
+            return 0, 0, 0
         if self._writer is None:
             path = self.directory / archive_name(self._next_seq)
             self._next_seq += 1
@@ -214,7 +254,7 @@ class RolloutArchiver:
         raw = sum(s.raw_bytes for s in segments)
         if self._writer.file_bytes >= self.cfg.max_file_bytes:
             self._close_file()
-        self._enforce_total()
+        self.on_usage(self.retention.usage())
         log.debug(
             "rollout archived",
             iteration=iteration,
@@ -237,21 +277,28 @@ class RolloutArchiver:
                 stored_bytes=writer.stored_bytes,
             )
 
-    def _room_for(self, nbytes: int) -> str | None:
-        """Why `nbytes` more (raw, an upper bound of what LZ4 stores) would not fit, or None.
-
-        Checked before writing because a failed HDF5 write cannot be undone (`_abandon_file`)
-        and the checkpoints need the disk more: the archive stops `FREE_RESERVE` early."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        st = os.statvfs(self.directory)
-        free = st.f_bavail * st.f_frsize
-        if free < 2 * nbytes + FREE_RESERVE:
-            return f"{free} bytes free on the archive's disk, keeping {FREE_RESERVE} spare"
-        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-        size = self._writer.file_bytes if self._writer is not None else 0
-        if limit != resource.RLIM_INFINITY and size + 2 * nbytes + (1 << 20) > limit:
-            return f"the process file size limit (RLIMIT_FSIZE) is {limit} bytes"
-        return None
+    def _make_room(self, need: int) -> bool:
+        """Whether `need` bytes fit (storage/archive_retention.py), after rotating old
+        files out if `on_full = "rotate"`. Checked before writing because a failed HDF5
+        write cannot be undone (`_abandon_file`) and the checkpoints need the disk more."""
+        writing = self._writer.path if self._writer is not None else None
+        why, rotated = self.retention.make_room(need, need, writing)
+        if why is not None and self.retention.rotate and self.retention.usage().files == 1:
+            self._close_file()  # the file being written is the only one: finish it, let it go
+            why, more = self.retention.make_room(need, need, None)
+            rotated = Rotated(rotated.files + more.files, rotated.bytes + more.bytes)
+        if rotated.files:
+            self.on_rotated(len(rotated.files), rotated.bytes)
+            self.on_usage(self.retention.usage())
+            log.info("archive files rotated out", files=list(rotated.files), bytes=rotated.bytes)
+        full = why is not None
+        if full != self._full:  # said once when the archive fills, once when it has room
+            if full:
+                log.warning("archive full: rollouts are not archived until it has room", reason=why)
+            else:
+                log.info("archive has room again")
+            self._full = full
+        return not full
 
     def _abandon_file(self) -> None:
         """After a failed write, HDF5's state for that file cannot be trusted: closing it or
@@ -261,19 +308,6 @@ class RolloutArchiver:
         if self._writer is not None:
             self._broken.append(self._writer)  # never closed, never collected
         self._writer = None
-
-    def _enforce_total(self) -> None:
-        """Remove the oldest files while the directory holds more than max_total_bytes."""
-        files = archive_files(self.directory)
-        sizes = {p: p.stat().st_size for p in files}
-        total = sum(sizes.values())
-        current = self._writer.path if self._writer is not None else None
-        for path in files:
-            if total <= self.cfg.max_total_bytes or path == current:
-                break
-            path.unlink(missing_ok=True)
-            total -= sizes[path]
-            log.info("archive file removed (max_total_bytes)", path=str(path))
 
     async def flush(self, deadline: float) -> None:
         """Close the open file (marking it complete) once any append in flight is done."""
@@ -285,3 +319,13 @@ class RolloutArchiver:
         except (OSError, RuntimeError) as err:
             log.error("closing the archive file failed: it stays incomplete", error=str(err))
         self._pool.shutdown(wait=True)
+
+
+def _file_size_limit(writer: ArchiveWriter | None, nbytes: int) -> str | None:
+    """Why `nbytes` more (raw, an upper bound of what LZ4 stores) would pass the process's
+    file size limit (RLIMIT_FSIZE: the write would fail with SIGXFSZ/EFBIG), or None."""
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    size = writer.file_bytes if writer is not None else 0
+    if limit != resource.RLIM_INFINITY and size + 2 * nbytes + (1 << 20) > limit:
+        return f"the process file size limit (RLIMIT_FSIZE) is {limit} bytes"
+    return None

@@ -2,9 +2,11 @@
 
 The trainer only stages a snapshot (a host copy) and drops it into a coalescing queue;
 here it is serialised, compressed by `checkpoint.workers` threads, written durably
-(storage/checkpoint.py) and old files pruned. A failed write (disk full, I/O error,
-permissions, a non-finite tensor) is logged and counted and training goes on: the next
-interval tries again and every file already written stays. On shutdown the trainer sends
+(storage/checkpoint.py) and old files pruned (files that are not valid checkpoints are moved
+aside, never counted). Low on disk space, older checkpoints are deleted to make room before
+a write, never the newest valid one. A failed write (disk full, I/O error, permissions, a
+non-finite tensor) is logged and counted and training goes on: the next interval tries
+again and every file already written stays. On shutdown the trainer sends
 its final snapshot and closes the queue; `run` writes whatever is pending, then ends.
 """
 
@@ -23,7 +25,12 @@ import structlog
 from navrl_daemon.config import CheckpointConfig
 from navrl_daemon.runtime.channels import Receiver
 from navrl_daemon.stages.messages import Snapshot
-from navrl_daemon.storage.checkpoint import CheckpointDir, encode_checkpoint, parse_header
+from navrl_daemon.storage.checkpoint import (
+    REJECTED,
+    CheckpointDir,
+    encode_checkpoint,
+    parse_header,
+)
 
 log = structlog.get_logger("checkpoint_writer")
 
@@ -38,7 +45,8 @@ class CheckpointWriter:
         cfg: CheckpointConfig,
         *,
         meta: dict[str, Any],
-        on_written: Callable[[float, int, int], None] = lambda *_: None,
+        # seconds, raw bytes, stored bytes, iteration
+        on_written: Callable[[float, int, int, int], None] = lambda *_: None,
         on_failed: Callable[[], None] = lambda: None,
         scores: dict[int, float] | None = None,
     ) -> None:
@@ -48,9 +56,9 @@ class CheckpointWriter:
         self.meta = meta
         self.on_written = on_written
         self.on_failed = on_failed
-        # Eval reach_goal by iteration, for `keep_best` (see `record_eval`).
+        # Eval reach_goal by iteration, for `keep_best` (see `record_eval`); only those of
+        # files on disk and of iterations not written yet are kept (`_prune`).
         self.scores: dict[int, float] = dict(scores or {})
-        self.written: list[Path] = []
         self.failures = 0
         self._pool = ThreadPoolExecutor(cfg.workers, thread_name_prefix="checkpoint")
 
@@ -94,6 +102,11 @@ class CheckpointWriter:
                 executor=self._pool,
             )
             path = self.directory.write(data, snapshot.iteration)
+            if self.directory.made_room:
+                log.warning(
+                    "low disk space: older checkpoints removed to make room",
+                    files=[p.name for p in self.directory.made_room],
+                )
         except (OSError, ValueError, TypeError) as err:
             self.failures += 1
             self.on_failed()
@@ -106,9 +119,9 @@ class CheckpointWriter:
             return
         seconds = time.perf_counter() - t0
         header = parse_header(data)
-        self.written.append(path)
-        self.on_written(seconds, header.raw_bytes, header.stored_bytes)
-        log.info(
+        self.on_written(seconds, header.raw_bytes, header.stored_bytes, snapshot.iteration)
+        removed = self._prune(path, snapshot.iteration)
+        log.info(  # one line per checkpoint, with the old files it replaced
             "checkpoint written",
             path=str(path),
             iteration=snapshot.iteration,
@@ -117,10 +130,11 @@ class CheckpointWriter:
             raw_bytes=header.raw_bytes,
             stored_bytes=header.stored_bytes,
             seconds=round(seconds, 4),
+            **({"removed": [p.name for p in removed]} if removed else {}),
         )
-        self._prune(path)
 
-    def _prune(self, newest: Path) -> None:
+    def _prune(self, newest: Path, iteration: int) -> list[Path]:
+        """Delete old files (keep_last, keep_best); forget the scores no file can use."""
         scores = {self.directory.path / f"ckpt-{it:09d}.nrc": s for it, s in self.scores.items()}
         try:
             removed = self.directory.prune(
@@ -128,9 +142,20 @@ class CheckpointWriter:
             )
         except OSError as err:
             log.warning("pruning old checkpoints failed", error=_describe(err))
-            return
-        if removed:
-            log.info("old checkpoints removed", files=[p.name for p in removed])
+            return []
+        for path, why in self.directory.rejected:
+            log.warning(
+                "not a valid checkpoint: moved aside, it never counts",
+                file=str(path),
+                to=str(self.directory.path / REJECTED),
+                reason=why,
+            )
+        gone = {int(p.stem.removeprefix("ckpt-")) for p in removed}
+        # Files are written in iteration order: an older iteration with no file now never
+        # gets one, so its score can go (the dict stays as small as the kept files).
+        on_disk = {int(p.stem.removeprefix("ckpt-")) for p in scores if p.exists()} - gone
+        self.scores = {it: s for it, s in self.scores.items() if it > iteration or it in on_disk}
+        return removed
 
 
 def _describe(err: BaseException) -> str:

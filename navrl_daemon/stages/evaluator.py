@@ -3,17 +3,22 @@
 It has its own env (same map as training) and its own policy copy; its work runs on the
 compute thread it is given (on CPU the one training uses, so evaluation costs training
 exactly its own compute); its input channel coalesces, so a slow evaluation skips versions instead
-of slowing the trainer. Results go to `eval/results.jsonl` (one fsynced line each), the
-log, and an optional output channel (the checkpoint writer's keep-best).
+of slowing the trainer. Results go to `eval/results.jsonl` (one fsynced line each, all or
+nothing), the log, and an optional output channel (the checkpoint writer's keep-best);
+with a `BestPolicy`, the weights of the best evaluation so far go to `export/best.pt`. A
+result that cannot be written (disk full) is logged, counted and written with the next
+one: evaluation, like training, goes on.
 
 With a curriculum (env/curriculum.py) it evaluates at the curriculum's current stage
 (`StageEvaluation` rebuilds the eval env when the stage changes; `eval.layout` still
-chooses the spawn rule), and feeds every result to the curriculum, which decides
-promotions; the producer applies them between rollouts.
+chooses the spawn rule), and its `on_result` feeds every result to the curriculum
+(stages/curriculum.py: `promote`), which decides promotions; the producer applies them
+between rollouts.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -25,14 +30,16 @@ import structlog
 
 from navrl_daemon.config import Config
 from navrl_daemon.env.curriculum import Curriculum
-from navrl_daemon.rl.evaluate import Evaluation
+from navrl_daemon.rl.evaluate import eval_rank
 from navrl_daemon.rl.policy import NavRLPolicy
-from navrl_daemon.rl.training import eval_steps, make_eval_env
+from navrl_daemon.rl.training import Evaluations
 from navrl_daemon.runtime.channels import Receiver, Sender
 from navrl_daemon.runtime.compute import ComputeThread
 from navrl_daemon.runtime.supervisor import Shutdown
 from navrl_daemon.stages.messages import PolicyWeights
-from navrl_daemon.storage.atomic import append_line
+from navrl_daemon.storage.atomic import write_atomic
+from navrl_daemon.storage.history import JsonLinesFile
+from navrl_daemon.storage.policy_file import save_policy_state
 
 log = structlog.get_logger("evaluator")
 
@@ -51,17 +58,20 @@ class Evaluator:
         compute: ComputeThread,
         results: Sender[dict[str, Any]] | None = None,
         on_result: Callable[[dict[str, Any]], None] = lambda _: None,
-        curriculum: Curriculum | None = None,
+        on_write_failed: Callable[[], None] = lambda: None,
+        best: BestPolicy | None = None,
     ) -> None:
         self.policy = policy
+        self.best = best
         self.evaluate = evaluate
         self.weights = weights
         self.results_path = results_path
+        self.results_file = JsonLinesFile(results_path)
+        self.on_write_failed = on_write_failed
         self.results = results
         self.on_result = on_result
         self.shutdown = shutdown
         self.compute = compute
-        self.curriculum = curriculum
 
     async def run(self) -> None:
         try:
@@ -72,16 +82,32 @@ class Evaluator:
                     iteration=weights.version, policy_version=weights.version
                 )
                 record = await self.compute.run(self._evaluate, weights)
-                await anyio.to_thread.run_sync(append_line, self.results_path, json.dumps(record))
+                await self._write(record)
                 log.info("evaluation", **record)
-                if self.curriculum is not None:
-                    self._promote(self.curriculum, record)
                 self.on_result(record)
+                if self.best is not None:
+                    await anyio.to_thread.run_sync(self.best.offer, record, weights.state)
                 if self.results is not None:
                     await self.results.send(record)
         finally:
             if self.results is not None:
                 self.results.close()
+
+    async def _write(self, record: dict[str, Any] | None) -> None:
+        """Append `record` (None: only what is waiting); a failure is logged and counted,
+        and the rows wait for the next try."""
+        file = self.results_file
+        write = file.flush if record is None else functools.partial(file.append, record)
+        error = await anyio.to_thread.run_sync(write)
+        if error is not None:
+            self.on_write_failed()
+            log.error(
+                "evaluation result not written: kept, retried with the next one",
+                path=str(self.results_path),
+                error=f"{type(error).__name__}: {error}",
+                waiting=len(file.waiting),
+                dropped=file.dropped,
+            )
 
     def _evaluate(self, weights: PolicyWeights) -> dict[str, Any]:
         self.policy.load_state_dict(weights.state)
@@ -96,22 +122,49 @@ class Evaluator:
             **results,
         }
 
-    def _promote(self, curriculum: Curriculum, record: dict[str, Any]) -> None:
-        promotion = curriculum.observe(record)
-        if promotion is None:
-            return
-        rule = curriculum.stages[promotion.from_stage].promote
-        log.info(
-            "curriculum promotion",
-            from_stage=promotion.from_stage,
-            to_stage=promotion.to_stage,
-            name=curriculum.name(promotion.to_stage),
-            rule=rule.model_dump() if rule else None,
-            **promotion.result,
-        )
-
     async def flush(self, deadline: float) -> None:
-        """Every result is appended and fsynced as it is made: nothing left to write."""
+        """Results are appended and fsynced as they are made; retry any still waiting."""
+        if self.results_file.waiting:
+            await self._write(None)
+
+
+class BestPolicy:
+    """`export/best.pt`: the policy of the best evaluation so far (`eval_rank`), in NavRL's
+    layout like `export/policy.pt`, and `best.json` beside it: that evaluation's record.
+    The best so far starts from `best.json` of an earlier run on the state dir."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.record_path = path.with_suffix(".json")
+        self.rank: tuple[float, ...] | None = None
+        try:
+            earlier = json.loads(self.record_path.read_text())
+        except (OSError, ValueError):
+            earlier = None
+        if isinstance(earlier, dict) and path.exists():
+            self.rank = eval_rank(earlier)
+
+    def offer(self, record: dict[str, Any], state: dict[str, Any]) -> bool:
+        """Write `state` if `record` is the best so far; whether it was. A failed write is
+        logged: evaluation and training go on."""
+        rank = eval_rank(record)
+        if self.rank is not None and rank < self.rank:
+            return False
+        try:
+            save_policy_state(self.path, state)
+            write_atomic(self.record_path, (json.dumps(record, indent=1) + "\n").encode())
+        except OSError as err:
+            log.warning("best policy not exported", path=str(self.path), error=str(err))
+            return False
+        self.rank = rank
+        log.info(
+            "best policy so far exported",
+            path=str(self.path),
+            iteration=record.get("iteration"),
+            reach_goal=record.get("reach_goal"),
+            collision=record.get("collision"),
+        )
+        return True
 
 
 class StageEvaluation:
@@ -122,16 +175,14 @@ class StageEvaluation:
         self.cfg = cfg
         self.curriculum = curriculum
         self.device = device
-        self._evaluation: tuple[int, Evaluation] | None = None  # stage, its evaluation
+        self._evaluations: tuple[int, Evaluations] | None = None  # stage, its evaluations
 
     def __call__(self, policy: NavRLPolicy) -> dict[str, Any]:
         stage = self.curriculum.stage
-        if self._evaluation is None or self._evaluation[0] != stage:
+        if self._evaluations is None or self._evaluations[0] != stage:
             cfg = self.cfg.model_copy(update={"env": self.curriculum.env_config(stage)})
-            env = make_eval_env(cfg, self.device)
-            evaluation = Evaluation.for_env(env, seed=cfg.eval.seed, max_steps=eval_steps(cfg))
-            self._evaluation = (stage, evaluation)
-        results = self._evaluation[1](policy)
+            self._evaluations = (stage, Evaluations(cfg, self.device))
+        results = self._evaluations[1](policy)
         return {**results, "curriculum_stage": stage}
 
 

@@ -1,11 +1,14 @@
-"""What travels between stages besides rollout leases."""
+"""What travels between stages: typed messages, never a free-form dict."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from tensordict import TensorDictBase
 
+from navrl_daemon.runtime.leases import Lease
 from navrl_daemon.storage.staging import StagedState
 
 
@@ -28,3 +31,19 @@ class Snapshot:
     frames: int
     staged: StagedState
     final: bool = False
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """A collected rollout, as the producer hands it to the trainer: the leased buffer
+    (release it once read) and what the producer knows about it."""
+
+    lease: Lease[TensorDictBase]
+    iteration: int  # rollout i: the update on it makes policy version i + 1
+    policy_version: int  # the weights that collected it
+    collect_s: float
+    # Finished-episode stat sums and count of this rollout (every rank's).
+    episodes: tuple[torch.Tensor, torch.Tensor]
+    # The collector's state right after this rollout, when the update on it is
+    # checkpointed (every rank's, on rank 0); None otherwise.
+    collector_state: dict[str, Any] | None = None

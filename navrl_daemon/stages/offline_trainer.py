@@ -35,9 +35,10 @@ from navrl_daemon.runtime.channels import Receiver, Sender
 from navrl_daemon.runtime.compute import ComputeThread
 from navrl_daemon.runtime.leases import Lease
 from navrl_daemon.runtime.supervisor import Shutdown
+from navrl_daemon.stages.cadence import Cadence
+from navrl_daemon.stages.export import export_policy
 from navrl_daemon.stages.messages import PolicyWeights, Snapshot
 from navrl_daemon.stages.trainer import Checkpointing, Trainer
-from navrl_daemon.storage.policy_file import save_policy_state
 
 log = structlog.get_logger("trainer")
 
@@ -66,11 +67,13 @@ class OfflineTrainer:
         export_path: Path,
         on_step: Callable[[StepRecord], None] = lambda _: None,
         on_end: Callable[[], None] = lambda: None,
+        cadence: Cadence,
         evaluations: Sender[PolicyWeights] | None = None,
-        eval_interval: int = 0,
         checkpoints: Checkpointing | None = None,
+        on_export_failed: Callable[[], None] = lambda: None,
     ) -> None:
         self.learner = learner
+        self.on_export_failed = on_export_failed
         self.batches = batches
         self.steps = steps
         self.batch_size = batch_size
@@ -79,8 +82,8 @@ class OfflineTrainer:
         self.export_path = export_path
         self.on_step = on_step
         self.on_end = on_end  # after the last step (a last, partial progress window)
+        self.cadence = cadence  # which steps evaluate and checkpoint
         self.evaluations = evaluations
-        self.eval_interval = eval_interval
         self.checkpoints = checkpoints
         if checkpoints is not None:
             checkpoints.last_version = learner.steps  # a resumed run's start is on disk
@@ -106,9 +109,9 @@ class OfflineTrainer:
                     stats = await self.compute.run(self._step, lease.meta["batch"])
                 step = self.learner.steps
                 record = StepRecord(step, self.samples, time.perf_counter() - t1, t1 - t0, stats)
-                if self.evaluations is not None and step % self.eval_interval == 0:
+                if self.evaluations is not None and self.cadence.evaluates(step):
                     await self.evaluations.send(await self._weights())
-                if ckpt and ckpt.interval and step % ckpt.interval == 0:
+                if ckpt and self.cadence.checkpoints(step):
                     await self._snapshot(final=False)
                 self.on_step(record)
             self.on_end()
@@ -150,10 +153,10 @@ class OfflineTrainer:
             log.info("nothing trained: policy not exported", path=str(self.export_path))
             return  # never replace an earlier run's export with untrained weights
         state = await self.compute.run(self.learner.policy.state_dict)
-        await anyio.to_thread.run_sync(save_policy_state, self.export_path, state)
-        log.info(
-            "policy exported",
-            path=str(self.export_path),
+        await export_policy(
+            self.export_path,
+            state,
+            on_failed=self.on_export_failed,
             kind=self.learner.kind,
             steps=self.learner.steps,
             samples=self.samples,
@@ -208,14 +211,14 @@ class BCTerm:
 
 
 class TrainerWithBCTerm:
-    """The PPO Trainer, whose learner's `aux_loss` is `term` (see the module docstring)."""
+    """The PPO Trainer, whose learner was built with `term` as its `aux_loss` (see the
+    module docstring)."""
 
     name = "trainer"
 
     def __init__(self, trainer: Trainer, term: BCTerm) -> None:
         self.trainer = trainer
         self.term = term
-        trainer.learner.aux_loss = term
 
     async def run(self) -> None:
         self.term.token = anyio.lowlevel.current_token()

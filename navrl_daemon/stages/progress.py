@@ -2,8 +2,10 @@
 
 Fed by the trainer's per-iteration records; the summary carries frames/s over the window,
 per stage and phase the mean/std/min/max duration and the busy ratio (time in the phase /
-wall time), the policy lag, the finished episodes' mean stats and the mean losses. A
-progress bar is drawn when stderr is a terminal.
+wall time), the policy lag, how many training episodes finished (`train_episodes`, 0 when
+none) and their mean stats, and the mean losses. The log line also carries `total_frames`
+and `eta_s` (at this window's rate). A progress bar is drawn when stderr is a terminal;
+ops/console.py keeps log lines off it and renders the summary as a table there.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from navrl_daemon.rl.rollout import EpisodeStats
 from navrl_daemon.stages.trainer import IterationRecord
 
 log = structlog.get_logger("progress")
+NONE = {"episodes": 0}  # a window in which no training episode finished
 
 
 class ProgressLog:
@@ -36,6 +39,7 @@ class ProgressLog:
         start_frames: int = 0,
     ) -> None:
         self.summary_interval = summary_interval
+        self.total_frames = total_frames
         self.on_summary = on_summary
         self.episodes = EpisodeStats(device)
         self.window: list[IterationRecord] = []
@@ -77,10 +81,17 @@ class ProgressLog:
                 "producer": round(sum(collect) / wall, 3),
                 "trainer": round(sum(update) / wall, 3),
             },
-            **{f"train_{k}": _round(v) for k, v in self.episodes.take().items()},
+            **{f"train_{k}": _round(v) for k, v in (self.episodes.take() or NONE).items()},
             **_mean_losses(self.window),
         }
-        log.info("progress", **summary)
+        rate = summary["frames_per_second"]
+        eta = (self.total_frames - last.frames) / rate if rate > 0 else None
+        log.info(
+            "progress",
+            **summary,
+            total_frames=self.total_frames,
+            eta_s=None if eta is None else round(max(eta, 0.0), 1),
+        )
         self.on_summary(summary)
         self.window, self.window_start, self.window_frames = [], now, last.frames
         return summary

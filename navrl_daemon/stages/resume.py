@@ -12,6 +12,7 @@ rebuilt at the stage it was saved at before the env state is put back.
 from __future__ import annotations
 
 import platform
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,16 +25,18 @@ from navrl_daemon import __version__
 from navrl_daemon.config import Config
 from navrl_daemon.env.curriculum import Curriculum
 from navrl_daemon.errors import DataError
+from navrl_daemon.rl.ppo import make_optimizers
 from navrl_daemon.rl.snapshot import SNAPSHOT_VERSION, restore_collector, restore_learner
-from navrl_daemon.rl.training import Collector, Learner
+from navrl_daemon.rl.training import Collector, Learner, make_policy
+from navrl_daemon.stages.curriculum import use_stage
 from navrl_daemon.stages.evaluator import read_results
-from navrl_daemon.stages.producer import use_stage
-from navrl_daemon.storage.checkpoint import CheckpointDir, CheckpointHeader
+from navrl_daemon.storage.checkpoint import REJECTED, CheckpointDir, CheckpointHeader
 
 log = structlog.get_logger("resume")
 
 FULL = "full"
 WARM_START = "warm_start"
+OFFLINE = "offline"  # written by an offline (offline.objective = "bc") run
 
 
 @dataclass(frozen=True)
@@ -69,12 +72,81 @@ def static_state(cfg: Config) -> dict[str, Any]:
     }
 
 
+class CheckpointFit:
+    """Whether a checkpoint's contents fit a run of `cfg`: its kind (an online run takes
+    `full` and `warm_start`, an offline one `offline`) and its learner's structure and
+    shapes (policy, optimisers) against a policy built from the config. The one check that
+    `run` (which skips a file that fails it, as a corrupt one) and `checkpoints verify`
+    share; called with (header, state), it returns None or why not."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.offline = cfg.offline.objective == "bc"
+        self.objective = cfg.offline.objective
+        self.kinds = (OFFLINE,) if self.offline else (FULL, WARM_START)
+        # Scratch copies on the CPU to load into (under the lock: prune and a rollback can
+        # check from two threads). Built with the RNG state saved: the run's initial
+        # weights must not depend on whether it checked a file first.
+        with torch.random.fork_rng(devices=[]):
+            self.policy = make_policy(cfg, "cpu")
+            self.optimizers = make_optimizers(self.policy, cfg.ppo)
+        self._lock = threading.Lock()
+
+    def __call__(self, header: CheckpointHeader, state: dict[str, Any]) -> str | None:
+        kind = state.get("kind")
+        if kind not in self.kinds:
+            return (
+                f"kind {kind!r} does not fit this run (offline.objective = "
+                f"{self.objective!r} takes {' or '.join(map(repr, self.kinds))})"
+            )
+        try:
+            with self._lock:
+                self._check(kind, state)
+        except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as err:
+            return f"does not fit this run's policy: {type(err).__name__}: {err}"
+        return None
+
+    def _check(self, kind: str, state: dict[str, Any]) -> None:
+        if kind == OFFLINE:  # its policy's layout depends on the dataset: load checks it
+            offline = state["offline"]
+            _require(offline, "offline", ("kind", "optimizer", "steps"))
+            if offline["kind"] == "navigation":
+                self.policy.load_state_dict(state["learner"]["policy"])
+            return
+        learner = state["learner"]
+        self.policy.load_state_dict(learner["policy"])  # keys and shapes
+        if kind == WARM_START:
+            return
+        _require(learner, "learner", ("optimizers", "generator", "version"))
+        for name, opt in self.optimizers.items():
+            opt.load_state_dict(learner["optimizers"][name])
+            for group in opt.param_groups:
+                for param in group["params"]:
+                    for key, value in opt.state.get(param, {}).items():
+                        if (
+                            isinstance(value, torch.Tensor)
+                            and value.dim()
+                            and (value.shape != param.shape)
+                        ):
+                            raise ValueError(
+                                f"optimizer {name}: {key} of shape {tuple(value.shape)} for "
+                                f"a parameter of shape {tuple(param.shape)}"
+                            )
+
+
+def _require(entry: dict[str, Any], name: str, keys: tuple[str, ...]) -> None:
+    missing = [k for k in keys if k not in entry]
+    if missing:
+        raise KeyError(f"{name} has no {', '.join(missing)}")
+
+
 def newest_checkpoint(
     directory: CheckpointDir,
 ) -> tuple[Path, CheckpointHeader, dict[str, Any]] | None:
-    """Clean up after a crash, then find the newest valid file. Files exist but none is
-    valid → DataError: starting over would quietly throw a run away (a permissions
-    problem can make every file unreadable)."""
+    """Clean up after a crash, then find the newest valid file (one that loads and fits
+    the run: `directory.accept`). Newer files that are not valid are moved aside
+    (`checkpoints/rejected/`), so they never count again. Files exist but none is valid →
+    DataError: starting over would quietly throw a run away (a permissions problem can
+    make every file unreadable), so nothing is moved then."""
     removed = directory.remove_temp_files()
     if removed:
         log.warning(
@@ -89,6 +161,13 @@ def newest_checkpoint(
         raise DataError(
             f"{directory.path}: no valid checkpoint among {len(directory.skipped)} file(s) "
             f"({bad}); move them away to start a new run"
+        )
+    if directory.skipped:
+        moved = directory.reject(directory.skipped)
+        log.warning(
+            "invalid checkpoints moved aside: they never count",
+            files=[p.name for p, _ in moved],
+            to=str(directory.path / REJECTED),
         )
     return found
 
@@ -124,9 +203,18 @@ def restore(
     env_restored = False
     saved = state.get("config", {})
     collected = state.get("collector")
-    # Checkpoints from before env.curriculum / env.reset_mode existed lack those keys
-    # (they ran what the defaults give on the CPU: no curriculum, indexed resets).
-    saved_env = {"curriculum": [], "reset_mode": "auto", **saved.get("env", {})}
+    # Checkpoints from before env.curriculum / env.reset_mode / env.map_levels /
+    # env.crossing_share / env.collect_path existed lack those keys (they ran what the
+    # defaults give on the CPU: no curriculum, indexed resets, no density levels, NavRL's
+    # border spawns, steps op by op).
+    before = {
+        "curriculum": [],
+        "reset_mode": "auto",
+        "map_levels": [],
+        "crossing_share": 0.0,
+        "collect_path": "auto",
+    }
+    saved_env = {**before, **saved.get("env", {})}
     same_env = saved_env == cfg.env.model_dump() and (
         saved.get("run", {}).get("seed") == cfg.run.seed
     )

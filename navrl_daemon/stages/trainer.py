@@ -5,11 +5,13 @@ released the moment the update is done (with `pipeline.compress_rollouts`, as so
 batch is compressed, before the epochs), so the producer can refill that buffer. When the
 rollout channel ends (the producer stopped) the trainer has trained on every rollout it
 was handed; it then stages a final snapshot for the checkpoint writer, and its flush
-exports the final policy in NavRL's layout.
+exports the final policy in NavRL's layout (a failed export is logged, never fatal:
+stages/export.py).
 
-Checkpoints: every `checkpoint.interval` updates the trainer stages its learner state
-(host copies into reusable buffers, made off the training thread; storage/staging.py)
-together with the collector state the producer captured right after that rollout, and
+Checkpoints: every `checkpoint.interval` updates (stages/cadence.py) the trainer stages its
+learner state (host copies into reusable buffers, made off the training thread;
+storage/staging.py) together with the collector state the producer captured right after
+that rollout (stages/messages.py's `Rollout`), and
 hands the snapshot to the writer's coalescing queue; it never waits for serialisation or
 disk, and waits for the copies only if its next update starts before they are done. Too
 many non-finite updates in a row roll the learner back to the newest valid checkpoint on
@@ -35,10 +37,10 @@ from navrl_daemon.rl.snapshot import learner_state
 from navrl_daemon.rl.training import Learner, NonFiniteTraining
 from navrl_daemon.runtime.channels import Receiver, Sender
 from navrl_daemon.runtime.compute import ComputeThread
-from navrl_daemon.runtime.leases import Lease
 from navrl_daemon.runtime.supervisor import Shutdown
-from navrl_daemon.stages.messages import PolicyWeights, Snapshot
-from navrl_daemon.storage.policy_file import save_policy_state
+from navrl_daemon.stages.cadence import Cadence
+from navrl_daemon.stages.export import export_policy
+from navrl_daemon.stages.messages import PolicyWeights, Rollout, Snapshot
 from navrl_daemon.storage.staging import SnapshotStaging
 
 log = structlog.get_logger("trainer")
@@ -62,15 +64,12 @@ class Checkpointing:
     """What the trainer needs to hand snapshots to the CheckpointWriter."""
 
     snapshots: Sender[Snapshot]
-    interval: int
     staging: SnapshotStaging
-    # The collector's state now (the final snapshot; the producer has stopped by then).
+    # The collector's final state (the final snapshot's; the producer has stopped by then).
     collector_state: Callable[[], dict[str, Any] | None]
     # Constant entries of every snapshot: resolved config, library versions.
     static: dict[str, Any]
     on_stall: Callable[[float], None] = lambda _: None
-    # Loads the newest valid checkpoint's learner state into the learner; returns its path.
-    rollback: Callable[[Learner], Path] | None = None
     # Snapshots before this one was sent would repeat it: the version last snapshotted.
     last_version: int = -1
 
@@ -81,52 +80,53 @@ class Trainer:
     def __init__(
         self,
         learner: Learner,
-        rollouts: Receiver[Lease],
+        rollouts: Receiver[Rollout],
         weights: Sequence[Sender[PolicyWeights]],
         *,
-        frames_per_iteration: int,
-        shutdown: Shutdown,
-        compute: ComputeThread,
+        cadence: Cadence,
+        start_frames: int = 0,
+        evaluations: Sender[PolicyWeights] | None = None,
+        checkpoints: Checkpointing | None = None,
         # None: export nothing (a rank other than 0, whose policy is rank 0's).
         export_path: Path | None,
-        on_iteration: Callable[[IterationRecord], None] = lambda _: None,
-        evaluations: Sender[PolicyWeights] | None = None,
-        eval_interval: int = 0,
-        start_frames: int = 0,
-        checkpoints: Checkpointing | None = None,
+        # Loads the newest valid checkpoint's learner state into the learner after too
+        # many non-finite updates; returns its path (stages/coordinator.py).
         rollback: Callable[[Learner], Path] | None = None,
+        on_iteration: Callable[[IterationRecord], None] = lambda _: None,
+        on_export_failed: Callable[[], None] = lambda: None,
+        shutdown: Shutdown,
+        compute: ComputeThread,
     ) -> None:
         self.learner = learner
+        self.on_export_failed = on_export_failed
         self.rollouts = rollouts
         self.weights = list(weights)
-        self.evaluations = evaluations
-        self.eval_interval = eval_interval
-        self.frames_per_iteration = frames_per_iteration
+        self.cadence = cadence
         self.frames = start_frames
-        self.shutdown = shutdown
-        self.export_path = export_path
-        self.on_iteration = on_iteration
+        self.evaluations = evaluations
         self.checkpoints = checkpoints
-        # Where the learner goes back to after too many non-finite updates: the writer's
-        # newest checkpoint (a rank without a writer gets rank 0's; pipeline/ranks.py).
-        self.rollback = rollback or (checkpoints.rollback if checkpoints else None)
+        if checkpoints is not None:  # a resumed run's start is on disk: never rewritten
+            checkpoints.last_version = learner.version
+        self.export_path = export_path
+        self.rollback = rollback
+        self.on_iteration = on_iteration
+        self.shutdown = shutdown
+        self.compute = compute
         self._rollbacks: dict[Path, int] = {}
         # Held while the weights change, so a flush never reads a half-stepped policy.
         self._weights_lock = threading.Lock()
         self._capture_reported = False
         self._path_logged = False
-        self.compute = compute
 
     async def run(self) -> None:
         ckpt = self.checkpoints
         try:
-            async for lease in self.rollouts:
-                with lease:
-                    record = await self._train_on(lease)
-                    collected = lease.meta.get("collector_state")
+            async for rollout in self.rollouts:
+                with rollout.lease:
+                    record = await self._train_on(rollout)
                 await self._publish()
-                if ckpt and ckpt.interval and record.iteration % ckpt.interval == 0:
-                    await self._snapshot(collected, final=False)
+                if ckpt and self.cadence.checkpoints(record.iteration):
+                    await self._snapshot(rollout.collector_state, final=False)
                 self.on_iteration(record)
             if ckpt and ckpt.last_version != self.learner.version and self.learner.version:
                 collected = await self.compute.run(ckpt.collector_state)
@@ -157,28 +157,28 @@ class Trainer:
         ckpt.last_version = self.learner.version
         await ckpt.snapshots.send(Snapshot(self.learner.version, self.frames, staged, final))
 
-    async def _train_on(self, lease: Lease) -> IterationRecord:
-        lag = self.learner.version - lease.meta["policy_version"]
+    async def _train_on(self, rollout: Rollout) -> IterationRecord:
+        lag = self.learner.version - rollout.policy_version
         structlog.contextvars.bind_contextvars(
-            iteration=lease.meta["iteration"], policy_version=self.learner.version
+            iteration=rollout.iteration, policy_version=self.learner.version
         )
         log.debug("updating", policy_lag=lag)
         t0 = time.perf_counter()
         token = anyio.lowlevel.current_token()
 
         def release() -> None:  # on the compute thread, once the update stops reading
-            anyio.from_thread.run_sync(lease.release, token=token)
+            anyio.from_thread.run_sync(rollout.lease.release, token=token)
 
-        losses = await self.compute.run(self._update, lease.buffer, release)
-        self.frames += self.frames_per_iteration
+        losses = await self.compute.run(self._update, rollout.lease.buffer, release)
+        self.frames += self.cadence.frames_per_iteration
         return IterationRecord(
             iteration=self.learner.version,
             frames=self.frames,
             policy_lag=lag,
-            collect_s=lease.meta["collect_s"],
+            collect_s=rollout.collect_s,
             update_s=time.perf_counter() - t0,
             losses=losses,
-            episodes=lease.meta["episodes"],
+            episodes=rollout.episodes,
             rolled_back=bool(losses.get("rolled_back")),
         )
 
@@ -190,7 +190,7 @@ class Trainer:
                 self.checkpoints.staging.fence()  # a snapshot still reading the weights
             if not self._path_logged:  # at the first update: every stage has wired it
                 self._path_logged = True
-                log.info("ppo update path", path=self.learner.update_path())
+                log.info("ppo update path", path=self.learner.update_path)
             try:
                 losses = self.learner.update(
                     buffer,  # type: ignore[arg-type]
@@ -206,13 +206,13 @@ class Trainer:
                 return self._roll_back(rollback, err)
 
     def _report_capture_failure(self) -> None:
-        fast = self.learner.fast
-        if fast is not None and fast.capture_error and not self._capture_reported:
+        error = self.learner.ppo_update.capture_error
+        if error and not self._capture_reported:
             self._capture_reported = True
             log.error(
                 "CUDA graph capture failed: the PPO update goes on as ppo.update_path = "
                 "'fused' (the same maths, launched step by step)",
-                error=fast.capture_error,
+                error=error,
             )
 
     def _roll_back(
@@ -242,8 +242,7 @@ class Trainer:
         weights = PolicyWeights(version, self.frames, await self._run_locked(self.learner.weights))
         for out in self.weights:
             await out.send(weights)
-        due = self.eval_interval and version % self.eval_interval == 0
-        if self.evaluations is not None and due:
+        if self.evaluations is not None and self.cadence.evaluates(version):
             await self.evaluations.send(weights)
 
     async def _run_locked(self, fn: Callable[[], object]) -> object:
@@ -260,10 +259,10 @@ class Trainer:
             log.info("nothing trained: policy not exported", path=str(self.export_path))
             return  # never replace an earlier run's export with untrained weights
         state = await self._run_locked(self.learner.policy.state_dict)
-        await anyio.to_thread.run_sync(save_policy_state, self.export_path, state)
-        log.info(
-            "policy exported",
-            path=str(self.export_path),
+        await export_policy(
+            self.export_path,
+            state,  # type: ignore[arg-type]
+            on_failed=self.on_export_failed,
             iteration=self.learner.version,
             frames=self.frames,
         )

@@ -14,6 +14,10 @@ Layout (plain HDF5, no pickle: datasets, attributes and JSON strings only):
 /index/offset          uint64 [S, B] where the segment's blob starts in blob dataset b
 /index/stored_bytes    uint64 [S, B] blob size
 /index/crc32           uint32 [S, B] CRC-32 of the blob
+/index/row_crc32       uint32 [S]    CRC-32 of the row's other columns (`row_checksums`);
+                                     absent in files written before it existed, whose
+                                     iteration, env, policy_version and raw_bytes
+                                     columns nothing can check
 version 2 (written now), B = 1:
 /segments              uint8 [bytes] every key of a segment in one blob (codec.PackedCodec),
                                      segments back to back; attrs packing (key paths in
@@ -33,6 +37,8 @@ then open it with `swmr=True`, and trust no row whose blob lies beyond its datas
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -64,6 +70,7 @@ FORMAT_VERSION = 2  # what the writer writes
 READ_VERSIONS = (1, 2)
 PACKED_DATASET = "segments"
 FILE_NAME = re.compile(r"rollouts-(\d{6,})\.h5")
+TEMP_PREFIX = ".tmp-"  # a file being created (see ArchiveWriter._create)
 ROW_FIELDS = {
     "iteration": np.int64,
     "env": np.int32,
@@ -72,6 +79,7 @@ ROW_FIELDS = {
     "raw_bytes": np.int64,
 }
 KEY_FIELDS = {"offset": np.uint64, "stored_bytes": np.uint64, "crc32": np.uint32}
+ROW_CHECKSUM = "row_crc32"  # the index column that checks the others (optional: older files)
 INDEX_CHUNK_ROWS = 1024
 # Blob chunks: about an eighth of what one rollout stores of the key, so the unused tail
 # of a file's last chunk stays small, within these bounds.
@@ -92,11 +100,35 @@ def archive_files(directory: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+def remove_temp_files(directory: Path) -> list[Path]:
+    """Delete the half-created files a kill -9 left (`ArchiveWriter._create`); call only
+    while no writer runs."""
+    if not directory.is_dir():
+        return []
+    removed = sorted(p for p in directory.glob(TEMP_PREFIX + "rollouts-*") if p.is_file())
+    for p in removed:
+        p.unlink(missing_ok=True)
+    return removed
+
+
 def next_sequence(directory: Path) -> int:
     """The sequence number after the newest archive file's (0 in an empty directory)."""
     files = archive_files(directory)
     match = FILE_NAME.fullmatch(files[-1].name) if files else None
     return int(match.group(1)) + 1 if match else 0
+
+
+def last_archived_iteration(directory: Path) -> int | None:
+    """The highest iteration in the newest archive file that holds a whole segment (None
+    when there is none); unreadable files are passed over."""
+    for path in reversed(archive_files(directory)):
+        try:
+            with ArchiveFile.open(path) as f:
+                if f.segments:
+                    return int(f.rows["iteration"].max())
+        except DataError:
+            continue
+    return None
 
 
 # ---------------------------------------------------------------------------- schema
@@ -278,9 +310,14 @@ class ArchiveWriter:
         self._ends = np.zeros(len(schema.blob_datasets), dtype=np.uint64)
 
     def _create(self, first: Sequence[EncodedSegment]) -> h5py.File:
-        """Create every object now: SWMR mode allows no new ones later."""
+        """Create every object now: SWMR mode allows no new ones later. The file is built
+        under a temp name and renamed once it is readable, so a kill -9 mid-creation leaves
+        only a temp file (which no reader lists), never a broken archive."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        f = h5py.File(self.path, "w-", libver="latest")
+        if self.path.exists():
+            raise FileExistsError(f"archive {self.path} already exists")
+        staging = self.path.with_name(TEMP_PREFIX + self.path.name)
+        f = h5py.File(staging, "w", libver="latest")
         try:
             f.attrs["format"] = FORMAT
             f.attrs["version"] = self.schema.version
@@ -301,6 +338,9 @@ class ArchiveWriter:
                     # A length row whose data never made it reads -1: not committed.
                     fillvalue=-1 if name == "length" else 0,
                 )
+            self._rows[ROW_CHECKSUM] = index.create_dataset(
+                ROW_CHECKSUM, (0,), np.uint32, maxshape=(None,), chunks=(INDEX_CHUNK_ROWS,)
+            )
             k = len(self.schema.blob_datasets)
             for name, dtype in KEY_FIELDS.items():
                 self._rows[name] = index.create_dataset(
@@ -319,8 +359,10 @@ class ArchiveWriter:
                 self._blobs.append(ds)
             f.swmr_mode = True
             f.flush()
+            os.rename(staging, self.path)
         except BaseException:
             f.close()
+            staging.unlink(missing_ok=True)
             raise
         return f
 
@@ -355,6 +397,7 @@ class ArchiveWriter:
             "stored_bytes": sizes,
             "crc32": crcs,
         }
+        rows[ROW_CHECKSUM] = row_checksums(rows)
         start, stop = self.segments, self.segments + n
         # `length` commits the rows: written only once everything they point to is out.
         for name in [*(r for r in self._rows if r != "length"), "length"]:
@@ -454,8 +497,10 @@ class ArchiveFile:
                 raise DataError(f"archive {path}: blob dataset /{name} missing or not uint8")
             blobs.append(ds)
         rows: dict[str, np.ndarray] = {}
-        for name in (*ROW_FIELDS, *KEY_FIELDS):
+        for name in (*ROW_FIELDS, *KEY_FIELDS, ROW_CHECKSUM):
             ds = f.get(f"index/{name}")
+            if ds is None and name == ROW_CHECKSUM:
+                continue  # written before index checksums
             if not isinstance(ds, h5py.Dataset):
                 raise DataError(f"archive {path}: index dataset {name} missing")
             rows[name] = ds[()]
@@ -485,6 +530,10 @@ class ArchiveFile:
         rows = {name: v[:segments] for name, v in rows.items()}
         fd = os.open(path, os.O_RDONLY)
         try:
+            # Held while open, so rotation never deletes the file (archive_retention.py); if
+            # someone holds it exclusively (rotation at that instant, an outside writer), read.
+            with contextlib.suppress(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             chunks = ChunkMap.for_datasets(fd, blobs)
         except BaseException:
             os.close(fd)
@@ -547,8 +596,25 @@ class ArchiveFile:
     def segment(self, segment: int) -> DecodedSegment:
         return self.decode(segment, self.read_blobs(segment))
 
+    @property
+    def index_checked(self) -> bool:
+        """Whether the index has row checksums (files written before them have none)."""
+        return ROW_CHECKSUM in self.rows
+
     def verify(self) -> None:
-        """Decode every whole segment (checksums, sizes, shapes); DataError on the first bad one."""
+        """Check every index row against its checksum (where the file has them), then
+        decode every whole segment (blob checksums, sizes, shapes); DataError on the first
+        bad one."""
+        if self.index_checked and self.segments:
+            bad = np.flatnonzero(row_checksums(self.rows) != self.rows[ROW_CHECKSUM])
+            if len(bad):
+                i = int(bad[0])
+                raise DataError(
+                    f"archive {self.path}: index row {i} (iteration "
+                    f"{int(self.rows['iteration'][i])}, env {int(self.rows['env'][i])}): "
+                    f"checksum mismatch: the index was changed after it was written "
+                    f"({len(bad)} bad row(s))"
+                )
         for s in range(self.segments):
             self.segment(s)
 
@@ -619,6 +685,21 @@ class ChunkMap:
             parts.append(part)
             start += n
         return b"".join(parts)
+
+
+def row_checksums(rows: Mapping[str, Any]) -> np.ndarray:
+    """CRC-32 of each index row: every ROW_FIELDS and KEY_FIELDS value of the row as
+    little-endian bytes, in that order (the `length` the row commits with included)."""
+    fields = (*ROW_FIELDS.items(), *KEY_FIELDS.items())
+    n = len(rows["iteration"])
+    if n == 0:
+        return np.zeros(0, dtype=np.uint32)
+    parts = [
+        np.asarray(rows[name], dtype=np.dtype(dtype).newbyteorder("<")).reshape(n, -1)
+        for name, dtype in fields
+    ]
+    packed = np.concatenate([np.ascontiguousarray(p).view(np.uint8) for p in parts], axis=1)
+    return np.fromiter((zlib.crc32(row) for row in packed), dtype=np.uint32, count=n)
 
 
 def decode_blobs(

@@ -10,32 +10,41 @@ only, after magic, length and checksum.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import io
 import itertools
 import json
+import os
 import re
 import struct
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lz4.frame
 import numpy as np
-import torch
 
 from navrl_daemon.errors import DataError
 from navrl_daemon.storage.atomic import fsync_dir, write_atomic
+
+if TYPE_CHECKING:
+    import torch
 
 MAGIC = b"NRC1"
 FORMAT_VERSION = 1
 CODEC = "lz4-frame"
 MAX_HEADER_BYTES = 1 << 20  # a header is a few KB; a bigger length field means a foreign file
 MANIFEST = "MANIFEST.json"
+REJECTED = "rejected"  # where files that are not valid checkpoints of this run are moved
+# Free space kept beyond a new checkpoint's size when making room: its temp file rounds up
+# to whole blocks, and the manifest is rewritten next to it.
+ROOM_MARGIN = 256 << 10
 CHUNK_BYTES = 4 << 20
 _PREFIX = struct.Struct("<4sI")
 _FILE_NAME = re.compile(r"ckpt-(\d{9,})\.nrc")
@@ -77,6 +86,8 @@ def _checksum(payload: bytes) -> str:
 
 def _check_state(value: Any, path: str) -> None:
     """Refuse what `torch.load(weights_only=True)` could not read back, and non-finite floats."""
+    import torch  # here, not at the top: `status` and `checkpoints list` read headers only
+
     if isinstance(value, torch.Tensor):
         if (value.is_floating_point() or value.is_complex()) and not _all_finite(value):
             raise ValueError(f"state {path}: non-finite values; a checkpoint is never written")
@@ -95,6 +106,8 @@ def _check_state(value: Any, path: str) -> None:
 def _all_finite(t: torch.Tensor) -> bool:
     """Through numpy where it can: this runs on the writer's thread, and a torch CPU kernel
     there would start a second OpenMP team that slows the trainer's (runtime/compute.py)."""
+    import torch
+
     if t.device.type == "cpu" and t.dtype not in (torch.bfloat16, torch.float16):
         return bool(np.isfinite(t.detach().numpy()).all())
     return bool(torch.isfinite(t).all())
@@ -124,6 +137,8 @@ def encode_checkpoint(
     _check_state(state, "state")
     if chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    import torch
+
     buf = io.BytesIO()
     torch.save(state, buf)
     raw = buf.getbuffer()
@@ -226,6 +241,8 @@ def _load(
     raw = _decompress(header, payload, executor)
     if len(raw) != header.raw_bytes:
         raise _Invalid(f"raw size mismatch ({len(raw)} bytes, header says {header.raw_bytes})")
+    import torch
+
     try:
         state = torch.load(io.BytesIO(raw), weights_only=True, map_location=map_location)
     except Exception as e:  # the trust boundary: whatever torch refuses, we refuse
@@ -271,25 +288,23 @@ def load_checkpoint(
         raise DataError(f"checkpoint {path}: {e}") from None
 
 
-def verify(paths: Iterable[Path]) -> list[tuple[Path, str | None]]:
-    """(path, None) for each loadable checkpoint, (path, why) for each that is not."""
-    results: list[tuple[Path, str | None]] = []
-    for path in paths:
-        try:
-            _load(Path(path), "cpu")
-        except _Invalid as e:
-            results.append((Path(path), str(e)))
-        else:
-            results.append((Path(path), None))
-    return results
+# Whether a loaded checkpoint's contents fit the run that would use it: None, or why not.
+# The run composes it from its config (stages/resume.py `CheckpointFit`).
+Accept = Callable[[CheckpointHeader, dict[str, Any]], "str | None"]
 
 
-def _is_valid(path: Path) -> bool:
+def verify(paths: Iterable[Path], accept: Accept | None = None) -> list[tuple[Path, str | None]]:
+    """(path, None) for each loadable checkpoint that `accept` takes, (path, why) for each
+    that is not."""
+    return [(Path(path), _problem(Path(path), accept)) for path in paths]
+
+
+def _problem(path: Path, accept: Accept | None) -> str | None:
     try:
-        _load(path, "cpu")
-    except _Invalid:
-        return False
-    return True
+        header, state = _load(path, "cpu")
+    except _Invalid as e:
+        return str(e)
+    return accept(header, state) if accept is not None else None
 
 
 def _iteration(path: Path) -> int:
@@ -299,22 +314,90 @@ def _iteration(path: Path) -> int:
 
 
 class CheckpointDir:
-    """`STATE_DIR/checkpoints/`: the files on disk are the truth, MANIFEST.json a hint."""
+    """`STATE_DIR/checkpoints/`: the files on disk are the truth, MANIFEST.json a hint.
 
-    def __init__(self, path: Path) -> None:
+    A file counts as a checkpoint when it loads (magic, lengths, checksum, weights-only
+    load) and `accept` takes its contents (a run's config: stages/resume.py). Whether a
+    file counts is remembered per file version (inode, size, times), so each is read once.
+    """
+
+    def __init__(self, path: Path, accept: Accept | None = None) -> None:
         self.path = Path(path)
+        self.accept = accept
         self.skipped: list[tuple[Path, str]] = []  # set by newest_valid(): (file, why)
+        self.rejected: list[tuple[Path, str]] = []  # set by prune(): moved aside, and why
+        self.made_room: list[Path] = []  # set by write(): deleted for lack of disk space
+        self._known: dict[Path, tuple[tuple[int, ...], str | None]] = {}
 
     def write(self, data: bytes, iteration: int) -> Path:
-        """Durably store one encoded checkpoint, then point the manifest at it."""
+        """Durably store one encoded checkpoint, then point the manifest at it.
+
+        Low on disk space, older checkpoints are deleted first (oldest first, never the
+        newest valid one), before the write and again if the write still hits ENOSPC;
+        `made_room` lists them."""
         if data[:4] != MAGIC:
             raise ValueError("data is not an encoded checkpoint (see encode_checkpoint)")
         if iteration < 0:
             raise ValueError(f"iteration {iteration} is negative")
         target = self.path / f"ckpt-{iteration:09d}.nrc"
-        write_atomic(target, data)
-        self._write_manifest(target)
+        self.made_room = self._make_room(len(data), target)
+        try:
+            write_atomic(target, data)
+        except OSError as err:
+            if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            freed = self._make_room(len(data), target, down_to_one=True)
+            if not freed:
+                raise
+            self.made_room += freed
+            write_atomic(target, data)
+        self._remember(target, None)
+        with contextlib.suppress(OSError):  # a hint only (the files are the truth)
+            self._write_manifest(target)
         return target
+
+    def problem(self, path: Path) -> str | None:
+        """Why `path` is not a checkpoint this directory's run can use (None: it is one)."""
+        try:
+            signature = _signature(path)
+        except OSError:
+            return _problem(path, self.accept)  # says why it cannot be read
+        known = self._known.get(path)
+        if known is not None and known[0] == signature:
+            return known[1]
+        why = _problem(path, self.accept)
+        self._known[path] = (signature, why)
+        return why
+
+    def _remember(self, path: Path, why: str | None) -> None:
+        try:
+            self._known[path] = (_signature(path), why)
+        except OSError:
+            self._known.pop(path, None)
+
+    def _make_room(self, nbytes: int, target: Path, *, down_to_one: bool = False) -> list[Path]:
+        """Delete the oldest checkpoints until `nbytes` (and a margin) fit on the disk, or,
+        `down_to_one`, all but the newest valid one; never that one, never `target`."""
+        if not self.path.is_dir():
+            return []
+        need = nbytes + ROOM_MARGIN
+        if not down_to_one and _free_bytes(self.path) >= need:
+            return []
+        files = self.files()
+        newest = next((p for p in reversed(files) if self.problem(p) is None), None)
+        if newest is None:
+            return []  # nothing valid: nothing may go
+        deleted = []
+        for path in files:
+            if path in (newest, target):
+                continue
+            if not down_to_one and _free_bytes(self.path) >= need:
+                break
+            path.unlink(missing_ok=True)
+            deleted.append(path)
+        if deleted:
+            fsync_dir(self.path)
+        return deleted
 
     def files(self) -> list[Path]:
         """Checkpoint files, oldest iteration first; temp files and strangers are not listed."""
@@ -324,16 +407,42 @@ class CheckpointDir:
         return sorted(found, key=_iteration)
 
     def newest_valid(self) -> tuple[Path, CheckpointHeader, dict[str, Any]] | None:
-        """Load the newest file that passes every check; the ones skipped go to `skipped`."""
+        """Load the newest file that passes every check (`accept` too); the ones skipped
+        go to `skipped`."""
         self.skipped = []
         for path in reversed(self.files()):
             try:
                 header, state = _load(path, "cpu")
+                why = self.accept(header, state) if self.accept is not None else None
             except _Invalid as e:
-                self.skipped.append((path, str(e)))
+                why = str(e)
+            self._remember(path, why)
+            if why is not None:
+                self.skipped.append((path, why))
                 continue
             return path, header, state
         return None
+
+    def reject(self, paths: Iterable[tuple[Path, str]]) -> list[tuple[Path, str]]:
+        """Move files that are not valid checkpoints into `rejected/`, where they never
+        count (a user may still want them: nothing is deleted); returns those moved."""
+        moved = []
+        for path, why in paths:
+            aside = self.path / REJECTED / path.name
+            aside.parent.mkdir(exist_ok=True)
+            n = 0
+            while aside.exists():
+                n += 1
+                aside = aside.with_name(f"{path.name}.{n}")
+            try:
+                os.rename(path, aside)
+            except FileNotFoundError:
+                continue
+            self._known.pop(path, None)
+            moved.append((path, why))
+        if moved:
+            fsync_dir(self.path)
+        return moved
 
     def remove_temp_files(self) -> list[Path]:
         """Delete `.tmp-*` left by a crash mid-write; call only while no write is running."""
@@ -353,26 +462,36 @@ class CheckpointDir:
         scores: dict[Path, float] | None = None,
         newest_valid: Path | None = None,
     ) -> list[Path]:
-        """Delete all but the `keep_last` newest, the `keep_best` best-scored and the newest
-        valid file; returns the deleted paths. With no valid file at all, deletes nothing.
-        `newest_valid`: the caller knows it (it just wrote it), so no file is re-read."""
+        """Delete all but the `keep_last` newest valid files, the `keep_best` best-scored
+        valid ones and the newest valid one; returns the deleted paths. Files that are not
+        valid never take a place: they are moved aside (`reject`; listed in `rejected`).
+        With no valid file at all, nothing is deleted or moved. `newest_valid`: the caller
+        knows it (it just wrote it), so that file is not re-read."""
         if keep_last < 1:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
         if keep_best < 0:
             raise ValueError(f"keep_best must be >= 0, got {keep_best}")
+        self.rejected = []
         files = self.files()
-        if newest_valid is None or newest_valid not in files:
-            newest_valid = next((p for p in reversed(files) if _is_valid(p)), None)
-        if newest_valid is None:
+        problems = {p: (None if p == newest_valid else self.problem(p)) for p in files}
+        valid = [p for p in files if problems[p] is None]
+        if not valid:
             return []
+        self.rejected = self.reject((p, why) for p, why in problems.items() if why is not None)
         by_name = {Path(p).name: s for p, s in (scores or {}).items()}
-        scored = sorted((p for p in files if p.name in by_name), key=lambda p: -by_name[p.name])
-        keep = {*files[-keep_last:], *scored[:keep_best], newest_valid}
-        doomed = [p for p in files if p not in keep]
+        scored = sorted((p for p in valid if p.name in by_name), key=lambda p: -by_name[p.name])
+        keep = {*valid[-keep_last:], *scored[:keep_best], valid[-1]}
+        doomed = [p for p in valid if p not in keep]
         # Manifest first: a crash mid-deletion leaves extra files, never a manifest naming gaps.
-        self._write_manifest(newest_valid, [p for p in files if p in keep])
+        try:
+            self._write_manifest(valid[-1], [p for p in valid if p in keep])
+        except OSError:
+            if not doomed:
+                raise
+            # A full disk: deleting is what makes room, and the manifest is only a hint.
         for p in doomed:
             p.unlink(missing_ok=True)
+            self._known.pop(p, None)
         if doomed:
             fsync_dir(self.path)
         return doomed
@@ -381,6 +500,16 @@ class CheckpointDir:
         names = [p.name for p in (self.files() if files is None else files)]
         doc = {"latest": latest.name, "files": names, "updated": time.time()}
         write_atomic(self.path / MANIFEST, json.dumps(doc, indent=1).encode() + b"\n")
+
+
+def _signature(path: Path) -> tuple[int, ...]:
+    st = os.stat(path)
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _free_bytes(directory: Path) -> int:
+    st = os.statvfs(directory)
+    return st.f_bavail * st.f_frsize
 
 
 __all__ = [

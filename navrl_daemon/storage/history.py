@@ -1,21 +1,27 @@
 """JSON-lines files of a state dir: `history.jsonl` (one row per progress summary) and the
 readers `report` and `status` share with `eval/results.jsonl`.
 
-A row is one JSON object per line. The daemon appends and flushes each row as it is made;
-a reader treats a last line without its newline as still being written, and any other line
-that is not a JSON object as corrupt (named by file and line, the other rows still used).
+A row is one JSON object per line. The daemon appends each row as it is made, all or
+nothing (storage/atomic.py `append_line`: a torn tail is cut before the next row goes on);
+a row whose write fails (disk full, I/O error) waits in memory and goes out with the next
+one (`JsonLinesFile`). A reader treats a last line without its newline as still being
+written (or torn by a crash), and any other line that is not a JSON object as corrupt
+(named by file and line, the other rows still used).
 """
 
 from __future__ import annotations
 
 import json
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from navrl_daemon.storage.atomic import write_atomic
+from navrl_daemon.storage.atomic import append_line, write_atomic
 
 HISTORY_FILE = "history.jsonl"
+# Rows kept in memory while their file cannot be written (a few hours of evaluations).
+MAX_WAITING_ROWS = 10_000
 # Written by a running daemon: its pid and health endpoint URL (what `status` asks).
 DAEMON_FILE = "daemon.json"
 
@@ -73,11 +79,42 @@ def read_jsonl(path: Path, *, required: tuple[str, ...] = ()) -> JsonLines:
     return out
 
 
-class HistoryFile:
-    """`STATE_DIR/history.jsonl`, written by the daemon only (it holds the state-dir lock)."""
+class JsonLinesFile:
+    """A JSON-lines file the daemon appends to, whose failed writes are retried: a row that
+    cannot be written waits, in order, and goes out before the next row (or at `flush`).
+    At most `MAX_WAITING_ROWS` wait; beyond that the oldest are dropped (`dropped`)."""
+
+    def __init__(self, path: Path, *, fsync: bool = True) -> None:
+        self.path = path
+        self.fsync = fsync
+        self.waiting: deque[str] = deque()
+        self.dropped = 0
+
+    def append(self, row: dict[str, Any]) -> OSError | None:
+        """Queue `row` and write every waiting row; the error that stopped them, if any."""
+        self.waiting.append(json.dumps(row))
+        if len(self.waiting) > MAX_WAITING_ROWS:
+            self.waiting.popleft()
+            self.dropped += 1
+        return self.flush()
+
+    def flush(self) -> OSError | None:
+        while self.waiting:
+            try:
+                append_line(self.path, self.waiting[0], fsync=self.fsync)
+            except OSError as err:
+                return err
+            self.waiting.popleft()
+        return None
+
+
+class HistoryFile(JsonLinesFile):
+    """`STATE_DIR/history.jsonl`, written by the daemon only (it holds the state-dir lock).
+    Rows are flushed, not fsynced: a crash loses at most what the next resume would cut
+    anyway, and the event loop is not held up by the disk."""
 
     def __init__(self, path: Path) -> None:
-        self.path = path
+        super().__init__(path, fsync=False)
 
     def cut(self, iteration: int) -> int:
         """Keep the rows up to `iteration` (the checkpoint a run starts from: later rows are
@@ -98,11 +135,3 @@ class HistoryFile:
         if len(kept) < len(lines) or (lines and not self.path.read_bytes().endswith(b"\n")):
             write_atomic(self.path, "".join(line + "\n" for line in kept).encode())
         return len(lines) - len(kept)
-
-    def append(self, row: dict[str, Any]) -> None:
-        """One row, flushed (not fsynced: a crash loses at most what the next resume would
-        cut anyway, and the event loop is not held up by the disk)."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
-            f.flush()

@@ -95,10 +95,17 @@ def test_two_ranks_compute_the_one_process_update(tmp_path: Path, monkeypatch) -
     for r in ranks:
         assert r["diverged"] is not None and "rank(s) [1] differ from rank 0" in r["diverged"]
     # And they are the one-process update, to float tolerance; the weights did move.
-    moved = 0
+    # Summing gradients in another order changes them in the last bits, and Adam turns a
+    # last-bit change of a near-zero gradient into a step of up to lr: so a few elements may
+    # differ by that much, while all but one in a thousand agree to 2e-6.
+    moved = loose = total = 0
     for key, value in expected.items():
-        torch.testing.assert_close(ranks[0]["policy"][key], value, rtol=1e-4, atol=2e-6)
+        got = ranks[0]["policy"][key]
+        torch.testing.assert_close(got, value, rtol=1e-4, atol=1e-4)
+        loose += int(((got - value).abs() > 2e-6 + 1e-4 * value.abs()).sum())
+        total += value.numel()
         moved += not torch.equal(value, saved["policy"][key])
+    assert loose <= total // 1000, f"{loose} of {total} elements differ by more than 2e-6"
     assert moved > len(expected) // 2
     for got, want in zip(ranks[0]["stats"], expected_stats, strict=True):
         assert got["minibatch_updates"] == want["minibatch_updates"] == 8

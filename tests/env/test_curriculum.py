@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from navrl_daemon.config import Config, load_config, to_toml
 from navrl_daemon.env.curriculum import Curriculum, Progress
@@ -197,3 +198,20 @@ def test_each_stage_builds_its_own_env() -> None:
     assert full.dynamic.count == 8 and full.pillars.height.shape[1] == 4  # type: ignore[attr-defined]
     slow = c.build_env(1, device="cpu", seed=0, num_envs=3, layout="navrl")
     assert slow.batch_size == (3,) and slow.dynamic.speed_range == (0.2, 0.5)  # type: ignore[attr-defined]
+
+
+def test_a_promotion_keeps_each_envs_density_level() -> None:
+    """With env.map_levels, the next stage's env starts each env at the level it reached."""
+    two = (
+        'env.curriculum=[{name = "slow", dynamic_speed_range = [0.2, 0.5],'
+        " promote = {reach_goal = 0.5}}, {}]"
+    )
+    c = Curriculum(config(two, "env.map_levels=[0,2,4]").env)
+    before = c.build_env(0, device="cpu", seed=0)
+    before.level = torch.tensor([0, 1, 2, 2, 1, 0, 2, 1])  # type: ignore[attr-defined]
+    after = c.build_env(1, device="cpu", seed=0, previous=before)
+    assert after.level.tolist() == [0, 1, 2, 2, 1, 0, 2, 1]  # type: ignore[attr-defined]
+    after.reset()  # a fresh start of every episode moves no level
+    assert after.level.tolist() == [0, 1, 2, 2, 1, 0, 2, 1]  # type: ignore[attr-defined]
+    plain = Curriculum(config(two).env).build_env(1, device="cpu", seed=0, previous=before)
+    assert plain.level.tolist() == [0] * 8  # type: ignore[attr-defined]

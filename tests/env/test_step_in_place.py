@@ -33,11 +33,14 @@ def addresses(env: NavigationEnv) -> dict[str, int]:
     return {name: t.untyped_storage().data_ptr() for name, t in env.state_tensors().items()}
 
 
+@pytest.mark.parametrize("levels", [[], [0, 10, 30]], ids=["whole_map", "map_levels"])
 @pytest.mark.parametrize("mode", ["indexed", "masked"])
-def test_every_state_tensor_keeps_its_storage(mode: str) -> None:
+def test_every_state_tensor_keeps_its_storage(mode: str, levels: list[int]) -> None:
     """Steps with crashes and time-outs, auto-resets, full resets, reseeds, a state load
-    and scripted starts: every tensor a step reads or writes stays where it was."""
-    env = make_env(config(reset_mode=mode), seed=2)
+    and scripted starts: every tensor a step reads or writes stays where it was (the
+    density levels too, which move at every ended episode)."""
+    env = make_env(config(reset_mode=mode, map_levels=levels), seed=2)
+    env.level.fill_(len(env.level_counts) - 1)  # at the top: collisions move levels down
     state = env.state_tensors()
     # Everything a checkpoint saves of the env is listed (the stats as one [N, 5] tensor).
     saved = {"episode_stats" if k.startswith("stats.") else k for k in env.state_dict_env()}
@@ -61,6 +64,8 @@ def test_every_state_tensor_keeps_its_storage(mode: str) -> None:
             td = env.place_drones(env.goal.clone(), env.start.clone())
         assert addresses(env) == where, step
     assert dones >= 16  # resets happened
+    if levels:
+        assert int(env.level.min()) < len(levels) - 1  # levels moved, in place
 
 
 def test_load_state_dict_env_keeps_storage_and_restores() -> None:

@@ -41,6 +41,7 @@ METRICS: dict[str, str] = {
     "navrl_grad_norm": GAUGE,
     "navrl_explained_variance": GAUGE,
     "navrl_last_iteration_timestamp_seconds": GAUGE,
+    "navrl_last_iteration_age_seconds": GAUGE,
     "navrl_policy_lag": HISTOGRAM,
     "navrl_nonfinite_updates_total": COUNTER,
     "navrl_rollbacks_total": COUNTER,
@@ -58,12 +59,20 @@ METRICS: dict[str, str] = {
     "navrl_checkpoint_write_seconds": HISTOGRAM,
     "navrl_checkpoint_stall_seconds": HISTOGRAM,
     "navrl_checkpoint_last_success_timestamp_seconds": GAUGE,
+    "navrl_checkpoint_age_seconds": GAUGE,
     "navrl_checkpoint_bytes": GAUGE,
     "navrl_checkpoint_failures_total": COUNTER,
+    "navrl_checkpoint_missed_intervals": GAUGE,
+    # other state-dir files: eval results, history, export
+    "navrl_write_failures_total": COUNTER,
     # archive
     "navrl_archive_bytes_total": COUNTER,
     "navrl_archive_segments_total": COUNTER,
     "navrl_archive_dropped_total": COUNTER,
+    "navrl_archive_disk_bytes": GAUGE,
+    "navrl_archive_files": GAUGE,
+    "navrl_archive_rotated_files_total": COUNTER,
+    "navrl_archive_rotated_bytes_total": COUNTER,
     # prefetch
     "navrl_prefetch_wait_seconds": HISTOGRAM,
     "navrl_prefetch_batches_total": COUNTER,
@@ -73,7 +82,11 @@ METRICS: dict[str, str] = {
     "navrl_eval_return": GAUGE,
     "navrl_eval_episode_length_steps": GAUGE,
     "navrl_evaluations_total": COUNTER,
+    "navrl_last_evaluation_timestamp_seconds": GAUGE,
+    "navrl_eval_interval_iterations": GAUGE,
     "navrl_curriculum_stage": GAUGE,
+    # disk
+    "navrl_state_dir_free_bytes": GAUGE,
     # process: prometheus_client's process collector, and ours
     "process_resident_memory_bytes": GAUGE,
     "process_virtual_memory_bytes": GAUGE,
@@ -88,7 +101,7 @@ METRICS: dict[str, str] = {
 }
 # Label names the exprs may match or group on: the target's, the histograms' and ours.
 LABELS = {"job", "instance", "le", "stage", "phase", "queue", "pool", "term", "group", "kind"}
-LABELS |= {"state", "version", "torch", "device"}
+LABELS |= {"state", "version", "torch", "device", "file"}
 
 _HISTOGRAM_SERIES = ("_bucket", "_sum", "_count")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import subprocess
 import time
+from pathlib import Path
 
 import anyio
 import prometheus_client
@@ -94,6 +95,7 @@ def test_dashboard_series_exist_before_the_first_event() -> None:
         "running": 0,
         "draining": 0,
         "stopped": 0,
+        "finished": 0,
     }
     assert value(m, "navrl_build_info", version="0.1.0", torch="2.13.0", device="cpu") == 1
     assert value(m, "process_start_time_seconds") > 0
@@ -176,15 +178,40 @@ def test_stage_time_and_busy_ratio() -> None:
     assert SECONDS_BUCKETS[0] == 0.001 and SECONDS_BUCKETS[-1] == 60
 
 
-def test_state_is_one_hot_over_all_four_states() -> None:
+def test_state_is_one_hot_over_all_states() -> None:
     m = make_metrics()
-    for current in ("running", "draining", "stopped"):
+    for current in ("running", "draining", "stopped", "finished"):
         m.set_state(current)
         assert {s: value(m, "navrl_daemon_state", state=s) for s in STATES} == {
             s: float(s == current) for s in STATES
         }
     with pytest.raises(ValueError, match="paused"):
         m.set_state("paused")
+
+
+def test_checkpoint_missed_intervals_count_whole_intervals_without_a_checkpoint() -> None:
+    """The metric behind NavrlCheckpointsMissed: every write failing (a read-only or
+    replaced checkpoints dir, a full disk) makes it climb while training goes on."""
+    m = make_metrics()
+
+    def iterate(*versions: int) -> None:
+        for version in versions:
+            m.iteration(frames_delta=64, policy_version=version, policy_lag=0, losses={})
+
+    m.checkpoint_schedule(interval=2, iteration=10)  # resumed from checkpoint 10
+    iterate(11, 12, 13)
+    assert value(m, "navrl_checkpoint_missed_intervals") == 0  # 12's write may be in flight
+    iterate(14)
+    assert value(m, "navrl_checkpoint_missed_intervals") == 1
+    iterate(15, 16, 17, 18)
+    assert value(m, "navrl_checkpoint_missed_intervals") == 3
+    m.checkpoint_written(0.1, 100, 50, iteration=18)
+    assert value(m, "navrl_checkpoint_missed_intervals") == 0
+    iterate(19, 20, 21)
+    assert value(m, "navrl_checkpoint_missed_intervals") == 0
+    m.write_failed("eval_results")
+    assert value(m, "navrl_write_failures_total", file="eval_results") == 1
+    assert value(m, "navrl_write_failures_total", file="export") == 0
 
 
 def test_checkpoint_archive_and_prefetch() -> None:
@@ -286,12 +313,36 @@ def test_gpu_memory_is_read_from_the_daemons_cuda_device(monkeypatch: pytest.Mon
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "memory_allocated", allocated)
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 4 << 20)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (6 << 30, 8 << 30))
     on_gpu, on_cpu = make_metrics("cuda:1"), make_metrics("cpu")
     assert value(on_gpu, "navrl_gpu_memory_bytes", kind="allocated") == 1 << 20
     assert value(on_gpu, "navrl_gpu_memory_bytes", kind="reserved") == 4 << 20
+    assert value(on_gpu, "navrl_gpu_memory_bytes", kind="device_used") == 2 << 30
+    assert value(on_gpu, "navrl_gpu_memory_bytes", kind="device_total") == 8 << 30
     assert set(reads) == {"cuda:1"}  # the daemon's device, not the current one
-    assert value(on_cpu, "navrl_gpu_memory_bytes", kind="allocated") == 0
-    assert value(on_cpu, "navrl_gpu_memory_bytes", kind="reserved") == 0
+    for kind in ("allocated", "reserved", "device_used", "device_total"):
+        assert value(on_cpu, "navrl_gpu_memory_bytes", kind=kind) == 0
+
+
+def test_state_dir_free_space_is_read_at_scrape_time(tmp_path: Path) -> None:
+    import os
+
+    m = make_metrics()
+    assert b"\nnavrl_state_dir_free_bytes " not in m.render()  # no state dir yet: no sample
+    m.watch_state_dir(str(tmp_path))
+    st = os.statvfs(tmp_path)
+    free = value(m, "navrl_state_dir_free_bytes")
+    assert abs(free - st.f_bavail * st.f_frsize) < 64 << 20  # what the disk has, give or take
+
+
+def test_evaluation_time_and_interval() -> None:
+    m = make_metrics()
+    assert value(m, "navrl_last_evaluation_timestamp_seconds") == 0
+    assert value(m, "navrl_eval_interval_iterations") == 0
+    m.evaluation({"reach_goal": 0.5}, now=1234.0)
+    assert value(m, "navrl_last_evaluation_timestamp_seconds") == 1234.0
+    on = Metrics(version="t", torch_version="t", device="cpu", eval_interval=10)
+    assert value(on, "navrl_eval_interval_iterations") == 10
 
 
 def test_each_metrics_has_its_own_registry_and_leaves_the_global_one_alone() -> None:

@@ -20,6 +20,7 @@ from ops_assets import (
     LABELS,
     METRICS,
     PROMETHEUS_DIR,
+    REPO,
     UNIT,
     dashboard_panels,
     dashboard_queries,
@@ -36,12 +37,18 @@ from navrl_daemon.config import RunConfig, load_config
 
 REQUIRED_ALERTS = {
     "NavrlDaemonDown",
+    "NavrlRunFinished",
+    "NavrlLearningRegressed",
+    "NavrlNoEvaluation",
+    "NavrlStateDirDiskLow",
+    "NavrlGpuMemoryHigh",
     "NavrlTrainingStalled",
     "NavrlCheckpointTooOld",
     "NavrlCheckpointFailures",
     "NavrlNonFiniteUpdates",
     "NavrlQueueSaturated",
     "NavrlArchiveDropping",
+    "NavrlCheckpointsMissed",
 }
 
 
@@ -166,8 +173,24 @@ def test_alerts_are_complete_and_annotated() -> None:
     for rule in rules:
         assert rule.expr, rule.name
         assert "for" in rule.keys, f"{rule.name}: no `for:`"
-        assert rule.keys.get("severity") in {"critical", "warning"}, rule.name
+        assert rule.keys.get("severity") in {"critical", "warning", "info"}, rule.name
         assert rule.keys.get("summary") and rule.keys.get("description"), rule.name
+
+
+def test_every_alert_has_a_runbook_section_in_the_docs() -> None:
+    """runbook_url points at a heading of docs/alerts.md (GitHub's anchor for it)."""
+    anchors: dict[str, set[str]] = {}
+    for rule in read_alert_rules():
+        url = rule.keys.get("runbook_url", "")
+        path, _, anchor = url.partition("#")
+        assert path == "docs/alerts.md" and anchor, f"{rule.name}: runbook_url {url!r}"
+        if path not in anchors:
+            text = (REPO / path).read_text()
+            anchors[path] = {
+                re.sub(r"[^a-z0-9 _-]", "", h.strip().lower()).replace(" ", "-")
+                for h in re.findall(r"(?m)^#+ (.+)$", text)
+            }
+        assert anchor in anchors[path], f"{rule.name}: no heading for #{anchor} in {path}"
 
 
 def test_dashboard_expressions_parse(tmp_path: Path) -> None:

@@ -49,6 +49,10 @@ MAY_BE_EMPTY = {
     "navrl_archive_bytes_total": "no archiver in this run",
     "navrl_archive_segments_total": "no archiver in this run",
     "navrl_archive_dropped_total": "no archiver in this run",
+    "navrl_archive_disk_bytes": "no archiver in this run",
+    "navrl_archive_files": "no archiver in this run",
+    "navrl_archive_rotated_files_total": "no archiver in this run",
+    "navrl_archive_rotated_bytes_total": "no archiver in this run",
     # The HDF5Prefetcher only runs for offline training ("bc", "ppo+bc"); this run is online.
     "navrl_prefetch_wait_seconds": "no offline training in this run",
     "navrl_prefetch_batches_total": "no offline training in this run",

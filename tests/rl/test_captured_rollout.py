@@ -65,13 +65,17 @@ def assert_same(a: TensorDictBase, b: TensorDictBase, what: str) -> None:
         assert torch.equal(a.get(key), b.get(key)), (what, key)
 
 
-def test_captured_rollouts_are_the_eager_ones_bit_for_bit() -> None:
+@pytest.mark.parametrize("levels", [[], [0, 10, 40]], ids=["whole_map", "map_levels"])
+def test_captured_rollouts_are_the_eager_ones_bit_for_bit(levels: list[int]) -> None:
     """Rollouts with crashes, time-outs, masked resets and obstacle re-aims; weights loaded
     between rollouts, a td handed in from a reset, and the env state reloaded: the
     captured step (3 warm-up runs, then one capture, then replays) writes the same
-    buffers, leaves the same env and td, and draws the same random numbers as the loop."""
-    cfg = small_config()
+    buffers, leaves the same env and td, and draws the same random numbers as the loop.
+    With density levels, the levels (and the LiDAR slot they pick) move alike too."""
+    cfg = small_config(map_levels=levels)
     eager, captured = collector_pair(cfg, CapturedRollout(traced_capture))
+    for c in (eager, captured):  # at the top: collisions move levels down
+        c.env.level.fill_(len(c.env.level_counts) - 1)
     buffers = [c.new_buffer() for c in (eager, captured)]
     g = torch.Generator().manual_seed(5)
     dones = 0
@@ -99,6 +103,8 @@ def test_captured_rollouts_are_the_eager_ones_bit_for_bit() -> None:
         dones += int(buffers[0]["next", "done"].sum())
     assert captured.rollout.captures == 1
     assert dones >= 3 * 12  # episodes ended in the rollouts
+    if levels:
+        assert int(captured.env.level.min()) < len(levels) - 1  # levels moved
     assert int(buffers[0]["next", "terminated"].sum()) > 0 or dones > 0
 
 

@@ -15,7 +15,7 @@ import torch
 from navrl_daemon.config import Config, PPOConfig
 from navrl_daemon.errors import ConfigError
 from navrl_daemon.rl import fast_update, ppo
-from navrl_daemon.rl.fast_update import FastUpdate, resolve
+from navrl_daemon.rl.fast_update import EagerUpdate, FastUpdate, resolve
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.rl.training import Learner
 from tests.host_reads import CountHostReads
@@ -293,31 +293,27 @@ def test_a_fast_path_that_cannot_run_is_a_config_error():
         resolve("fused", torch.device("cpu"), why_not="env-group minibatches")
 
 
-def test_learner_resolves_its_path_from_config_and_fields():
+def test_learner_resolves_its_path_once_from_config_and_what_it_is_built_with():
     cfg = Config.model_validate({"ppo": {"update_path": "fused"}})
     learner = Learner.build(cfg, NavRLPolicy(), "cpu")
-    assert learner.update_path() == "fused"
-    assert learner.fast is not None and not learner.fast.graphs
+    assert learner.update_path == "fused"
+    assert isinstance(learner.ppo_update, FastUpdate) and not learner.ppo_update.graphs
 
-    learner = Learner.build(cfg, NavRLPolicy(), "cpu")
-    learner.minibatches = ppo.env_minibatches
     with pytest.raises(ConfigError, match=r"pipeline\.compress_rollouts"):
-        learner.update_path()
+        Learner.build(cfg, NavRLPolicy(), "cpu", minibatches=ppo.env_minibatches)
 
     learner = Learner.build(Config(), NavRLPolicy(), "cpu")
-    assert learner.update_path() == "eager" and learner.fast is None
+    assert learner.update_path == "eager" and isinstance(learner.ppo_update, EagerUpdate)
 
 
-def test_the_path_is_resolved_again_as_stages_wire_the_learner():
-    """The BC term of "ppo+bc" is set on the learner after the daemon first resolves the
-    path, so every update resolves it again: a fast path is refused once the term is
-    there (and `auto` on CUDA runs eager then, by the same rule in `resolve`)."""
+def test_a_learner_with_an_extra_loss_term_refuses_a_fast_path():
+    """The BC term of "ppo+bc" is part of the learner from the start: a fast path is
+    refused when it is built (and `auto` on CUDA runs eager then, by the same rule)."""
     cfg = Config.model_validate({"ppo": {"update_path": "fused"}})
-    learner = Learner.build(cfg, NavRLPolicy(), "cpu")
-    assert learner.update_path() == "fused"
-    learner.aux_loss = lambda policy: {}
     with pytest.raises(ConfigError, match="extra loss term"):
-        learner.update_path()
+        Learner.build(cfg, NavRLPolicy(), "cpu", aux_loss=lambda policy: {})
+    learner = Learner.build(Config(), NavRLPolicy(), "cpu", aux_loss=lambda policy: {})
+    assert learner.update_path == "eager" and learner.ppo_update.aux_loss is not None
 
 
 @pytest.mark.parametrize(

@@ -203,3 +203,102 @@ def test_daemon_resumed_mid_schedule_ends_bitwise_where_one_run_does(tmp_path: P
     run_daemon(tmp_path / "b", *common, "run.total_frames=960")
     a, b = exported(tmp_path / "a"), exported(tmp_path / "b")
     assert same(a, b)
+
+
+# ---------------------------------------------------------------------------- kl_adaptive
+
+KL = ['ppo.lr_schedule="kl_adaptive"']
+
+
+@pytest.mark.parametrize(
+    ("kl", "want"),
+    [(0.05, 1e-3 / 1.5), (0.02, 1e-3), (0.01, 1e-3), (0.005, 1e-3), (0.001, 1.5e-3)],
+    ids=["far", "edge-above", "on-target", "edge-below", "near"],
+)
+def test_kl_adaptive_rule_against_rsl_rls(kl: float, want: float) -> None:
+    """÷1.5 above 2·desired_kl, ×1.5 below desired_kl/2 (strictly), else unchanged."""
+    ppo_cfg = config(*KL, "ppo.desired_kl=0.01", "ppo.actor_lr=1e-3").ppo
+    assert schedules.kl_adapted_lr(ppo_cfg, 1e-3, kl) == pytest.approx(want)
+
+
+def test_kl_adaptive_stays_within_its_bounds_and_ignores_a_nan() -> None:
+    ppo_cfg = config(*KL, "ppo.lr_min=1e-4", "ppo.lr_max=2e-3", "ppo.actor_lr=1e-3").ppo
+    assert schedules.kl_adapted_lr(ppo_cfg, 1.9e-3, 0.0) == 2e-3
+    assert schedules.kl_adapted_lr(ppo_cfg, 1.2e-4, 1.0) == 1e-4
+    assert schedules.kl_adapted_lr(ppo_cfg, 1e-3, float("nan")) == 1e-3
+
+
+def test_approx_kl_is_zero_before_an_update_and_positive_after(
+    start: NavRLPolicy, batch: TensorDict, one_torch_thread: None
+) -> None:
+    assert ppo.approx_kl(start, batch, 16).abs() < 1e-5  # the rollout's own policy
+    moved = trained(config(), start, batch, updates=1).policy
+    kl = ppo.approx_kl(moved, batch, 64)
+    # The plain k3 estimate on every frame of the batch.
+    flat = batch.reshape(-1)
+    with torch.no_grad():
+        logp = moved.distribution(moved.observe(flat)).log_prob(
+            flat.get(("agents", "action_normalized"))
+        )
+    log_ratio = logp - flat.get("sample_log_prob")
+    want = float(((log_ratio.exp() - 1) - log_ratio).mean())
+    assert float(kl) > 0 and float(kl) == pytest.approx(want, rel=1e-5)
+
+
+def test_the_learner_scales_every_lr_by_the_kl_rule_and_reports_the_kl(
+    start: NavRLPolicy, batch: TensorDict, one_torch_thread: None
+) -> None:
+    """Every optimiser's lr moves by the same factor, keeping their ratios; a huge
+    desired_kl makes every update "too small", so the rates grow ×1.5 per update."""
+    cfg = config(*KL, "ppo.desired_kl=1.0", "ppo.actor_lr=2e-4", "ppo.feature_extractor_lr=1e-3")
+    learner = Learner.build(cfg, copy.deepcopy(start), "cpu")
+    for update in range(3):
+        losses = learner.update(batch)
+        assert losses["lr"] == pytest.approx(2e-4 * 1.5**update)  # the rate this update used
+        assert 0.0 <= losses["approx_kl"] < 0.5
+        scale = 1.5 ** (update + 1)
+        assert lrs(learner) == pytest.approx(
+            {"feature_extractor": 1e-3 * scale, "actor": 2e-4 * scale, "critic": 2e-4 * scale}
+        )
+
+
+def test_a_learner_restored_from_a_snapshot_keeps_its_adapted_rates(
+    start: NavRLPolicy, batch: TensorDict, one_torch_thread: None
+) -> None:
+    cfg = config(*KL, "ppo.desired_kl=1.0")
+    original = trained(cfg, start, batch, updates=2)
+    resumed = Learner.build(cfg, copy.deepcopy(start), "cpu")
+    restore_learner(resumed, copy.deepcopy(learner_state(original)))
+    assert lrs(resumed) == lrs(original) != ppo.learning_rates(cfg.ppo)
+    for _ in range(2):
+        assert original.update(batch) == resumed.update(batch)
+    assert same(params(original.policy), params(resumed.policy))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        ([*KL, "ppo.desired_kl=0"], "ppo.desired_kl"),
+        ([*KL, "ppo.lr_min=0"], "ppo.lr_min"),
+        ([*KL, "ppo.actor_lr=0.1"], "ppo.actor_lr: the kl_adaptive schedule starts from it"),
+        ([*KL, "pipeline.compress_rollouts=true"], "ppo.lr_schedule"),
+    ],
+)
+def test_cli_refuses_a_bad_kl_adaptive_setting_with_exit_78(
+    overrides: list[str], needle: str
+) -> None:
+    proc = navrl_cli("config", "show", *overrides)
+    assert proc.returncode == 78, proc.stderr
+    assert needle in proc.stderr
+
+
+def test_daemon_resumed_under_kl_adaptive_ends_bitwise_where_one_run_does(
+    tmp_path: Path,
+) -> None:
+    common = (*KL, "checkpoint.interval=2")
+    run_daemon(tmp_path / "a", *common, "run.total_frames=640")
+    (tmp_path / "a" / "checkpoints" / "ckpt-000000010.nrc").unlink()  # as if killed at 9
+    resumed = run_daemon(tmp_path / "a", *common, "run.total_frames=960")
+    assert any(e.get("approx_kl") is not None for e in resumed if e["event"] == "progress")
+    run_daemon(tmp_path / "b", *common, "run.total_frames=960")
+    assert same(exported(tmp_path / "a"), exported(tmp_path / "b"))

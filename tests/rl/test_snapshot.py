@@ -105,14 +105,10 @@ def test_trainer_rolls_back_to_the_checkpoint_and_training_goes_on(tmp_path: Pat
         training,
         compute,
         Checkpointing(
-            Channel("snapshots", 1).sender(),
-            0,
-            SnapshotStaging(1),
-            collector_state=dict,
-            static={},
-            rollback=rollback,
+            Channel("snapshots", 1).sender(), SnapshotStaging(1), collector_state=dict, static={}
         ),
         export_path=tmp_path / "policy.pt",
+        rollback=rollback,
     )
     with torch.no_grad():  # what a blown-up update leaves behind
         for p in training.policy.parameters():
@@ -164,7 +160,7 @@ def test_the_next_update_waits_for_a_snapshot_still_copying(monkeypatch) -> None
     snapshots = Channel("snapshots", 4)
     received = snapshots.receiver()
     compute = ComputeThread()
-    checkpoints = Checkpointing(snapshots.sender(), 1, SnapshotStaging(2), dict, static={})
+    checkpoints = Checkpointing(snapshots.sender(), SnapshotStaging(2), dict, static={})
     trainer = trainer_for(training, compute, checkpoints)
     training.collector.collect(training.buffer)
     trainer._update(training.buffer)
@@ -183,21 +179,23 @@ def test_the_next_update_waits_for_a_snapshot_still_copying(monkeypatch) -> None
     compute.close()
 
 
-def trainer_for(training: Training, compute, checkpoints, export_path: Path | None = None):  # type: ignore[no-untyped-def]
+def trainer_for(training: Training, compute, checkpoints, export_path=None, rollback=None):  # type: ignore[no-untyped-def]
     """A Trainer stage around `training`'s learner, driven by calling its methods."""
     from navrl_daemon.runtime.channels import Channel
     from navrl_daemon.runtime.supervisor import Shutdown
+    from navrl_daemon.stages.cadence import Cadence
     from navrl_daemon.stages.trainer import Trainer
 
     return Trainer(
         training.learner,
         Channel("rollouts", 1).receiver(),
         [],
-        frames_per_iteration=64,
+        cadence=Cadence(frames_per_iteration=64, total_frames=0, checkpoint_interval=1),
         shutdown=Shutdown(),
         compute=compute,
         export_path=export_path,
         checkpoints=checkpoints,
+        rollback=rollback,
     )
 
 
@@ -209,6 +207,7 @@ def test_a_finished_trainer_leaves_no_copier_thread_behind() -> None:
     from navrl_daemon.runtime.channels import Channel
     from navrl_daemon.runtime.compute import ComputeThread
     from navrl_daemon.runtime.supervisor import Shutdown
+    from navrl_daemon.stages.cadence import Cadence
     from navrl_daemon.stages.trainer import Checkpointing, Trainer
 
     training = Training.build(tiny(), "cpu")
@@ -220,11 +219,11 @@ def test_a_finished_trainer_leaves_no_copier_thread_behind() -> None:
         training.learner,
         rollouts.receiver(),
         [],
-        frames_per_iteration=64,
+        cadence=Cadence(frames_per_iteration=64, total_frames=0, checkpoint_interval=1),
         shutdown=Shutdown(),
         compute=compute,
         export_path=None,
-        checkpoints=Checkpointing(snapshots.sender(), 1, staging, dict, static={}),
+        checkpoints=Checkpointing(snapshots.sender(), staging, dict, static={}),
     )
     training.collector.collect(training.buffer)
     trainer._update(training.buffer)

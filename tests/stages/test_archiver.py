@@ -9,16 +9,18 @@ from pathlib import Path
 import anyio
 import numpy as np
 import pytest
+import structlog
 import torch
 from tensordict import TensorDict
 
 from navrl_daemon.config import ArchiveConfig, ConfigError, load_config
+from navrl_daemon.ops.metrics import Metrics
 from navrl_daemon.rl.training import Training
 from navrl_daemon.runtime.leases import Lease, LeasePool
 from navrl_daemon.runtime.supervisor import Shutdown
 from navrl_daemon.stages.archiver import RolloutArchiver, archive_channel
 from navrl_daemon.storage.archive import ArchiveFile, archive_files
-from navrl_daemon.storage.episode_store import rollout_arrays
+from navrl_daemon.storage.episode_store import ArchiveReader, rollout_arrays
 from tests.conftest import TINY
 
 
@@ -45,11 +47,13 @@ async def run_archiver(
     rollouts: int,
     fill: Callable[[TensorDict, int], None],
     sent: list[Lease] | None = None,
+    metrics: Metrics | None = None,
 ) -> tuple[RolloutArchiver, list[tuple[int, int, int]], dict[int, dict[str, np.ndarray]]]:
     """Produce `rollouts` leases through the archive channel into a RolloutArchiver."""
     written: list[tuple[int, int, int]] = []
     expected: dict[int, dict[str, np.ndarray]] = {}
-    channel = archive_channel(cfg, on_dropped=lambda n: None)
+    metrics = metrics or Metrics(version="0", torch_version="0", device="cpu")
+    channel = archive_channel(cfg, on_dropped=metrics.archive_dropped)
     sender = channel.sender()
     archiver = RolloutArchiver(
         cfg,
@@ -57,6 +61,9 @@ async def run_archiver(
         channel.receiver(),
         shutdown=Shutdown(),
         on_written=lambda *a: written.append(a),
+        on_failed=metrics.archive_dropped,
+        on_rotated=metrics.archive_rotated,
+        on_usage=metrics.archive_usage,
     )
 
     async def produce() -> None:
@@ -120,27 +127,100 @@ async def test_archives_every_interval_th_real_rollout_bit_exact(
         assert sum(w[1] for w in written) == int(f.rows["stored_bytes"].sum())
 
 
+def fill_random(buffer: TensorDict, iteration: int) -> None:
+    buffer.update_(random_rollout())
+
+
+def sample(m: Metrics, name: str) -> float:
+    found = m.registry.get_sample_value(name)
+    assert found is not None, name
+    return found
+
+
 @pytest.mark.anyio
-async def test_rotates_files_and_removes_the_oldest_past_the_total_cap(tmp_path: Path) -> None:
+async def test_rotate_keeps_the_newest_files_under_the_total_cap(tmp_path: Path) -> None:
     mib = 1 << 20
     cfg = ArchiveConfig(
-        interval=1, max_file_bytes=mib, max_total_bytes=3 * mib, workers=2, on_full="block"
+        interval=1,
+        max_file_bytes=mib,
+        max_total_bytes=3 * mib,
+        workers=2,
+        on_full="rotate",
+        queue_size=2,  # as many as the pool's buffers: the queue never drops one
     )
     pool = LeasePool([random_rollout(), random_rollout()])
-
-    def fill(buffer: TensorDict, iteration: int) -> None:
-        buffer.update_(random_rollout())
-
-    await run_archiver(cfg, tmp_path, pool, 6, fill)
+    m = Metrics(version="0", torch_version="0", device="cpu")
+    archiver, written, _ = await run_archiver(cfg, tmp_path, pool, 6, fill_random, metrics=m)
     files = archive_files(tmp_path)
     assert sum(p.stat().st_size for p in files) <= 3 * mib
     assert [p.name for p in files] == [f"rollouts-{i:06d}.h5" for i in range(6 - len(files), 6)]
     for p in files:  # one rollout per file: each pushed its file past 1 MiB
         with ArchiveFile.open(p) as f:
             assert f.complete and set(f.rows["iteration"].tolist()) == {int(p.stem[-6:])}
+    assert archiver.archived == 6 and len(written) == 6  # every rollout made it in
+    rotated = 6 - len(files)
+    assert sample(m, "navrl_archive_rotated_files_total") == rotated >= 3
+    assert sample(m, "navrl_archive_rotated_bytes_total") == archiver.retention.rotated_bytes
+    assert sample(m, "navrl_archive_files") == len(files)
+    assert sample(m, "navrl_archive_disk_bytes") == sum(p.stat().st_size for p in files)
+    assert sample(m, "navrl_archive_dropped_total") == 0
     # A new archiver on the same directory continues the numbering.
-    await run_archiver(cfg, tmp_path, pool, 1, fill)
+    await run_archiver(cfg, tmp_path, pool, 1, fill_random)
     assert archive_files(tmp_path)[-1].name == "rollouts-000006.h5"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("on_full", ["drop", "block"])
+async def test_drop_and_block_never_delete_and_skip_what_does_not_fit(
+    tmp_path: Path, on_full: str
+) -> None:
+    mib = 1 << 20
+    cfg = ArchiveConfig(
+        interval=1,
+        max_file_bytes=mib,
+        max_total_bytes=3 * mib,
+        workers=2,
+        on_full=on_full,
+        queue_size=2,
+    )
+    pool = LeasePool([random_rollout(), random_rollout()])
+    m = Metrics(version="0", torch_version="0", device="cpu")
+    with structlog.testing.capture_logs() as logs:
+        archiver, _, _ = await run_archiver(cfg, tmp_path, pool, 6, fill_random, metrics=m)
+    files = archive_files(tmp_path)
+    assert [p.name for p in files] == [f"rollouts-{i:06d}.h5" for i in range(len(files))]
+    assert sum(p.stat().st_size for p in files) <= 3 * mib
+    assert archiver.archived == len(files) == 2  # the oldest kept; the rest skipped
+    assert sample(m, "navrl_archive_dropped_total") == 4
+    assert sample(m, "navrl_archive_rotated_files_total") == 0
+    full = [e for e in logs if e["event"].startswith("archive full")]
+    assert len(full) == 1 and "max_total_bytes" in full[0]["reason"]  # said once, not 4 times
+
+
+@pytest.mark.anyio
+async def test_rotation_skips_the_files_a_reader_holds(tmp_path: Path) -> None:
+    """The prefetcher (any ArchiveFile reader) holds its files open: rotation deletes
+    around them, and the reader goes on reading every segment it indexed."""
+    mib = 1 << 20
+    cfg = ArchiveConfig(
+        interval=1,
+        max_file_bytes=mib,
+        max_total_bytes=4 * mib,
+        workers=2,
+        on_full="rotate",
+        queue_size=2,
+    )
+    pool = LeasePool([random_rollout(), random_rollout()])
+    await run_archiver(cfg, tmp_path, pool, 2, fill_random)
+    held = archive_files(tmp_path)
+    assert [p.name for p in held] == ["rollouts-000000.h5", "rollouts-000001.h5"]
+    with ArchiveReader(held, workers=1) as reader:
+        await run_archiver(cfg, tmp_path, pool, 6, fill_random)
+        names = [p.name for p in archive_files(tmp_path)]
+        assert names[:2] == ["rollouts-000000.h5", "rollouts-000001.h5"]  # still there
+        assert names[-1] == "rollouts-000007.h5" and len(names) < 8  # newer ones rotated
+        for f in reader.files:
+            f.verify()
 
 
 @pytest.mark.anyio

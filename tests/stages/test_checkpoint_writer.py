@@ -6,6 +6,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+import structlog
 import torch
 
 from navrl_daemon.config import CheckpointConfig
@@ -115,3 +116,35 @@ async def test_flush_writes_what_run_left_in_the_queue(tmp_path: Path) -> None:
     await h.sender.send(h.snapshot(3))
     await h.writer.flush(deadline=float("inf"))  # run was cancelled before it got there
     assert [p.name for p in CheckpointDir(tmp_path).files()] == ["ckpt-000000003.nrc"]
+
+
+@pytest.mark.anyio
+async def test_scores_stay_as_few_as_the_files_that_can_use_them(tmp_path: Path) -> None:
+    """A week of evaluations must not pile up in memory: only the scores of kept files and
+    of iterations not written yet stay, and keep_best still finds the best file."""
+    h = Harness(tmp_path, keep_last=2, keep_best=1, queue_size=64)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(h.writer.run)
+        for it in range(1, 201):
+            h.writer.record_eval(it, 0.99 if it == 30 else it / 1000)  # 30 is the best
+            h.writer.record_eval(it + 1, 0.0)  # an evaluation that lands before its file
+            await h.sender.send(h.snapshot(it))
+            with anyio.fail_after(30):
+                while not (tmp_path / f"ckpt-{it:09d}.nrc").exists():
+                    await anyio.sleep(0.005)
+        h.sender.close()
+    kept = [p.name for p in CheckpointDir(tmp_path).files()]
+    assert kept == ["ckpt-000000030.nrc", "ckpt-000000199.nrc", "ckpt-000000200.nrc"]
+    assert sorted(h.writer.scores) == [30, 199, 200, 201]
+
+
+@pytest.mark.anyio
+async def test_one_log_line_per_checkpoint_names_the_files_it_replaced(tmp_path: Path) -> None:
+    h = Harness(tmp_path, keep_last=1, queue_size=8)
+    with structlog.testing.capture_logs() as logs:
+        for it in (1, 2):
+            await h.sender.send(h.snapshot(it))
+        h.sender.close()
+        await h.writer.run()
+    assert [e["event"] for e in logs] == ["checkpoint written", "checkpoint written"]
+    assert "removed" not in logs[0] and logs[1]["removed"] == ["ckpt-000000001.nrc"]

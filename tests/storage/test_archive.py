@@ -28,6 +28,8 @@ from navrl_daemon.storage.archive import (
     archive_files,
     archive_name,
     encode_segments,
+    last_archived_iteration,
+    remove_temp_files,
 )
 from navrl_daemon.storage.episode_store import ArchiveReader, rollout_arrays
 from navrl_daemon.storage.segment_index import SegmentIndex
@@ -238,7 +240,7 @@ def test_rows_without_their_length_or_their_bytes_are_not_trusted(
     write(path, [arrays], schema)
     with h5py.File(path, "r+") as f:
         f.attrs["complete"] = False
-        for name in ("iteration", "env", "policy_version", "raw_bytes", "length"):
+        for name in ("iteration", "env", "policy_version", "raw_bytes", "row_crc32", "length"):
             f[f"index/{name}"].resize((6,))
         for name in ("offset", "stored_bytes", "crc32"):
             f[f"index/{name}"].resize((6, 1))
@@ -359,3 +361,20 @@ def test_archive_files_lists_by_sequence_and_ignores_other_names(tmp_path: Path)
         (tmp_path / name).touch()
     assert [p.name for p in archive_files(tmp_path)] == ["rollouts-000002.h5", "rollouts-000010.h5"]
     assert archive_files(tmp_path / "none") == []
+
+
+def test_a_file_appears_under_its_name_only_once_readable(tmp_path: Path) -> None:
+    """A kill -9 while a file is being created leaves a temp file no reader lists (and the
+    next archiver removes), never a `rollouts-*.h5` that `archive verify` calls broken."""
+    leftover = tmp_path / ".tmp-rollouts-000000.h5"
+    leftover.write_bytes(b"\x89HDF half a superblock")
+    assert archive_files(tmp_path) == [] and last_archived_iteration(tmp_path) is None
+    arrays = {"obs/x": np.zeros((2, 4, 3), dtype=np.float32)}
+    schema = Schema.for_rollout(arrays)
+    write(tmp_path / archive_name(1), [arrays, arrays], schema, first=7)
+    assert [p.name for p in archive_files(tmp_path)] == [archive_name(1)]
+    assert last_archived_iteration(tmp_path) == 8
+    assert remove_temp_files(tmp_path) == [leftover] and not leftover.exists()
+    with pytest.raises(FileExistsError):
+        write(tmp_path / archive_name(1), [arrays], schema)
+    assert [p.name for p in tmp_path.iterdir()] == [archive_name(1)]

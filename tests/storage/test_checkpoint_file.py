@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -26,6 +27,7 @@ from navrl_daemon.storage.checkpoint import (
     read_header,
     verify,
 )
+from tests.small_disk import fill
 
 
 def realistic_state() -> dict:
@@ -352,12 +354,85 @@ def test_prune_never_deletes_newest_valid(tmp_path):
     paths = [d.write(small(i), i) for i in range(1, 5)]
     corrupt(paths[3])
     assert d.prune(keep_last=1) == [paths[0], paths[1]]
-    assert d.files() == [paths[2], paths[3]]
+    assert d.files() == [paths[2]]  # the corrupt newest went aside (rejected/)
+    assert [p for p, _ in d.rejected] == [paths[3]]
     assert manifest(d)["latest"] == paths[2].name
     assert d.newest_valid()[0] == paths[2]
     corrupt(paths[2])
-    assert d.prune(keep_last=1) == [] and len(d.files()) == 2  # nothing valid: delete nothing
+    assert d.prune(keep_last=1) == [] and d.files() == [paths[2]]  # nothing valid: no change
+    assert d.rejected == []
     with pytest.raises(ValueError, match="keep_last"):
         d.prune(keep_last=0)
     with pytest.raises(ValueError, match="keep_best"):
         d.prune(keep_last=1, keep_best=-1)
+
+
+def test_junk_files_never_take_keep_last_places_and_are_moved_aside(tmp_path):
+    """Junk with high iteration numbers used to fill keep_last (two junk files and
+    keep_last=5 kept three real checkpoints) and stay for ever."""
+    d = CheckpointDir(tmp_path)
+    paths = [d.write(small(i), i) for i in range(1, 8)]
+    write(tmp_path / "ckpt-000009998.nrc", b"junk")
+    write(tmp_path / "ckpt-000009999.nrc", small(9999)[:-3])
+    assert d.prune(keep_last=5, newest_valid=paths[-1]) == paths[:2]
+    assert d.files() == paths[2:]
+    assert sorted(p.name for p in (tmp_path / "rejected").iterdir()) == [
+        "ckpt-000009998.nrc",
+        "ckpt-000009999.nrc",
+    ]
+    assert [(p.name, why.split(" ")[0]) for p, why in d.rejected] == [
+        ("ckpt-000009998.nrc", "not"),
+        ("ckpt-000009999.nrc", "truncated:"),
+    ]
+    assert manifest(d)["files"] == [p.name for p in paths[2:]]
+    # Moved aside, never deleted: a second junk file of the same name gets its own place.
+    write(tmp_path / "ckpt-000009998.nrc", b"more junk")
+    d.prune(keep_last=5)
+    assert sorted(p.name for p in (tmp_path / "rejected").iterdir())[:2] == [
+        "ckpt-000009998.nrc",
+        "ckpt-000009998.nrc.1",
+    ]
+
+
+def test_files_the_run_does_not_accept_count_as_invalid(tmp_path):
+    """`accept` (a run's check of the contents: stages/resume.py) counts like the
+    container checks: newest_valid skips, verify names, prune moves such a file aside."""
+
+    def accept(header, state):
+        return None if state["iteration"] % 2 else "an even iteration"
+
+    plain = CheckpointDir(tmp_path)
+    paths = [plain.write(small(i), i) for i in (1, 2, 3, 4)]
+    d = CheckpointDir(tmp_path, accept=accept)
+    assert d.newest_valid()[0] == paths[2]
+    assert d.skipped == [(paths[3], "an even iteration")]
+    assert verify(paths, accept)[1] == (paths[1], "an even iteration")
+    assert d.prune(keep_last=5) == []
+    assert d.files() == [paths[0], paths[2]]
+
+
+def random_checkpoint(iteration: int, nbytes: int = 200_000) -> bytes:
+    state = {"w": torch.rand(nbytes // 4, generator=torch.Generator().manual_seed(iteration))}
+    return encode_checkpoint(state, iteration=iteration, frames=iteration, policy_version=1)
+
+
+def test_a_full_disk_makes_room_by_deleting_older_checkpoints_first(small_disk):
+    """Low on space, older checkpoints go before a new one is written (oldest first, never
+    the newest valid one); when even that is not enough, the write fails and the newest
+    valid checkpoint is still there, whole. A real full disk: a 1 MB tmpfs."""
+    disk = small_disk("1m")
+    d = CheckpointDir(disk / "checkpoints")
+    paths = [d.write(random_checkpoint(i), i) for i in (1, 2, 3)]
+    filler = fill(disk)  # another process takes every byte that is left
+    path4 = d.write(random_checkpoint(4), 4)
+    assert d.made_room == paths[:2]  # 1, then 2: still short, so the oldest went too
+    assert d.files() == [paths[2], path4]
+    path5 = d.write(random_checkpoint(5), 5)
+    assert d.made_room == [paths[2]] and d.files() == [path4, path5]
+    with pytest.raises(OSError) as err:
+        d.write(random_checkpoint(6, nbytes=2_000_000), 6)  # cannot fit even alone
+    assert err.value.errno == errno.ENOSPC
+    assert d.files() == [path5] and verify([path5]) == [(path5, None)]
+    assert not list(d.path.glob(".tmp-*"))
+    filler.unlink()
+    assert d.write(random_checkpoint(6), 6) and d.made_room == []

@@ -13,7 +13,7 @@ import torch
 from navrl_daemon.config import load_config
 from navrl_daemon.errors import ConfigError
 from navrl_daemon.rl import ppo
-from navrl_daemon.rl.training import Training
+from navrl_daemon.rl.training import Learner, Training
 from navrl_daemon.storage.compressed_rollout import CompressedMinibatches
 from tests.conftest import TINY, navrl_cli
 
@@ -53,8 +53,9 @@ def test_compressed_update_is_bit_identical_to_env_minibatches_uncompressed() ->
 
 def test_the_learner_reports_the_compression_of_each_update() -> None:
     training = collected()
-    training.learner.minibatches = CompressedMinibatches(workers=1)
-    stats = training.learner.update(training.buffer)
+    source = CompressedMinibatches(workers=1)
+    learner = Learner.build(training.cfg, training.policy, "cpu", minibatches=source)
+    stats = learner.update(training.buffer)
     assert stats["compress_ratio"] > 1.0  # what progress lines and history show
     assert stats["compress_s"] > 0.0 and stats["decode_s"] > 0.0
     assert "compress_ratio" not in Training.build(tiny(), "cpu").learner.update(training.buffer)

@@ -1,0 +1,134 @@
+"""What a trained policy has learned (issue #23): NavRL's evaluation of saved policies on
+the maps they trained on and on maps they never saw, at several densities and spawn
+layouts, with the LiDAR-use probe and path statistics (rl/probes.py), as JSON.
+
+Each row is one (checkpoint, pillars, layout, maps) evaluation:
+- pillars `K` builds maps of K pillars (a curriculum stage's maps are drawn that way);
+  `N:K` keeps the first K pillars of N-pillar maps (the density levels of
+  `env.map_levels`, where the N-pillar maps are the training maps).
+- maps `train` are the run's (run.seed, env.num_maps); `held_out` are `--held-out-maps`
+  maps drawn from `--held-out-seed`.
+- layout `navrl` is NavRL's crossing evaluation, `train` the training spawn rule.
+With `--probe`, NavRL-layout rows also fly blind (LiDAR zeroed), measure the action gap
+near pillars, and give altitude and path statistics per outcome.
+
+Run: `.venv/bin/python benchmarks/diagnose.py --checkpoint A.nrc [B.pt ...] --config
+config/navrl.toml --pillars 100 350 350:100 --probe --out diag.json [KEY=VALUE ...]`
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from navrl_daemon.config import Config, load_config
+from navrl_daemon.env import make_env
+from navrl_daemon.rl.evaluate import evaluate, evaluate_recorded
+from navrl_daemon.rl.probes import lidar_use, path_stats
+from navrl_daemon.rl.training import eval_steps, make_policy
+from navrl_daemon.storage.policy_file import check_policy_layout, load_any_policy_state
+
+
+def pillar_spec(text: str) -> tuple[int, int | None]:
+    """ "K" → (K, None): K-pillar maps; "N:K" → (N, K): the first K pillars of N-pillar maps."""
+    whole, _, prefix = text.partition(":")
+    return int(whole), int(prefix) if prefix else None
+
+
+def eval_env(cfg: Config, spec: tuple[int, int | None], layout: str, seed: int, maps: int):
+    whole, prefix = spec
+    env_cfg = cfg.env.model_copy(
+        update={
+            "num_obstacles": whole,
+            "map_levels": [] if prefix is None else [prefix],
+            "num_maps": maps,
+            "curriculum": [],
+        }
+    )
+    return make_env(env_cfg, seed=seed, num_envs=cfg.eval.num_envs, layout=layout)
+
+
+def diagnose(
+    cfg: Config, state: dict[str, torch.Tensor], args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    policy = make_policy(cfg, "cpu")
+    check_policy_layout(state, policy.state_dict(), Path("policy"))
+    policy.load_state_dict(state)
+    steps = eval_steps(cfg)
+    every = {
+        "train": (cfg.run.seed, cfg.env.num_maps),
+        "held_out": (args.held_out_seed, args.held_out_maps),
+    }
+    maps = {k: every[k] for k in args.maps}
+    rows = []
+    for text in args.pillars:
+        for layout in args.layouts:
+            for which, (seed, count) in maps.items():
+                env = eval_env(cfg, pillar_spec(text), layout, seed, count)
+                t0 = time.perf_counter()
+                row: dict[str, Any] = {"pillars": text, "layout": layout, "maps": which}
+                row.update(evaluate(env, policy, seed=cfg.eval.seed, max_steps=steps))
+                if args.probe and layout == "navrl":
+                    row["lidar_use"] = lidar_use(env, policy, seed=cfg.eval.seed, max_steps=steps)
+                    _, traj = evaluate_recorded(env, policy, seed=cfg.eval.seed, max_steps=steps)
+                    row["paths"] = path_stats(traj, env.cfg.dt)
+                row["seconds"] = round(time.perf_counter() - t0, 1)
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", type=Path, nargs="+", required=True)
+    p.add_argument("--config", type=Path, default=Path("config/navrl.toml"))
+    p.add_argument("--pillars", nargs="+", default=["100", "350"])
+    p.add_argument("--layouts", nargs="+", default=["navrl", "train"])
+    p.add_argument(
+        "--maps", nargs="+", default=["train", "held_out"], choices=["train", "held_out"]
+    )
+    p.add_argument("--held-out-seed", type=int, default=1000)
+    p.add_argument("--held-out-maps", type=int, default=16)
+    p.add_argument("--probe", action="store_true")
+    p.add_argument("--out", type=Path)
+    p.add_argument("overrides", nargs="*", help="KEY=VALUE config overrides")
+    args = p.parse_args()
+    cfg = load_config(args.config, args.overrides, environ={})
+    if cfg.run.torch_threads:
+        torch.set_num_threads(cfg.run.torch_threads)
+    load_before = os.getloadavg()
+    results = {
+        str(path): diagnose(cfg, load_any_policy_state(path), args) for path in args.checkpoint
+    }
+    out = {
+        "benchmark": "diagnose",
+        "config": str(args.config),
+        "overrides": args.overrides,
+        "eval": {
+            "episodes": cfg.eval.num_envs,
+            "max_steps": eval_steps(cfg),
+            "seed": cfg.eval.seed,
+        },
+        "held_out": {"seed": args.held_out_seed, "maps": args.held_out_maps},
+        "results": results,
+        "machine": {
+            "platform": platform.platform(),
+            "torch_threads": torch.get_num_threads(),
+            "load_average_before": load_before,
+            "load_average_after": os.getloadavg(),
+        },
+    }
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

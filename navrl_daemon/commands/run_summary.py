@@ -1,0 +1,147 @@
+"""What `run` says when it ends: how far it got, where the results are, the best evaluation,
+and what to run next, with the command spelled the way this process was started (so a user
+who ran `make run` learns it is `.venv/bin/navrl-daemon`).
+
+Read from the state dir's files after the daemon stopped, so it says what is on disk. On a
+terminal it is a block of text on stderr; otherwise one JSON log line (`run summary`).
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from navrl_daemon.config import Config
+
+log = structlog.get_logger("run")
+
+
+def run_summary(cfg: Config, state_dir: Path) -> dict[str, Any]:
+    """The facts of the summary, from the state dir."""
+    from navrl_daemon.rl.evaluate import eval_rank
+    from navrl_daemon.storage.checkpoint import CheckpointDir
+    from navrl_daemon.storage.history import HISTORY_FILE, read_jsonl
+
+    history = read_jsonl(state_dir / HISTORY_FILE, required=("iteration", "frames")).rows
+    evals = read_jsonl(state_dir / "eval" / "results.jsonl", required=("iteration",)).rows
+    last = history[-1] if history else {}
+    frames = last.get("frames")
+    finished = isinstance(frames, int) and frames >= cfg.run.total_frames
+    scored = [r for r in evals if isinstance(r.get("reach_goal"), int | float)]
+    best = max(scored, key=eval_rank) if scored else None
+    exports = state_dir / "export"
+    tensorboard = state_dir / "tensorboard"
+    cmd = command_prefix()
+    sd = shlex.quote(str(state_dir))
+    doc: dict[str, Any] = {
+        "outcome": "finished run.total_frames" if finished else "stopped before run.total_frames",
+        "iteration": last.get("iteration"),
+        "frames": frames,
+        "total_frames": cfg.run.total_frames,
+        "state_dir": str(state_dir),
+        "checkpoints": len(CheckpointDir(state_dir / "checkpoints").files()),
+        "policy": _existing(exports / "policy.pt"),
+        "best_policy": _existing(exports / "best.pt"),
+        "best_eval": None
+        if best is None
+        else {k: best.get(k) for k in ("iteration", "frames", "reach_goal", "collision")},
+        "last_eval": None
+        if not scored
+        else {k: scored[-1].get(k) for k in ("iteration", "reach_goal", "collision")},
+        "tensorboard": f"tensorboard --logdir {shlex.quote(str(tensorboard))}"
+        if tensorboard.is_dir()
+        else None,
+        "next": [
+            f"{cmd} report --state-dir {sd}",
+            f"{cmd} eval --state-dir {sd} --video eval.gif",
+            f"{cmd} checkpoints export --state-dir {sd} --best --format onnx",
+            f"{cmd} {' '.join(_resume_args(state_dir))}",
+        ],
+    }
+    return doc
+
+
+def print_run_summary(cfg: Config, state_dir: Path) -> None:
+    doc = run_summary(cfg, state_dir)
+    fmt = cfg.log.format
+    if fmt == "json" or (fmt == "auto" and not _isatty()):
+        log.info("run summary", **doc)
+        return
+    sys.stderr.write(render(doc))
+    sys.stderr.flush()
+
+
+def render(doc: dict[str, Any]) -> str:
+    frames = doc["frames"]
+    done = f"{frames:,} of {doc['total_frames']:,} frames" if isinstance(frames, int) else "no"
+    lines = [
+        "",
+        f"navrl-daemon: run {doc['outcome']} at iteration {doc['iteration']} ({done}); exit 0",
+        f"  state dir    {doc['state_dir']}  (history.jsonl, eval/results.jsonl, "
+        f"{doc['checkpoints']} checkpoint file(s))",
+    ]
+    if doc["policy"]:
+        lines.append(f"  policy       {doc['policy']}  (the last weights, NavRL's layout)")
+    best = doc["best_eval"]
+    if best:
+        where = f"{doc['best_policy']}  " if doc["best_policy"] else ""
+        lines.append(
+            f"  best eval    {where}(iteration {best['iteration']}: reach_goal "
+            f"{best['reach_goal']:.3f}, collision {best['collision']:.3f})"
+        )
+    if doc["tensorboard"]:
+        lines.append(f"  TensorBoard  {doc['tensorboard']}")
+    lines.append("  next:")
+    comments = [
+        "learning curves, paths, checkpoints: report.html",
+        "watch the policy fly: top-down and side view",
+        "the best policy for ONNX Runtime (robots, ROS)",
+        "train on: resumes from the newest checkpoint",
+    ]
+    for command, why in zip(doc["next"], comments, strict=True):
+        lines += [f"    # {why}", f"    {command}"]
+    return "\n".join(lines) + "\n"
+
+
+def command_prefix() -> str:
+    """`navrl-daemon` if that is what PATH finds for this program, else its path (relative
+    to the working directory when under it), else `python -m navrl_daemon`."""
+    argv0 = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    if argv0 is not None and argv0.name == "navrl-daemon":
+        on_path = shutil.which("navrl-daemon")
+        if on_path and Path(on_path).resolve() == argv0.resolve():
+            return "navrl-daemon"
+        return shlex.quote(_short(argv0))
+    return f"{shlex.quote(_short(Path(sys.executable)))} -m navrl_daemon"
+
+
+def _resume_args(state_dir: Path) -> list[str]:
+    """`run` with the arguments this process was given (the same config and overrides)."""
+    args = sys.argv[1:]
+    if "run" not in args:  # called in-process (tests): not this program's own arguments
+        args = ["run", "--state-dir", str(state_dir)]
+    return [shlex.quote(a) for a in args]
+
+
+def _short(path: Path) -> str:
+    """`path` relative to the working directory when it is under it, else as it is."""
+    try:
+        return str(path.absolute().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _existing(path: Path) -> str | None:
+    return str(path) if path.exists() else None
+
+
+def _isatty() -> bool:
+    try:
+        return bool(sys.stderr.isatty())
+    except (AttributeError, ValueError):
+        return False

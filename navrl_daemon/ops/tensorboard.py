@@ -1,0 +1,103 @@
+"""TensorBoard event files of a run: `STATE_DIR/tensorboard/`, `tensorboard --logdir`.
+
+The scalars are those of `history.jsonl` (every number of each row, at step = the row's
+frames, with its wall time) and of `eval/results.jsonl` (under `eval/`), so TensorBoard,
+the report and the history never disagree. Tags are grouped the way a reader looks for
+them: `train/`, `loss/`, `throughput/`, `checkpoint/`, `eval/`, `run/`.
+
+A resumed run re-trains the iterations after its checkpoint; the writer is opened with
+`purge_step` at the checkpoint's frames + 1, so TensorBoard drops the earlier run's points
+from there on, as `history.jsonl` drops its rows.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger("tensorboard")
+
+LOG_DIR = "tensorboard"
+FLUSH_S = 30  # the writer thread flushes at least this often; close() flushes the rest
+
+_LOSSES = {
+    "actor_loss",
+    "critic_loss",
+    "entropy",
+    "bc_loss",
+    "explained_var",
+    "actor_grad_norm",
+    "critic_grad_norm",
+}
+_THROUGHPUT = {"frames_per_second", "policy_lag"}
+_NOT_SCALARS = {"frames", "time"}  # the step and the wall time of every point
+
+
+def history_tag(key: str) -> str | None:
+    """The tag of a history row's key (None: not written as a scalar)."""
+    if key in _NOT_SCALARS:
+        return None
+    if key.startswith("train_"):
+        return f"train/{key.removeprefix('train_')}"
+    if key in _LOSSES:
+        return f"loss/{key}"
+    if key in _THROUGHPUT or key.startswith("busy_"):
+        return f"throughput/{key}"
+    if key.startswith("checkpoint_"):
+        return f"checkpoint/{key.removeprefix('checkpoint_')}"
+    return f"run/{key}"
+
+
+def scalars(row: dict[str, Any]) -> dict[str, float]:
+    """The numbers of a row by key; nested dicts (`busy`) flattened as `busy_producer`."""
+    out: dict[str, float] = {}
+    for key, value in row.items():
+        if isinstance(value, dict):
+            out.update(scalars({f"{key}_{k}": v for k, v in value.items()}))
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            out[key] = float(value)
+    return out
+
+
+class TensorBoardLog:
+    """A SummaryWriter on `log_dir`; rows and evaluations go in as they are written."""
+
+    def __init__(self, log_dir: Path, *, resumed_at_frames: int = 0) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.log_dir = log_dir
+        self.writer = SummaryWriter(
+            log_dir=str(log_dir),
+            purge_step=resumed_at_frames + 1 if resumed_at_frames else None,
+            flush_secs=FLUSH_S,
+        )
+
+    def history_row(self, row: dict[str, Any]) -> None:
+        step, when = int(row["frames"]), row.get("time")
+        for key, value in scalars(row).items():
+            tag = history_tag(key)
+            if tag is not None:
+                self.writer.add_scalar(tag, value, global_step=step, walltime=when)
+
+    def evaluation(self, record: dict[str, Any]) -> None:
+        step, when = int(record["frames"]), record.get("time")
+        for key, value in scalars(record).items():
+            if key not in _NOT_SCALARS:
+                self.writer.add_scalar(f"eval/{key}", value, global_step=step, walltime=when)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def open_tensorboard(state_dir: Path, resumed_at_frames: int) -> TensorBoardLog | None:
+    """`STATE_DIR/tensorboard`, or None (logged) when it cannot be written: training goes on."""
+    log_dir = state_dir / LOG_DIR
+    try:
+        board = TensorBoardLog(log_dir, resumed_at_frames=resumed_at_frames)
+    except (ImportError, OSError) as err:
+        log.warning("no TensorBoard event files", path=str(log_dir), error=str(err))
+        return None
+    log.info("TensorBoard event files", logdir=str(log_dir), view=f"tensorboard --logdir {log_dir}")
+    return board

@@ -1,0 +1,117 @@
+"""Probes of what a trained policy does (issue #23), next to NavRL's evaluation. No I/O.
+
+- `lidar_use`: does the policy read its LiDAR? The evaluation flown twice, once with the
+  real scans and once with every scan zeroed ("nothing within range"), and along the real
+  flight the gap between the policy's action and the one it would take blind: overall,
+  and on the steps where a pillar is within 1.5 m (where it must steer). A policy that
+  flies as well blind, or whose action does not change near pillars, has memorised a
+  route rather than learned to avoid what it sees.
+- `path_stats`: altitude and path shape of each outcome (reached / collided / timed out)
+  from recorded trajectories: does it fly over the low pillars, detour, hover?
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from torchrl.envs import EnvBase
+
+from navrl_daemon.rl.evaluate import Trajectories, evaluate_op_by_op
+from navrl_daemon.rl.policy import OBS_KEY, NavRLPolicy
+
+LIDAR_KEY = (*OBS_KEY, "lidar")
+# A LiDAR value above this (range 4 m minus distance) is a hit closer than 1.5 m.
+NEAR_VALUE = 4.0 - 1.5
+
+
+class BlindPolicy:
+    """`policy` acting on observations whose LiDAR scan is all zeros (nothing in range)."""
+
+    def __init__(self, policy: NavRLPolicy) -> None:
+        self.policy = policy
+
+    def act(self, td: TensorDictBase, deterministic: bool = False) -> TensorDictBase:
+        td.set(LIDAR_KEY, torch.zeros_like(td.get(LIDAR_KEY)))
+        return self.policy.act(td, deterministic)
+
+
+class ActionGap:
+    """`policy` acting normally, measuring on every step the gap (m/s, goal frame, 3D norm)
+    between its Beta-mean action and the one it takes with the scan zeroed."""
+
+    def __init__(self, policy: NavRLPolicy) -> None:
+        self.policy = policy
+        self.sums = torch.zeros(2, dtype=torch.float64)  # gap: all steps, near steps
+        self.counts = torch.zeros(2, dtype=torch.float64)
+
+    @torch.no_grad()
+    def act(self, td: TensorDictBase, deterministic: bool = False) -> TensorDictBase:
+        lidar = td.get(LIDAR_KEY)
+        feature = self.policy.observe(td.clone().set(LIDAR_KEY, torch.zeros_like(lidar)))
+        blind = self.policy.distribution(feature).mean
+        td = self.policy.act(td, deterministic)
+        gap = (td.get(("agents", "action_normalized")) - blind).norm(dim=-1)
+        gap = (2.0 * self.policy.action_limit * gap).double().cpu()  # normalised → m/s
+        near = (lidar.flatten(1).amax(-1) > NEAR_VALUE).cpu()
+        self.sums += torch.stack((gap.sum(), gap[near].sum()))
+        self.counts += torch.tensor([gap.numel(), int(near.sum())], dtype=torch.float64)
+        return td
+
+    def means(self) -> dict[str, float]:
+        mean = (self.sums / self.counts.clamp_min(1)).tolist()
+        return {
+            "action_gap_mps": mean[0],
+            "action_gap_near_mps": mean[1],
+            "near_step_share": float(self.counts[1] / self.counts[0].clamp_min(1)),
+        }
+
+
+def lidar_use(env: EnvBase, policy: NavRLPolicy, *, seed: int, max_steps: int) -> dict[str, Any]:
+    """The evaluation with the real scans (and the action gap along it) and blind."""
+    gap = ActionGap(policy)  # op by op: its act reads the gap on the host every step
+    seen = evaluate_op_by_op(env, gap, seed=seed, max_steps=max_steps)  # type: ignore[arg-type]
+    blind = evaluate_op_by_op(env, BlindPolicy(policy), seed=seed, max_steps=max_steps)  # type: ignore[arg-type]
+    keys = ("reach_goal", "collision", "truncated")
+    return {
+        **{k: seen[k] for k in keys},
+        **{f"blind_{k}": blind[k] for k in keys},
+        **gap.means(),
+    }
+
+
+def path_stats(traj: Trajectories, dt: float) -> dict[str, dict[str, float]]:
+    """Per outcome: episodes, mean and max altitude (m), share of steps above 2.5 m (over
+    the spawn band), mean speed (m/s), path length over the start-goal distance, and the
+    horizontal distance left to the goal at the end (m)."""
+    outcomes = traj.outcomes()
+    out: dict[str, dict[str, float]] = {}
+    for outcome in ("reached", "collided", "timed out"):
+        rows = [i for i, o in enumerate(outcomes) if o == outcome]
+        if not rows:
+            continue
+        per = [_one_path(traj, i, dt) for i in rows]
+        out[outcome] = {
+            "episodes": float(len(rows)),
+            **{k: sum(p[k] for p in per) / len(per) for k in per[0]},
+        }
+    return out
+
+
+def _one_path(traj: Trajectories, i: int, dt: float) -> dict[str, float]:
+    steps = int(traj.steps[i])
+    path = traj.positions[: steps + 1, i]  # [steps+1, 3]
+    z = path[:, 2]
+    hops = (path[1:] - path[:-1]).norm(dim=-1)
+    length = float(hops.sum())
+    straight = float((traj.goal[i] - path[0]).norm())
+    duration = max(steps, 1) * dt
+    return {
+        "mean_z_m": float(z.mean()),
+        "max_z_m": float(z.max()),
+        "above_2_5m_share": float((z > 2.5).float().mean()),
+        "speed_mps": length / duration,
+        "path_over_straight": length / max(straight, 1e-6),
+        "end_distance_xy_m": float((traj.goal[i, :2] - path[-1, :2]).norm()),
+    }

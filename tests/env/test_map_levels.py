@@ -1,0 +1,179 @@
+"""Density levels per env (`env.map_levels`), the spawn mix (`env.crossing_share`) and the
+evaluation's maps (`eval.map_seed`, `eval.num_maps`, `eval.held_out_seed`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from navrl_daemon.config import load_config
+from navrl_daemon.env.navigation import STAT_KEYS, NavigationEnv
+from navrl_daemon.rl.policy import NavRLPolicy
+from navrl_daemon.rl.training import Evaluations, make_eval_env
+from tests.conftest import navrl_cli
+
+LEVELS = [0, 10, 30, 60]
+
+
+def small(*overrides: str):
+    return load_config(
+        None,
+        [
+            "run.device=cpu",
+            "env.num_envs=8",
+            "env.field_size=20.0",
+            "env.num_obstacles=60",
+            "env.num_dynamic_obstacles=0",
+            "env.max_episode_length=40",
+            "env.num_maps=2",
+            "eval.num_envs=4",
+            *overrides,
+        ],
+        environ={},
+    )
+
+
+def levels_env(*overrides: str) -> NavigationEnv:
+    return NavigationEnv(small(f"env.map_levels={LEVELS}", *overrides).env, seed=3)
+
+
+def test_a_level_flies_the_first_pillars_of_its_map():
+    """The LiDAR of an env at level l sees exactly the boxes of its map's first
+    map_levels[l] pillars (the overwrite cut made among those pillars only)."""
+    env = levels_env()
+    env.reset()
+    plain = NavigationEnv(small().env, seed=3)  # the same maps, no levels
+    assert torch.equal(plain.pillars.corner_px, env.pillars.corner_px)
+    pose = (torch.tensor([[1.0, 0.5, 1.0]]).expand(8, 3), torch.zeros(8))
+    for level, count in enumerate(LEVELS):
+        env.level = torch.full((8,), level)
+        prefix = [env.pillars.boxes(m, count) for m in range(2)]
+        plain.set_pillars(prefix)
+        scan = env.lidar.distances(*pose, env.slot)
+        assert torch.equal(scan, plain.lidar.distances(*pose, plain.map_id))
+    full = [plain.pillars.boxes(m) for m in range(2)]
+    assert all(torch.equal(a, b) for a, b in zip(prefix, full, strict=True))  # top = whole map
+
+
+def test_a_prefix_keeps_the_spacing_rule_and_its_own_overlaps():
+    env = levels_env()
+    boxes = env.pillars.boxes(0, 10)
+    assert len(boxes) >= 10  # every one of the 10 pillars is (partly) visible
+    assert len(env.pillars.boxes(0, 0)) == 0
+
+
+def _end_episodes(env: NavigationEnv, reach: list[float], collision: list[float]) -> None:
+    """Envs whose episodes just ended with these stats, reset as torchrl's auto-reset does."""
+    env.episode_stats[:, STAT_KEYS.index("reach_goal")] = torch.tensor(reach)
+    env.episode_stats[:, STAT_KEYS.index("collision")] = torch.tensor(collision)
+    every = torch.ones(8, 1, dtype=torch.bool)
+    env.reset(TensorDict({"_reset": every}, batch_size=[8]))
+
+
+def test_levels_move_up_on_reaching_down_on_collision_and_stay_on_time_outs():
+    env = levels_env()
+    env.reset()
+    assert env.level.tolist() == [0] * 8
+    env.level = torch.tensor([0, 0, 1, 2, 3, 3, 2, 1])
+    _end_episodes(
+        env,
+        reach=[1, 0, 1, 0, 1, 0, 0, 1],
+        collision=[0, 1, 0, 1, 0, 1, 0, 1],
+    )
+    assert env.level.tolist() == [1, 0, 2, 1, 3, 2, 2, 1]
+    assert env.level_shares() == [0.125, 0.375, 0.375, 0.125]
+
+
+def test_masked_resets_move_only_the_envs_whose_episode_ended():
+    """The masked auto-reset (no host sync) moves the same levels as the indexed one,
+    and only where an episode ended this step."""
+    moved = {}
+    for mode in ("indexed", "masked"):
+        env = levels_env(f"env.reset_mode={mode}", "env.max_episode_length=1")
+        td = env.reset()
+        goal = env.goal.clone()
+        # Four drones at their goal (reached when the one-step episode ends), four not.
+        start = torch.where(torch.arange(8)[:, None] < 4, goal, goal + torch.tensor([3.0, 0, 0]))
+        td = env.place_drones(start, goal)
+        td.set(("agents", "action"), torch.zeros(8, 1, 3))
+        env.step_and_maybe_reset(td)
+        moved[mode] = env.level.tolist()
+    assert moved["indexed"] == moved["masked"] == [1, 1, 1, 1, 0, 0, 0, 0]
+
+
+def test_levels_are_part_of_the_env_state_and_old_states_load():
+    env = levels_env()
+    env.reset()
+    env.level = torch.tensor([0, 1, 2, 3, 3, 2, 1, 0])
+    state = env.state_dict_env()
+    other = levels_env()
+    other.load_state_dict_env(state)
+    assert torch.equal(other.level, env.level)
+    del state["level"]  # a state saved before env.map_levels existed
+    other.load_state_dict_env(state)
+    assert other.level.tolist() == [0] * 8
+
+
+def test_without_levels_every_env_flies_its_whole_map():
+    env = NavigationEnv(small().env, seed=3)
+    assert env.level_counts == [60] and torch.equal(env.slot, env.map_id)
+
+
+def test_crossing_share_one_puts_every_goal_opposite_its_start():
+    env = NavigationEnv(small("env.crossing_share=1.0", "env.num_envs=256").env, seed=1)
+    env.reset()
+    s = 20.0 / 2 + 4.0
+    start, goal = env.start[:, :2], env.goal[:, :2]
+    # A border point has one coordinate at +-S; the opposite side has the other sign.
+    on_y = start[:, 1].abs() == s
+    assert torch.all(torch.where(on_y, goal[:, 1] == -start[:, 1], goal[:, 0] == -start[:, 0]))
+
+
+def test_a_crossing_share_mixes_crossings_into_navrls_rule():
+    env = NavigationEnv(small("env.crossing_share=0.5", "env.num_envs=4096").env, seed=1)
+    env.reset()
+    s = 14.0
+    start, goal = env.start[:, :2], env.goal[:, :2]
+    opposite = ((start + goal).abs() < 1e-4) | ((start - goal).abs() > 2 * s - 1e-4)
+    crossing = opposite.any(-1)
+    # 0.5 always + 0.5 x NavRL's quarter chance of the opposite side = 0.625.
+    assert 0.58 < crossing.float().mean() < 0.67
+
+
+def test_the_evaluation_flies_the_whole_map_of_the_chosen_seed():
+    cfg = small(f"env.map_levels={LEVELS}", "eval.num_maps=3")
+    train = make_eval_env(cfg, "cpu")
+    assert train.level_counts == [60] and train.num_maps == 3
+    plain = NavigationEnv(small("env.num_maps=3").env, seed=0)  # run.seed's maps
+    assert torch.equal(train.pillars.corner_px, plain.pillars.corner_px)
+    held_out = make_eval_env(small("eval.map_seed=1000"), "cpu")
+    assert not torch.equal(held_out.pillars.corner_px, NavigationEnv(small().env).pillars.corner_px)
+
+
+def test_held_out_evaluations_are_reported_beside_the_main_ones():
+    torch.manual_seed(0)
+    policy = NavRLPolicy()
+    plain = Evaluations(small(), "cpu")(policy)
+    both = Evaluations(small("eval.held_out_seed=1000"), "cpu")(policy)
+    assert {k: v for k, v in both.items() if not k.startswith("held_out_")} == plain
+    assert {f"held_out_{k}" for k in plain} == {k for k in both if k.startswith("held_out_")}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        (["env.map_levels=[100,50]"], "map_levels: pillar counts in ascending order"),
+        (["env.map_levels=[100,400]"], "map_levels: a level is a prefix"),
+        (["env.map_levels=[-1,5]"], "env.map_levels"),
+        (["env.crossing_share=1.5"], "env.crossing_share"),
+        (["env.crossing_share=0.5", "env.spawn=local"], "crossing_share: mixes crossings"),
+        (["eval.map_seed=-2"], "eval.map_seed"),
+        (["eval.held_out_seed=-5"], "eval.held_out_seed"),
+        (["eval.num_maps=-1"], "eval.num_maps"),
+    ],
+)
+def test_bad_values_exit_78_naming_the_key(overrides: list[str], needle: str):
+    proc = navrl_cli("config", "show", *overrides)
+    assert proc.returncode == 78, proc.stderr
+    assert needle in proc.stderr

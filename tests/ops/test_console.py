@@ -1,0 +1,175 @@
+"""The console a person sees: a real `navrl-daemon run` on a pseudo-terminal, its output
+fed to a terminal emulator (pyte), and the screen read back: the progress bar and the log
+lines never share a line, each summary is a table, and the run ends with a summary of
+where the results are. Off a terminal the lines stay JSON with every field."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pty
+import re
+import select
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+
+import pyte
+import pytest
+import structlog
+
+from navrl_daemon.config import LogConfig
+from navrl_daemon.ops.console import progress_table
+from navrl_daemon.ops.logging import configure_logging
+from tests.conftest import REPO, SUBPROCESS_ENV, TINY
+
+COLUMNS, LINES = 160, 3000  # tall enough that nothing scrolls off the emulated screen
+TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d")
+BAR = re.compile(r"\d+%\|")
+RUN = [*TINY, "log.summary_interval=2", "eval.interval=2", "checkpoint.interval=2"]
+
+
+class Terminal:
+    """A process on a pty whose output is played into a pyte screen."""
+
+    def __init__(self, args: list[str], cwd: Path) -> None:
+        master, slave = pty.openpty()
+        fcntl_size = struct.pack("HHHH", 50, COLUMNS, 0, 0)
+        import fcntl
+
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, fcntl_size)
+        env = {**SUBPROCESS_ENV, "COLUMNS": str(COLUMNS), "TERM": "xterm"}
+        self.proc = subprocess.Popen(
+            args, stdin=slave, stdout=slave, stderr=slave, cwd=cwd, env=env, close_fds=True
+        )
+        os.close(slave)
+        self.master = master
+        self.raw = bytearray()
+        self.screen = pyte.Screen(COLUMNS, LINES)
+        self.stream = pyte.ByteStream(self.screen)
+
+    def read_until(self, needle: str, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if needle in self.raw.decode(errors="replace"):
+                return True
+            if not self._read(0.5):
+                return needle in self.raw.decode(errors="replace")
+        return False
+
+    def finish(self, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self._read(0.5):
+            pass
+        code = self.proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        os.close(self.master)
+        return code
+
+    def _read(self, wait: float) -> bool:
+        """Read what is there; False once the process closed the pty."""
+        ready, _, _ = select.select([self.master], [], [], wait)
+        if not ready:
+            return True
+        try:
+            data = os.read(self.master, 65536)
+        except OSError:  # EIO: every writer closed
+            return False
+        if not data:
+            return False
+        self.raw += data
+        self.stream.feed(data)
+        return True
+
+    def lines(self) -> list[str]:
+        return [line.rstrip() for line in self.screen.display if line.strip()]
+
+
+def run_on_terminal(state: Path, *extra: str) -> Terminal:
+    cmd = [sys.executable, "-m", "navrl_daemon", "run", "--state-dir", str(state), *RUN, *extra]
+    return Terminal(cmd, REPO)
+
+
+def check_screen(lines: list[str]) -> None:
+    """Every log line starts at the left edge, alone; the bar is alone on its line."""
+    assert lines, "nothing on the screen"
+    for line in lines:
+        assert not TIMESTAMP.search(line[1:]), f"a log line starts mid-line: {line!r}"
+        if BAR.search(line):
+            assert not TIMESTAMP.search(line), f"bar and log share a line: {line!r}"
+
+
+@pytest.mark.slow
+def test_bar_and_logs_never_share_a_line_and_summaries_are_tables(tmp_path: Path) -> None:
+    term = run_on_terminal(tmp_path / "state", "run.total_frames=384")  # 6 iterations
+    code = term.finish(timeout=900)
+    lines = term.lines()
+    assert code == 0, "\n".join(lines[-30:])
+    check_screen(lines)
+    tables = [i for i, x in enumerate(lines) if x.startswith("─── iteration ")]
+    assert len(tables) >= 3, "\n".join(lines)
+    block = lines[tables[0] : tables[0] + 4]
+    assert block[1].lstrip().startswith("throughput") and "frames/s" in block[1]
+    assert "ETA" in block[1]
+    assert block[2].lstrip().startswith("episodes")
+    assert not any("phases=" in x for x in lines), "the key=value wall is back"
+    # The end-of-run summary: where things are, the best evaluation, what to run next.
+    text = "\n".join(lines)
+    assert "run finished run.total_frames at iteration 6" in text
+    assert "exit 0" in text and "best eval" in text and "TensorBoard  tensorboard --logdir" in text
+    nxt = lines[next(i for i, x in enumerate(lines) if x.strip() == "next:") + 1 :]
+    assert any(" report --state-dir " in x for x in nxt)
+    assert any("-m navrl_daemon" in x or "navrl-daemon" in x for x in nxt)
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_cleanly_with_exit_0_and_says_so(tmp_path: Path) -> None:
+    term = run_on_terminal(tmp_path / "state", "run.total_frames=100000000")
+    assert term.read_until("─── iteration 2", timeout=600), term.raw.decode(errors="replace")
+    term.proc.send_signal(signal.SIGINT)
+    code = term.finish(timeout=300)
+    lines = term.lines()
+    assert code == 0, "\n".join(lines[-30:])
+    check_screen(lines)
+    assert "run stopped before run.total_frames" in "\n".join(lines)
+
+
+def test_table_counts_episodes_and_flags_few() -> None:
+    summary = {
+        "event": "progress",
+        "iteration": 20,
+        "frames": 40960,
+        "total_frames": 2_000_000,
+        "eta_s": 750.0,
+        "frames_per_second": 2612.4,
+        "policy_lag": 0.0,
+        "busy": {"producer": 0.41, "trainer": 0.55},
+        "train_episodes": 1,
+        "train_reach_goal": 1.0,
+        "train_collision": 0.0,
+        "train_truncated": 1.0,
+        "train_return": 180.0,
+        "train_episode_len": 200.0,
+        "actor_loss": -0.01,
+        "critic_loss": 0.5,
+        "entropy": -2.3,
+    }
+    table = progress_table(summary)
+    assert "1 finished (few: noisy means)" in table
+    assert "reached 1.000" in table and "timed out 0.000" in table  # not "truncated 1.0"
+    assert "0:12:30" in table and "2,612 frames/s" in table and "(2.0 %)" in table
+    none = progress_table({**summary, "train_episodes": 0})
+    assert "0 finished" in none and "reached" not in none
+
+
+def test_json_lines_keep_every_summary_field() -> None:
+    out = io.StringIO()
+    configure_logging(LogConfig(format="json"), stream=out)
+    summary = {"iteration": 3, "frames": 192, "frames_per_second": 9.5, "busy": {"trainer": 0.5}}
+    structlog.get_logger("progress").info("progress", **summary)
+    line = json.loads(out.getvalue())
+    assert {k: line[k] for k in summary} == summary and line["event"] == "progress"

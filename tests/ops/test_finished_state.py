@@ -1,0 +1,57 @@
+"""A daemon that reaches run.total_frames says so before it exits: /metrics serves
+`navrl_daemon_state{state="finished"} 1` for metrics.final_scrape_s, so a Prometheus
+scrape records it (the down alert tells a finished run from a crash by it; the rule logic
+is unit-tested in alerts_test.yml)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from tests.conftest import REPO, SUBPROCESS_ENV, TINY
+
+
+def scrape_state(state: Path) -> dict[str, float]:
+    """The daemon_state samples from the endpoint it recorded, or {} if it does not answer."""
+    try:
+        url = json.loads((state / "daemon.json").read_text())["url"]
+        with urllib.request.urlopen(url + "/metrics", timeout=2) as reply:
+            text = reply.read().decode()
+    except (OSError, ValueError, KeyError):
+        return {}
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("navrl_daemon_state{"):
+            name = line.split('state="')[1].split('"')[0]
+            out[name] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def test_finished_state_is_served_before_exit(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    cmd = [sys.executable, "-m", "navrl_daemon", "run", "--state-dir", str(state), *TINY]
+    cmd += ["run.total_frames=192", "eval.interval=0", "metrics.final_scrape_s=30"]
+    log = (tmp_path / "daemon.log").open("w")
+    proc = subprocess.Popen(cmd, cwd=REPO, env=SUBPROCESS_ENV, stdout=log, stderr=log)
+    seen: list[dict[str, float]] = []
+    deadline = time.monotonic() + 600
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            sample = scrape_state(state)
+            if sample and (not seen or sample != seen[-1]):
+                seen.append(sample)
+            if sample.get("finished") == 1:
+                break
+            time.sleep(0.2)
+        code = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    assert code == 0, (tmp_path / "daemon.log").read_text()[-2000:]
+    assert seen and seen[-1]["finished"] == 1 and seen[-1]["running"] == 0, seen
+    assert any(s.get("running") == 1 for s in seen), seen  # it was running before

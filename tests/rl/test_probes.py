@@ -1,0 +1,96 @@
+"""The policy probes of rl/probes.py: LiDAR use and path statistics per outcome."""
+
+from __future__ import annotations
+
+import torch
+
+from navrl_daemon.config import load_config
+from navrl_daemon.rl.evaluate import Trajectories, evaluate
+from navrl_daemon.rl.policy import NavRLPolicy
+from navrl_daemon.rl.probes import lidar_use, path_stats
+from navrl_daemon.rl.training import make_eval_env
+
+
+def _cfg():
+    return load_config(
+        None,
+        [
+            "run.device=cpu",
+            "env.field_size=12.0",
+            "env.num_obstacles=30",
+            "env.num_dynamic_obstacles=0",
+            "env.max_episode_length=60",
+            "env.spawn_margin=0.5",  # starts at the field edge: pillars within range
+            "eval.num_envs=6",
+        ],
+        environ={},
+    )
+
+
+def _policy(seed: int) -> NavRLPolicy:
+    torch.manual_seed(seed)
+    policy = NavRLPolicy()
+    with torch.no_grad():  # heads large enough that the features move the action
+        for layer in (policy.beta_head.alpha_layer, policy.beta_head.beta_layer):
+            layer.weight.normal_(0.0, 1.0)
+    return policy
+
+
+def test_a_policy_that_cannot_see_flies_the_same_blind_with_no_action_gap():
+    """With the LiDAR branch's output fixed (its last layer and norm zeroed), the scan
+    cannot move the action: blind numbers equal the real ones, the gap is 0."""
+    cfg = _cfg()
+    policy = _policy(0)
+    cnn = policy.feature_extractor.module[0].module
+    with torch.no_grad():
+        cnn[-2].weight.zero_()
+        cnn[-2].bias.zero_()
+    env = make_eval_env(cfg, "cpu")
+    probe = lidar_use(env, policy, seed=0, max_steps=60)
+    for k in ("reach_goal", "collision", "truncated"):
+        assert probe[f"blind_{k}"] == probe[k]
+    assert probe["action_gap_mps"] == 0.0 and probe["action_gap_near_mps"] == 0.0
+
+
+def test_a_policy_that_reads_its_lidar_shows_a_gap_and_the_real_numbers_are_navrls_eval():
+    cfg = _cfg()
+    policy = _policy(1)
+    env = make_eval_env(cfg, "cpu")
+    probe = lidar_use(env, policy, seed=0, max_steps=60)
+    plain = evaluate(env, policy, seed=0, max_steps=60)
+    assert {k: probe[k] for k in ("reach_goal", "collision")} == {
+        k: plain[k] for k in ("reach_goal", "collision")
+    }
+    assert probe["action_gap_mps"] > 0.0
+    assert 0.0 <= probe["near_step_share"] <= 1.0
+
+
+def test_path_stats_against_a_hand_made_flight():
+    """Two drones: one climbs 0 → 3 m straight up over 3 steps and reaches its goal; one
+    flies 2 steps of 1 m along x and collides."""
+    positions = torch.zeros(4, 2, 3)
+    positions[:, 0, 2] = torch.tensor([0.0, 1.0, 2.0, 3.0])
+    positions[1:, 1, 0] = torch.tensor([1.0, 2.0, 2.0])
+    stats = torch.zeros(2, 5)
+    stats[0, 2] = 1.0  # reach_goal
+    stats[1, 3] = 1.0  # collision
+    traj = Trajectories(
+        positions=positions,
+        steps=torch.tensor([3, 2]),
+        goal=torch.tensor([[0.0, 0.0, 3.0], [4.0, 0.0, 0.0]]),
+        map_id=torch.zeros(2, dtype=torch.long),
+        stats=stats,
+        dynamic=torch.zeros(4, 0, 3),
+        dynamic_size=torch.zeros(0, 3),
+        pillars=torch.zeros(0, 5),
+        field_size=10.0,
+        num_maps=1,
+    )
+    out = path_stats(traj, dt=0.5)
+    reached, collided = out["reached"], out["collided"]
+    assert reached["episodes"] == 1.0 and collided["episodes"] == 1.0
+    assert reached["mean_z_m"] == 1.5 and reached["max_z_m"] == 3.0
+    assert reached["above_2_5m_share"] == 0.25
+    assert reached["speed_mps"] == 3.0 / 1.5 and reached["path_over_straight"] == 1.0
+    assert collided["speed_mps"] == 2.0 / 1.0 and collided["path_over_straight"] == 0.5
+    assert collided["end_distance_xy_m"] == 2.0 and "timed out" not in out

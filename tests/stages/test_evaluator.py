@@ -1,0 +1,107 @@
+"""Evaluator as a stage: a fake evaluation, real channels, files and compute thread.
+
+What it promises (stages/evaluator.py): each weights version it receives is evaluated
+with those weights loaded; every result is one line of eval/results.jsonl, logged, and
+handed to `on_result` and its output channel; while shutting down it drains without
+evaluating; a torn last line (kill -9) is skipped when the results are read back.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import torch
+
+from navrl_daemon.runtime.channels import Channel
+from navrl_daemon.runtime.compute import ComputeThread
+from navrl_daemon.runtime.supervisor import Shutdown
+from navrl_daemon.stages.evaluator import Evaluator, eval_scores, read_results
+from navrl_daemon.stages.messages import PolicyWeights
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def weight_as_score(policy: torch.nn.Module) -> dict[str, Any]:
+    """Scores that say which weights were loaded: reach_goal = the weight / 10."""
+    return {"reach_goal": float(policy.weight.detach()) / 10, "collision": 0.0}
+
+
+def run_evaluator(
+    path: Path, versions: list[int], *, stop_before: int | None = None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    weights: Channel[PolicyWeights] = Channel("evaluations", len(versions) + 1)
+    results: Channel[dict[str, Any]] = Channel("results", len(versions) + 1)
+    shutdown = Shutdown()
+    seen: list[dict[str, Any]] = []
+    compute = ComputeThread("test")
+
+    def on_result(record: dict[str, Any]) -> None:
+        seen.append(record)
+        if stop_before is not None and record["iteration"] == stop_before - 1:
+            shutdown.request("test", 10)
+
+    evaluator = Evaluator(
+        torch.nn.Linear(1, 1, bias=False),  # type: ignore[arg-type]
+        weight_as_score,
+        weights.receiver(),
+        results_path=path,
+        shutdown=shutdown,
+        compute=compute,
+        results=results.sender(),
+        on_result=on_result,
+    )
+
+    async def main() -> list[dict[str, Any]]:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(evaluator.run)
+            async with weights.sender() as sender:
+                for v in versions:
+                    await sender.send(PolicyWeights(v, v * 32, {"weight": torch.full((1, 1), v)}))
+        await evaluator.flush(math.inf)
+        out = []
+        async for record in results.receiver():
+            out.append(record)
+        return out
+
+    try:
+        sent = anyio.run(main)
+    finally:
+        compute.close()
+    return seen, sent
+
+
+def test_each_version_is_evaluated_with_its_weights_and_recorded(tmp_path) -> None:
+    path = tmp_path / "eval" / "results.jsonl"
+    path.parent.mkdir()
+    seen, sent = run_evaluator(path, [2, 4, 6])
+    assert [r["iteration"] for r in seen] == [2, 4, 6]
+    assert [r["reach_goal"] for r in seen] == [0.2, 0.4, 0.6]  # each with its own weights
+    assert [r["frames"] for r in seen] == [64, 128, 192]
+    assert sent == seen
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert rows == seen
+    assert eval_scores(path) == {2: 0.2, 4: 0.4, 6: 0.6}
+
+
+def test_while_shutting_down_it_drains_without_evaluating(tmp_path) -> None:
+    path = tmp_path / "results.jsonl"
+    seen, _ = run_evaluator(path, [1, 2, 3, 4], stop_before=3)
+    assert [r["iteration"] for r in seen] == [1, 2]
+    assert [r["iteration"] for r in read_results(path)] == [1, 2]
+
+
+def test_a_torn_last_line_is_skipped_when_results_are_read_back(tmp_path) -> None:
+    path = tmp_path / "results.jsonl"
+    run_evaluator(path, [1, 2])
+    with path.open("a") as f:
+        f.write('{"iteration": 3, "reach_go')  # kill -9 mid-write
+    assert [r["iteration"] for r in read_results(path)] == [1, 2]
+    assert eval_scores(path) == {1: 0.1, 2: 0.2}

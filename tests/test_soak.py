@@ -1,0 +1,136 @@
+"""The CI-sized soak (benchmarks/soak.py runs the hours-long one): what can honestly be
+asserted in a minute or two of a daemon with every stage busy.
+
+- No container held by a daemon object grows with the iterations: every list, dict, set
+  and deque in the attributes of every live `navrl_daemon` object is measured at three
+  points of one run, 10 iterations apart, and none may grow by more than 3 twice (a
+  per-iteration or per-evaluation list grows by 10 or 5; windows that reset, such as
+  the progress window, stay within the summary interval of 3).
+- Threads, open fds and child processes of a real `navrl-daemon run` subprocess do not
+  grow: sampled from /proc once a second, the second half's maximum is at most the first
+  half's, and there are never any children.
+A slope of RSS cannot be told from noise in this time; the soak benchmark measures it.
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import importlib.util
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from navrl_daemon.config import load_config
+from navrl_daemon.pipeline.daemon import serve
+from navrl_daemon.stages.trainer import IterationRecord
+from tests.conftest import REPO, SUBPROCESS_ENV, TINY
+
+_spec = importlib.util.spec_from_file_location("soak_bench", REPO / "benchmarks/soak.py")
+assert _spec is not None and _spec.loader is not None
+soak = importlib.util.module_from_spec(_spec)
+sys.modules["soak_bench"] = soak  # its dataclasses look their module up
+_spec.loader.exec_module(soak)
+
+# Every stage busy on the tiny config; the archive cap is reached within a few rollouts.
+BUSY = [
+    *TINY,
+    "checkpoint.interval=1",
+    "checkpoint.keep_last=2",
+    "checkpoint.keep_best=1",
+    "archive.interval=1",
+    "archive.max_file_bytes=1048576",
+    "archive.max_total_bytes=2097152",
+    "eval.interval=2",
+    "log.summary_interval=3",
+    "log.level=warning",
+]
+CONTAINERS = (list, dict, set, collections.deque)
+
+
+def container_sizes() -> dict[tuple[str, str, int], int]:
+    """len() of every container attribute of every live navrl_daemon object."""
+    sizes = {}
+    for obj in gc.get_objects():
+        kind = type(obj)
+        module = getattr(kind, "__module__", None)
+        if not (isinstance(module, str) and module.startswith("navrl_daemon")):
+            continue
+        try:
+            attrs = vars(obj)
+        except TypeError:
+            continue  # __slots__ only: none of ours holds a container that way
+        for name, value in attrs.items():
+            if isinstance(value, CONTAINERS):
+                sizes[(kind.__qualname__, name, id(obj))] = len(value)
+    return sizes
+
+
+def test_no_container_of_the_daemon_grows_with_iterations(tmp_path: Path) -> None:
+    points = (10, 20, 30)
+    cfg = load_config(None, [*BUSY, f"run.total_frames={8 * 8 * points[-1]}"], environ={})
+    census: dict[int, dict[tuple[str, str, int], int]] = {}
+
+    def observe(record: IterationRecord) -> None:
+        if record.iteration in points:
+            census[record.iteration] = container_sizes()
+
+    anyio.run(serve, cfg, tmp_path / "state", observe)
+    assert sorted(census) == list(points)
+    a, b, c = (census[p] for p in points)
+    growing = {
+        f"{key[0]}.{key[1]}": (a[key], b[key], c[key])
+        for key in a.keys() & b.keys() & c.keys()
+        if b[key] - a[key] > 3 and c[key] - b[key] > 3
+    }
+    assert not growing, f"containers that grow with iterations: {growing}"
+    # The census saw the stages (it would pass vacuously otherwise).
+    seen = {key[0] for key in c}
+    assert {"CheckpointWriter", "RolloutArchiver", "ProgressLog", "Telemetry"} <= seen
+
+
+def test_threads_fds_and_children_do_not_grow(tmp_path: Path) -> None:
+    state, log_path = tmp_path / "state", tmp_path / "daemon.log"
+    args = [*BUSY, "log.level=info", "run.total_frames=100000000"]
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "navrl_daemon", "run", "--state-dir", str(state), *args],
+            cwd=REPO,
+            stderr=log,
+            stdout=subprocess.DEVNULL,
+            env=SUBPROCESS_ENV,
+        )
+        try:
+            samples = _sample_after_warmup(proc, log_path, seconds=50)
+        finally:
+            proc.terminate()
+            code = proc.wait(timeout=120)
+    assert code == 0, log_path.read_text()[-2000:]
+    half = len(samples) // 2
+    first, second = samples[:half], samples[half:]
+    for key in ("threads", "fds"):
+        grown = max(s[key] for s in second) - max(s[key] for s in first)
+        assert grown <= 0, (key, [s[key] for s in samples])
+    assert all(s["children"] == 0 for s in samples), [s["children"] for s in samples]
+
+
+def _sample_after_warmup(proc: subprocess.Popen, log_path: Path, seconds: float) -> list[Any]:
+    """Wait until every stage has done its work once, then sample /proc every second."""
+    deadline = time.monotonic() + 180
+    warm = ('"archive file started"', '"evaluation"', '"checkpoint written"')
+    while not all(w in log_path.read_text() for w in warm):
+        assert proc.poll() is None, log_path.read_text()[-2000:]
+        assert time.monotonic() < deadline, log_path.read_text()[-2000:]
+        time.sleep(0.5)
+    probe = soak.ProcessProbe(proc.pid)
+    samples = []
+    stop = time.monotonic() + seconds
+    while time.monotonic() < stop:
+        assert proc.poll() is None, log_path.read_text()[-2000:]
+        samples.append(probe.sample())
+        time.sleep(1.0)
+    return samples
