@@ -33,6 +33,7 @@ from navrl_daemon.config import Config, load_config
 from navrl_daemon.ops.logging import configure_logging
 from navrl_daemon.pipeline.daemon import serve
 from navrl_daemon.rl.training import Training
+from navrl_daemon.stages.evaluator import read_results
 from navrl_daemon.stages.trainer import IterationRecord
 
 REPO = Path(__file__).resolve().parents[1]
@@ -64,14 +65,26 @@ def daemon(cfg: Config, warmup: int, iterations: int, lag: int) -> dict[str, Any
 
     with tempfile.TemporaryDirectory() as state:
         anyio.run(serve, cfg, Path(state), observe)
+        evaluations = [
+            {"iteration": row["iteration"], "seconds": row["seconds"]}
+            for row in read_results(Path(state) / "eval" / "results.jsonl")
+        ]
     # Frames/s between the last warm-up completion and the last completion.
     seconds = stamps[-1] - stamps[warmup - 1]
     timed = records[warmup:]
+    gaps = [b - a for a, b in zip(stamps[warmup - 1 : -1], stamps[warmup:], strict=True)]
     return {
         "frames_per_s": iterations * cfg.frames_per_iteration / seconds,
         "policy_lag": statistics.fmean(lags[warmup:]),
         "collect_s": statistics.median(r.collect_s for r in timed),
         "update_s": statistics.median(r.update_s for r in timed),
+        # Seconds between iteration completions in the timed window: the spread in a run.
+        "iteration_s": {
+            "median": statistics.median(gaps),
+            "min": min(gaps),
+            "max": max(gaps),
+        },
+        "evaluations": evaluations,
     }
 
 
@@ -104,21 +117,56 @@ def one(
     print(json.dumps(result))
 
 
-def alternate(script: str, variants: Any, args: argparse.Namespace) -> dict[str, list[dict]]:
+def alternate(
+    script: str,
+    variants: Any,
+    args: argparse.Namespace,
+    *,
+    keep_going: bool = False,
+    timeout_s: float | None = None,
+    after_each: Any = None,
+    iterations: dict[str, int] | None = None,
+) -> dict[str, list[dict]]:
     """Each variant `args.repeats` times, interleaved, each run a fresh `script --one`
-    process (see the module docstring); the JSON each run printed, by variant."""
-    base = [str(args.config), args.device, str(args.warmup), str(args.iterations)]
+    process (see the module docstring); the JSON each run printed, by variant.
+
+    `keep_going`: a run that fails or outlasts `timeout_s` is recorded as
+    `{"error": ...}` (its exit status and the end of its stderr) and the others still run;
+    otherwise the first failure raises. `after_each(runs)` is called after every run.
+    `iterations`: timed iterations of some variants, instead of `args.iterations`."""
     runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     for _ in range(args.repeats):
         for variant in variants:
-            out = subprocess.run(
-                [sys.executable, script, "--one", variant, *base, *args.overrides],
-                check=True,
-                capture_output=True,
-                text=True,
-            ).stdout
-            runs[variant].append(json.loads(out.strip().splitlines()[-1]))
+            timed = (iterations or {}).get(variant, args.iterations)
+            base = [str(args.config), args.device, str(args.warmup), str(timed)]
+            cmd = [sys.executable, script, "--one", variant, *base, *args.overrides]
+            try:
+                done = subprocess.run(
+                    cmd, check=True, capture_output=True, text=True, timeout=timeout_s
+                )
+                runs[variant].append(json.loads(done.stdout.strip().splitlines()[-1]))
+            except (subprocess.CalledProcessError, subprocess.TimeoutExpired, ValueError) as err:
+                if not keep_going:
+                    raise
+                runs[variant].append({"error": run_error(err)})
+            if after_each is not None:
+                after_each(runs)
     return runs
+
+
+def run_error(err: Exception) -> str:
+    """What a failed `--one` run said: how it ended and the last lines of its stderr."""
+    if isinstance(err, subprocess.TimeoutExpired):
+        head = f"timed out after {err.timeout:.0f} s"
+    elif isinstance(err, subprocess.CalledProcessError):
+        head = f"exit status {err.returncode}"
+    else:
+        head = f"no JSON result: {err}"
+    stderr = getattr(err, "stderr", None) or ""
+    if isinstance(stderr, bytes):
+        stderr = stderr.decode(errors="replace")
+    tail = "\n".join(stderr.strip().splitlines()[-12:])
+    return f"{head}: {tail}" if tail else head
 
 
 def parse_or_run_one(

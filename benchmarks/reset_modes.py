@@ -1,4 +1,4 @@
-"""Rollout speed and host reads per `env.reset_mode`: indexed (torchrl's) vs masked.
+"""Rollout speed and host reads per `env.reset_mode`: indexed (torchrl's) vs masked, op by op.
 
 Builds the daemon's Collector (env + acting policy) once per mode from the same config,
 warms each up, then times rollouts with the modes taking turns (so drift in the machine's
@@ -57,6 +57,7 @@ def measure(
                 f"env.max_episode_length={length}",
                 *overrides,
                 f"env.reset_mode={mode}",
+                "env.collect_path=eager",  # op by op (collect_profile.py times the capture)
             ],
             environ={},
         )

@@ -1,31 +1,43 @@
-"""End-to-end throughput of `navrl-daemon run` per PPO update path, as JSON (issue #8).
+"""End-to-end throughput of `navrl-daemon run` per collection and update path, as JSON.
 
-The real daemon (`daemon.serve`: producer, trainer, checkpoint writer; evaluation and
-metrics off) on one config, once per variant `<update_path>_lag<max_policy_lag>`:
-- `eager`: NavRL's update loop, one host sync per minibatch (rl/ppo.py);
-- the fast path: `cuda_graph` on CUDA, `fused` on the CPU (rl/fast_update.py).
-`auto` (the default) is one of these two, the same code, so it is not run again:
-`auto_resolves_to` says which. On the CPU, the fused vs eager ratio is what `auto`
-would gain or lose by not falling back to eager there.
+The real daemon (`daemon.serve`: producer, trainer, checkpoint writer, and the evaluator
+in the `_eval` variants; metrics off) on one config, once per variant
+`<path>_lag<max_policy_lag>[_eval]`:
+- `eager`: NavRL's loops: rollout steps op by op (indexed reset), the update with a host
+  sync per minibatch (`env.collect_path=eager`, `ppo.update_path=eager`);
+- `update_graph`: rollouts op by op, the update's fast path (issue #8's `cuda_graph`);
+- `cuda_graph`: both fast paths: each rollout step a CUDA graph replay (masked reset) and
+  the captured update (issue #22). On the CPU the fast update is `fused` and rollouts
+  stay eager (what `auto` runs there), so `cuda_graph` and `update_graph` are one thing;
+- `_eval`: with evaluations every `--eval-interval` iterations (captured, on a stream of
+  their own on CUDA); compare with the same variant without `_eval`.
+`auto` (the default of both paths) is `cuda_graph` on CUDA and `eager` on the CPU:
+`auto_resolves_to` says which.
 Each run is a fresh process (see pipeline_overhead.py), the variants take turns, each
-skips `--warmup` iterations (the graph capture among them) and times `--iterations`.
-Per variant: frames/s end to end, collect s/iter and update s/iter (medians within a
-run), peak GPU memory; then medians and spread over `--repeats` runs, and ratios against
-eager at the same policy lag.
+skips `--warmup` iterations (the captures among them) and times `--iterations` (or N for
+a variant written `name@N`: slow eager variants need fewer, evaluations more). Per
+variant: frames/s end to end, collect s/iter and update s/iter (medians within a run),
+seconds between iterations (median, min, max within a run), evaluations, peak GPU memory;
+medians and spread over `--repeats` runs; ratios against eager at the same policy lag,
+lag 1 against lag 0, evaluation on against off. A variant that fails (or outlasts
+`--run-timeout`) is reported with its error; the others still run. With `--out`, the JSON
+is rewritten there after every run, so a run stopped from outside keeps what it measured.
 
 Run: `.venv/bin/python benchmarks/throughput.py` (CPU, config/default.toml), or at
-NavRL's scale on a GPU:
-`.venv/bin/python benchmarks/throughput.py --device cuda --config config/navrl.toml`.
+NavRL's scale on a GPU: `.venv/bin/python benchmarks/throughput.py --device cuda
+--config config/navrl.toml --variants eager_lag0,cuda_graph_lag0,cuda_graph_lag1`.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import platform
 import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from pipeline_overhead import alternate, daemon, make_config, parse_or_run_one, summary
@@ -34,43 +46,113 @@ from navrl_daemon.ops.logging import configure_logging
 from navrl_daemon.rl.fast_update import resolve
 
 GOAL_FRAMES_PER_S = 300_000
+DEFAULT_VARIANTS = "eager_lag0,cuda_graph_lag0"
+
+
+def paths_of(variant: str, device: str) -> dict[str, str]:
+    """The collection and update paths a variant name asks for on this device."""
+    path = variant.split("_lag", 1)[0]
+    cuda = device.startswith("cuda")
+    fast_update = "cuda_graph" if cuda else "fused"
+    collect = {"eager": "eager", "update_graph": "eager", "cuda_graph": "cuda_graph"}[path]
+    update = "eager" if path == "eager" else fast_update
+    return {"collect_path": collect if cuda else "eager", "update_path": update}
+
+
+def parse_variant(variant: str) -> tuple[str, int, bool]:
+    """(path, lag, evaluations on) of `<path>_lag<k>[_eval]`."""
+    path, rest = variant.split("_lag", 1)
+    lag, _, tail = rest.partition("_")
+    if path not in ("eager", "update_graph", "cuda_graph") or tail not in ("", "eval"):
+        raise SystemExit(
+            f"unknown variant {variant!r}: <eager|update_graph|cuda_graph>_lag<k>[_eval]"
+        )
+    return path, int(lag), tail == "eval"
 
 
 def one(
     variant: str, path: Path, device: str, warmup: int, iterations: int, overrides: list[str]
 ) -> None:
-    update_path, lag = variant.rsplit("_lag", 1)
-    cfg = make_config(path, device, [*overrides, f"ppo.update_path={update_path}"])
+    _, lag, evaluations = parse_variant(variant)
+    paths = paths_of(variant, device)
+    interval = int(os.environ.get("NAVRL_BENCH_EVAL_INTERVAL", "25"))
+    cfg = make_config(
+        path,
+        device,
+        [
+            *overrides,
+            f"env.collect_path={paths['collect_path']}",
+            f"ppo.update_path={paths['update_path']}",
+            *([f"eval.interval={interval}"] if evaluations else []),
+        ],
+    )
     configure_logging(cfg.log)
-    result = daemon(cfg, warmup, iterations, lag=int(lag))
-    result["resolved_path"] = resolve(update_path, torch.device(device))
+    result: dict[str, Any] = daemon(cfg, warmup, iterations, lag=lag)
+    result["resolved_path"] = resolve(paths["update_path"], torch.device(device))
+    result["collect_path"] = paths["collect_path"]
     if torch.cuda.is_available() and device.startswith("cuda"):
         result["gpu_max_allocated_mib"] = torch.cuda.max_memory_allocated() / 2**20
         result["gpu_max_reserved_mib"] = torch.cuda.max_memory_reserved() / 2**20
     print(json.dumps(result))
 
 
-def variants_for(device: str, lags: list[int]) -> list[str]:
-    fast = "cuda_graph" if device.startswith("cuda") else "fused"
-    return [f"{path}_lag{lag}" for lag in lags for path in ("eager", fast)]
-
-
 def median_of(runs: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in runs)
 
 
-def main() -> None:
-    lags = [0, 1] if "--lag1" in sys.argv else [0]
-    if "--lag1" in sys.argv:
-        sys.argv.remove("--lag1")
-    args = parse_or_run_one(__doc__, one, iterations=10)
-    if args is None:
-        return
-    t0 = time.perf_counter()
-    variants = variants_for(args.device, lags)
-    runs = alternate(__file__, variants, args)
+def variant_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = [r for r in runs if "error" not in r]
+    errors = [r["error"] for r in runs if "error" in r]
+    if not ok:
+        return {"error": errors[0], "failed_runs": len(errors)}
+    out: dict[str, Any] = {
+        "resolved_path": ok[0]["resolved_path"],
+        "collect_path": ok[0]["collect_path"],
+        "frames_per_s": summary([x["frames_per_s"] for x in ok]),
+        "collect_s": round(median_of(ok, "collect_s"), 5),
+        "update_s": round(median_of(ok, "update_s"), 5),
+        "iteration_s": {
+            k: round(statistics.median(x["iteration_s"][k] for x in ok), 5)
+            for k in ("median", "min", "max")
+        },
+        "policy_lag": round(statistics.fmean(x["policy_lag"] for x in ok), 3),
+        "evaluations": ok[0]["evaluations"],
+    }
+    if "gpu_max_allocated_mib" in ok[0]:
+        out["gpu_max_allocated_mib"] = round(max(x["gpu_max_allocated_mib"] for x in ok))
+    if errors:
+        out["failed_runs"] = len(errors)
+        out["errors"] = errors
+    return out
+
+
+def ratios_of(fps: dict[str, float]) -> dict[str, float]:
+    """Each variant against eager at its lag, lag 1 against lag 0, eval on against off."""
+    ratios: dict[str, float] = {}
+    for variant, value in fps.items():
+        path, lag, evaluations = parse_variant(variant)
+        suffix = "_eval" if evaluations else ""
+        pairs = [
+            (f"eager_lag{lag}{suffix}", path != "eager"),
+            (f"{path}_lag0{suffix}", lag == 1),
+            (f"{path}_lag{lag}", evaluations),
+        ]
+        for base, wanted in pairs:
+            if wanted and base in fps:
+                ratios[f"{variant}_vs_{base}"] = round(value / fps[base], 3)
+    return ratios
+
+
+def report(args: Any, variants: list[str], runs: dict[str, list[dict]], t0: float) -> dict:
     cfg = make_config(args.config, args.device, args.overrides)
-    out: dict[str, object] = {
+    done = {v: r for v, r in runs.items() if r}
+    summaries = {v: variant_summary(r) for v, r in done.items()}
+    fps = {
+        v: median_of([x for x in r if "error" not in x], "frames_per_s")
+        for v, r in done.items()
+        if "error" not in summaries[v]
+    }
+    return {
         "benchmark": "throughput",
         "device": args.device,
         "device_name": (
@@ -80,6 +162,8 @@ def main() -> None:
         ),
         "torch": torch.__version__,
         "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "load_average": list(os.getloadavg()),
         "config": str(args.config),
         "overrides": args.overrides,
         "num_envs": cfg.env.num_envs,
@@ -87,39 +171,73 @@ def main() -> None:
         "num_dynamic_obstacles": cfg.env.num_dynamic_obstacles,
         "frames_per_iteration": cfg.frames_per_iteration,
         "epochs_x_minibatches": [cfg.ppo.epochs, cfg.ppo.minibatches],
-        "warmup": args.warmup,
-        "iterations": args.iterations,
-        "repeats": args.repeats,
-        "auto_resolves_to": resolve("auto", torch.device(args.device)),
-        "variants": {
-            v: {
-                "resolved_path": r[0]["resolved_path"],
-                "frames_per_s": summary([x["frames_per_s"] for x in r]),
-                "collect_s": round(median_of(r, "collect_s"), 5),
-                "update_s": round(median_of(r, "update_s"), 5),
-                "policy_lag": round(statistics.fmean(x["policy_lag"] for x in r), 3),
-                **(
-                    {"gpu_max_allocated_mib": round(max(x["gpu_max_allocated_mib"] for x in r))}
-                    if "gpu_max_allocated_mib" in r[0]
-                    else {}
-                ),
-            }
-            for v, r in runs.items()
+        "eval": {
+            "interval": args.eval_interval,
+            "num_envs": cfg.eval.num_envs,
+            "max_steps": cfg.eval.max_steps or cfg.env.max_episode_length,
         },
+        "warmup": args.warmup,
+        "iterations": args.iterations_of,
+        "repeats": args.repeats,
+        "auto_resolves_to": paths_of("cuda_graph_lag0", args.device)
+        if args.device.startswith("cuda")
+        else paths_of("eager_lag0", args.device),
+        "variants": summaries,
+        # Runs finished (with numbers or an error) of those planned: less when stopped early.
+        "runs_done": f"{sum(len(r) for r in done.values())}/{len(variants) * args.repeats}",
+        "ratios": ratios_of(fps),
+        "best_frames_per_s": round(max(fps.values())) if fps else None,
+        "goal_frames_per_s": GOAL_FRAMES_PER_S,
+        "total_s": round(time.perf_counter() - t0, 1),
     }
-    fps = {v: median_of(r, "frames_per_s") for v, r in runs.items()}
-    ratios: dict[str, float] = {}
+
+
+def take_flag(name: str, default: str) -> str:
+    """`--name VALUE` out of sys.argv (before the shared parser sees it)."""
+    if name in sys.argv:
+        i = sys.argv.index(name)
+        value = sys.argv[i + 1]
+        del sys.argv[i : i + 2]
+        return value
+    return default
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--one":
+        parse_or_run_one(__doc__, one, iterations=10)
+        return
+    specs = [v.partition("@") for v in take_flag("--variants", DEFAULT_VARIANTS).split(",")]
+    variants = [name for name, _, _ in specs]
+    iterations = {name: int(n) for name, _, n in specs if n}
+    if "--lag1" in sys.argv:  # the older spelling: both paths at lag 1 too
+        sys.argv.remove("--lag1")
+        variants += [v.replace("_lag0", "_lag1") for v in variants if "_lag0" in v]
+    eval_interval = int(take_flag("--eval-interval", "25"))
+    run_timeout = float(take_flag("--run-timeout", "0")) or None
+    out_path = take_flag("--out", "")
     for variant in variants:
-        path, lag = variant.rsplit("_lag", 1)
-        if path != "eager":
-            ratios[f"{variant}_vs_eager_lag{lag}"] = round(fps[variant] / fps[f"eager_lag{lag}"], 3)
-        if lag == "1":
-            ratios[f"{variant}_vs_{path}_lag0"] = round(fps[variant] / fps[f"{path}_lag0"], 3)
-    out["ratios"] = ratios
-    out["best_frames_per_s"] = round(max(fps.values()))
-    out["goal_frames_per_s"] = GOAL_FRAMES_PER_S
-    out["total_s"] = round(time.perf_counter() - t0, 1)
-    print(json.dumps(out, indent=1))
+        parse_variant(variant)
+    args = parse_or_run_one(__doc__, one, iterations=10)
+    assert args is not None
+    args.eval_interval = eval_interval
+    os.environ["NAVRL_BENCH_EVAL_INTERVAL"] = str(eval_interval)  # the runs read it
+    t0 = time.perf_counter()
+
+    def save(runs: dict[str, list[dict]]) -> None:
+        if out_path:
+            Path(out_path).write_text(json.dumps(report(args, variants, runs, t0), indent=1))
+
+    args.iterations_of = {v: iterations.get(v, args.iterations) for v in variants}
+    runs = alternate(
+        __file__,
+        variants,
+        args,
+        keep_going=True,
+        timeout_s=run_timeout,
+        after_each=save,
+        iterations=iterations,
+    )
+    print(json.dumps(report(args, variants, runs, t0), indent=1))
 
 
 if __name__ == "__main__":

@@ -142,8 +142,14 @@ class EnvConfig(Section):
     thrust_to_weight: Annotated[float, Field(gt=1.0, le=20.0)] = 3.4
     # Embedded env's auto-reset: "indexed" (torchrl's; host reads the done flags each step,
     # resets only the finished envs), "masked" (no host sync; spawns and one more LiDAR
-    # cast for all envs each step), "auto": masked on CUDA, indexed elsewhere.
+    # cast for all envs each step), "auto": masked when the steps are captured
+    # (collect_path), else indexed, the faster one op by op (docs/throughput.md).
     reset_mode: Literal["auto", "indexed", "masked"] = "auto"
+    # How rollout and evaluation steps run, never what they compute (docs/throughput.md):
+    # "eager" op by op; "cuda_graph" policy + env step + masked reset captured once as a
+    # CUDA graph and replayed (embedded env); "auto" cuda_graph on CUDA for the embedded
+    # env unless reset_mode = "indexed", else eager.
+    collect_path: Literal["auto", "eager", "cuda_graph"] = "auto"
     # Training stages, easiest first, promoted on evaluations (env/curriculum.py); empty:
     # train on this section as it is.
     curriculum: list[CurriculumStage] = []
@@ -162,6 +168,22 @@ class EnvConfig(Section):
             if isinstance(value, float) and not math.isfinite(value):
                 raise ValueError(f"{key} = {value}: must be a finite number")
         return v
+
+    @model_validator(mode="after")
+    def _capturable(self) -> EnvConfig:
+        if self.collect_path != "cuda_graph":
+            return self
+        if self.backend != "navigation":
+            raise ValueError(
+                'collect_path: "cuda_graph" captures the embedded env\'s step; '
+                f'backend "{self.backend}" needs "eager" or "auto"'
+            )
+        if self.reset_mode == "indexed":
+            raise ValueError(
+                'collect_path: "cuda_graph" cannot hold the indexed reset\'s host reads; '
+                'reset_mode "indexed" needs "eager" or "auto"'
+            )
+        return self
 
     @field_validator("num_dynamic_obstacles")
     @classmethod
@@ -527,6 +549,14 @@ class Config(Section):
             raise ValueError(
                 'ppo.lr_schedule: "kl_adaptive" measures the KL on the rollout after the '
                 "update; pipeline.compress_rollouts hands the rollout back before it ends"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _collect_path(self) -> Config:
+        if self.env.collect_path == "cuda_graph" and self.run.device == "cpu":
+            raise ValueError(
+                'env.collect_path: "cuda_graph" needs a CUDA device; run.device is "cpu"'
             )
         return self
 

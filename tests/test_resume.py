@@ -279,13 +279,14 @@ def test_checkpoint_holds_everything_exact_resume_needs(tmp_path: Path) -> None:
 def test_a_checkpoint_from_before_the_newer_env_keys_still_restores_the_env(
     tmp_path: Path,
 ) -> None:
-    """Checkpoints written before `env.curriculum` and `env.reset_mode` existed lack the
-    keys; with today's defaults (what they ran on the CPU) the episodes go on."""
+    """Checkpoints written before `env.curriculum`, `env.reset_mode`, `env.map_levels`,
+    `env.crossing_share` and `env.collect_path` existed lack the keys; with today's
+    defaults (what they ran on the CPU) the episodes go on."""
     state = tmp_path / "state"
     run(state, "run.total_frames=64")
     path = state / "checkpoints" / "ckpt-000000001.nrc"
     header, snap = load_checkpoint(path)
-    for key in ("curriculum", "reset_mode"):
+    for key in ("curriculum", "reset_mode", "map_levels", "crossing_share", "collect_path"):
         del snap["config"]["env"][key]
     path.write_bytes(
         encode_checkpoint(

@@ -1,17 +1,34 @@
 #!/usr/bin/env bash
-# Every GPU check of issues #8 and #13 as one prepared run on the lent device machine
+# Every GPU check of issues #8, #13, #22 and #23 as one prepared run on the lent device machine
 # (15 minutes of device time per session, start-up included: see docs/throughput.md).
 #
 # Here first:  benchmarks/device/wheels.sh
 # Then device run, timeout_s 590, carry [".whl", "carry"], command:
-#   bash benchmarks/device/gpu_session.sh throughput     (issue #8, ~6 min)
+#   bash benchmarks/device/gpu_session.sh throughput     (issue #22, ~9 min)
+#   bash benchmarks/device/gpu_session.sh update         (issue #8's update paths, ~3 min)
 #   bash benchmarks/device/gpu_session.sh learning 400   (issues #13/#23, budget in s, ~9.7 min)
 # Results land in $OUT (at most 8 files come back); steps run most important first, and
-# each writes its file as it ends, so a run stopped at its limit still returns the rest.
+# each writes its file as it ends (throughput.py rewrites its JSON after every variant),
+# so a run stopped at its limit still returns the rest.
 set -uo pipefail
 MODE=${1:-throughput}
-DEV=${DEV:-cuda}                  # DEV=cpu CONFIG=config/default.toml: a smoke run here
+DEV=${DEV:-cuda}                  # DEV=cpu: a smoke run here (small sizes, see below)
 CONFIG=${CONFIG:-config/navrl.toml}
+# A loaded CPU smoke run may need longer limits (LIMIT_SCALE=8). The tests step runs the
+# cases whose id has "cuda" in it (PYTEST_K: another -k expression; the CPU cases run in CI).
+LIMIT_SCALE=${LIMIT_SCALE:-1}
+if [ "$DEV" = cpu ]; then          # the same steps at sizes a CPU finishes in their limits
+  small="env.num_obstacles=60 env.num_dynamic_obstacles=8 ppo.rollout_length=8 ppo.epochs=1"
+  SIZE_1024=${SIZE_1024:-"env.num_envs=32 $small ppo.minibatches=2 eval.max_steps=40"}
+  SIZE_4096=${SIZE_4096:-"env.num_envs=64 $small ppo.minibatches=2 eval.max_steps=40"}
+  LIDAR_ENVS=${LIDAR_ENVS:-"32 64"}
+  ITERS=${ITERS:-6} EVAL_EVERY=${EVAL_EVERY:-3}  # evaluations inside the short window
+else
+  SIZE_1024=${SIZE_1024:-""}
+  SIZE_4096=${SIZE_4096:-"env.num_envs=4096"}
+  LIDAR_ENVS=${LIDAR_ENVS:-"1024 4096"}
+  ITERS=${ITERS:-} EVAL_EVERY=${EVAL_EVERY:-25}
+fi
 OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
@@ -24,9 +41,13 @@ else
 fi
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/session.log"; }
 step() {  # step NAME SECONDS OUTFILE CMD...: a bounded step, its stdout into OUTFILE
-  local name=$1 limit=$2 out=$3; shift 3
+  local name=$1 limit=$(($2 * LIMIT_SCALE)) out=$3; shift 3  # OUTFILE "-": writes its own
   log "start $name (limit ${limit}s)"
-  timeout "$limit" "$@" > "$OUT/$out" 2>> "$OUT/session.log"
+  if [ "$out" = - ]; then
+    timeout "$limit" "$@" >> "$OUT/session.log" 2>&1
+  else
+    timeout "$limit" "$@" > "$OUT/$out" 2>> "$OUT/session.log"
+  fi
   log "end $name rc=$?"
 }
 {
@@ -38,18 +59,33 @@ print('tensordict', tensordict.__version__, 'torchrl', torchrl.__version__)"
 
 case $MODE in
 throughput)
-  step tests 100 gpu_tests.log python3 -m pytest -q -p no:cacheprovider -x \
-    tests/rl/test_fast_update.py tests/rl/test_ppo.py tests/env/test_masked_reset.py
+  # Issue #22: the CUDA tests (captured rollouts and evaluations, the lag-1 capture in
+  # another thread, the update paths, masked resets), then end to end at NavRL's 1024
+  # envs and at 4096 (eager, captured update only, both captured; lag 0 and 1; evaluation
+  # every 25 iterations on and off), where a rollout's time goes per collection path
+  # (captured vs op by op, masked vs indexed reset: what `auto` picks), the LiDAR's share.
+  step tests 100 gpu_tests.log python3 -m pytest -q -p no:cacheprovider -k "${PYTEST_K:-cuda}" \
+    tests/rl/test_captured_rollout.py tests/rl/test_evaluation.py tests/rl/test_fast_update.py \
+    tests/env/test_masked_reset.py
+  step throughput_1024 160 - python3 benchmarks/throughput.py \
+    --device $DEV --config $CONFIG --warmup 4 --iterations ${ITERS:-55} --repeats 1 \
+    --variants eager_lag0@8,cuda_graph_lag0,cuda_graph_lag1,cuda_graph_lag0_eval,update_graph_lag0@12 \
+    --eval-interval $EVAL_EVERY --run-timeout $((60 * LIMIT_SCALE)) --out "$OUT/throughput_1024_gpu.json" $SIZE_1024
+  step collect 85 collect_profile_gpu.json python3 benchmarks/collect_profile.py \
+    --device $DEV --config $CONFIG --repeats 5 --table "$OUT/collect_ops_gpu.txt" $SIZE_1024
+  step throughput_4096 120 - python3 benchmarks/throughput.py \
+    --device $DEV --config $CONFIG --warmup 4 --iterations ${ITERS:-30} --repeats 1 \
+    --variants eager_lag0@6,cuda_graph_lag0,cuda_graph_lag1,cuda_graph_lag0_eval \
+    --eval-interval $EVAL_EVERY --run-timeout $((45 * LIMIT_SCALE)) --out "$OUT/throughput_4096_gpu.json" $SIZE_4096
+  step lidar 50 - python3 benchmarks/lidar_share.py --device $DEV \
+    --config $CONFIG --num-envs $LIDAR_ENVS --out "$OUT/lidar_share_gpu.json"
+  ;;
+update)
+  # Issue #8's update paths and the reset modes op by op (the 2026-11-27 H100 run).
   step ppo_update 90 ppo_update_gpu.json python3 benchmarks/ppo_update.py \
     --devices $DEV --num-envs 1024 4096 --repeats 5
-  step throughput 220 throughput_gpu.json python3 benchmarks/throughput.py --device $DEV \
-    --config $CONFIG --warmup 4 --iterations 12 --repeats 2 --lag1
-  step collect 45 collect_profile_gpu.json python3 benchmarks/collect_profile.py \
-    --device $DEV --config $CONFIG --table "$OUT/collect_ops_gpu.txt"
   step reset_modes 45 reset_modes_gpu.json python3 benchmarks/reset_modes.py \
     --device $DEV --config $CONFIG --repeats 7 --episode-lengths 50,2200
-  step stretch 60 throughput_4096_gpu.json python3 benchmarks/throughput.py --device $DEV \
-    --config $CONFIG --warmup 3 --iterations 8 --repeats 1 env.num_envs=4096
   ;;
 learning)
   # NavRL's full task from scratch (issue #23), evals every 25 iterations at the

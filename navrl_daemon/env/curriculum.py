@@ -95,7 +95,7 @@ class Curriculum:
         levels = getattr(previous, "level", None)
         here = getattr(env, "level", None)
         if self.env.map_levels and levels is not None and getattr(here, "shape", 0) == levels.shape:
-            env.level = levels.clone()  # type: ignore[attr-defined]
+            env.level.copy_(levels)  # type: ignore[attr-defined]
         return env
 
     def observe(self, result: Mapping[str, Any]) -> Promotion | None:

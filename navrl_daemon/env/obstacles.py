@@ -261,10 +261,12 @@ class DynamicObstacles:
         self.dt = dt
         self.speed_range = (float(speed_range[0]), float(speed_range[1]))
         self.retarget_period = max(1, int(RETARGET_PERIOD_S / dt))
+        # State tensors, updated in place (a captured env step reads and writes them at
+        # fixed addresses); the step counter is a device scalar for the same reason.
         self.pos = origin.clone()
         self.goal = origin.clone()  # distance 0: every obstacle draws a goal at step 0
         self.vel = torch.zeros_like(origin)
-        self.step_count = 0
+        self.step_count = torch.zeros((), dtype=torch.long, device=origin.device)
 
     @classmethod
     def generate(
@@ -281,19 +283,25 @@ class DynamicObstacles:
         return cls(origin.to(device), field_size, dt, speed_range)
 
     def step(self, generator: torch.Generator) -> None:
-        """One kinematic step (navrl-task §1.3), drawing from the env's step generator."""
+        """One kinematic step (navrl-task §1.3), drawing from the env's step generator.
+
+        The same kernels and draws at every step, whatever its number: the re-aim is
+        decided on the device (`torch.where` on the step counter) and its speeds are drawn
+        at every step, used only at a re-aim. So a CUDA graph of the step replays right at
+        any step; the speeds keep NavRL's distribution, U(speed_range) at each re-aim.
+        """
         if self.count == 0:
             return
         near = (self.pos - self.goal).norm(dim=-1, keepdim=True) < GOAL_REACHED
-        self.goal = torch.where(near, self._draw_goals(generator), self.goal)
-        if self.step_count % self.retarget_period == 0:
-            lo, hi = self.speed_range
-            u = torch.rand(self.pos.shape[:-1], generator=generator, device=self.pos.device)
-            heading = self.goal - self.pos
-            heading = heading / heading.norm(dim=-1, keepdim=True).clamp_min(1e-6)
-            self.vel = heading * (lo + (hi - lo) * u)[..., None]
-        self.pos = self.pos + self.vel * self.dt
-        self.step_count += 1
+        torch.where(near, self._draw_goals(generator), self.goal, out=self.goal)
+        lo, hi = self.speed_range
+        u = torch.rand(self.pos.shape[:-1], generator=generator, device=self.pos.device)
+        heading = self.goal - self.pos
+        heading = heading / heading.norm(dim=-1, keepdim=True).clamp_min(1e-6)
+        retarget = self.step_count % self.retarget_period == 0
+        torch.where(retarget, heading * (lo + (hi - lo) * u)[..., None], self.vel, out=self.vel)
+        self.pos.add_(self.vel * self.dt)
+        self.step_count.add_(1)
 
     def _draw_goals(self, generator: torch.Generator) -> Tensor:
         u = torch.rand(self.pos.shape, generator=generator, device=self.pos.device)
@@ -315,15 +323,13 @@ class DynamicObstacles:
             "pos": copy(self.pos),
             "goal": copy(self.goal),
             "vel": copy(self.vel),
-            "step_count": torch.tensor(self.step_count, dtype=torch.long),
+            "step_count": copy(self.step_count),
         }
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
-        device = self.origin.device
-        self.pos = state["pos"].to(device).clone()
-        self.goal = state["goal"].to(device).clone()
-        self.vel = state["vel"].to(device).clone()
-        self.step_count = int(state["step_count"])
+        """Copies `state_dict` output into the state tensors (their addresses stay)."""
+        for name in ("pos", "goal", "vel", "step_count"):
+            getattr(self, name).copy_(torch.as_tensor(state[name]))
 
 
 def place_dynamic_origins(

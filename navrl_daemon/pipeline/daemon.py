@@ -37,6 +37,7 @@ from navrl_daemon.pipeline.context import RunContext
 from navrl_daemon.pipeline.ranks import Ranks
 from navrl_daemon.pipeline.telemetry import Telemetry
 from navrl_daemon.rl import ppo
+from navrl_daemon.rl.captured_rollout import CapturedRollout
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.rl.training import (
     Collector,
@@ -199,7 +200,12 @@ def build_stages(ctx: RunContext) -> list[Stage]:
     collector = Collector.build(_rank_config(train_cfg, world), acting_copy(policy), ctx.device)
     masked = getattr(collector.env, "masked_reset", None)  # the embedded env's choice
     if masked is not None:
-        log.info("env reset mode", mode="masked" if masked else "indexed")
+        captured = isinstance(collector.rollout, CapturedRollout)
+        log.info(
+            "env reset mode",
+            mode="masked" if masked else "indexed",
+            collect_path="cuda_graph" if captured else "eager",
+        )
     first = collector.new_buffer()
     start = _resume(ctx, found, learner, collector, curriculum)
     ctx.coordinator.share_weights(policy)  # rank 0's weights, whatever happened above

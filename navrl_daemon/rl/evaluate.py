@@ -1,17 +1,30 @@
-"""NavRL's evaluation (navrl-task §4): Beta-mean actions, each env's first episode. No I/O."""
+"""NavRL's evaluation (navrl-task §4): Beta-mean actions, each env's first episode. No I/O.
+
+`Evaluation` is the evaluation of one env, built once and called with each policy to
+evaluate. Where the env's steps are captured (`env.collect_path`, the embedded env on CUDA)
+its step (policy, env step, masked reset, first-episode bookkeeping) is captured once as a
+CUDA graph and replayed, and on CUDA it runs on a stream of its own: evaluating beside
+training then costs the trainer and producer little host time (one replay per step, no
+Python per op) and its small kernels fill the GPU beside theirs instead of queueing
+behind them on the default stream. `evaluate` is the same, op by op.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from tensordict import TensorDictBase
 from torch import Tensor
 from torchrl.envs import EnvBase
 from torchrl.envs.utils import step_mdp
 
-from navrl_daemon.env.navigation import NavigationEnv
+from navrl_daemon.env.navigation import NavigationEnv, collect_path
+from navrl_daemon.rl.graphs import WARMUP_RUNS, Capture, Replay, SameObjects, cuda_capture
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.rl.rollout import STAT_KEYS
 
@@ -69,9 +82,177 @@ def evaluate(
     The env is reseeded and fully reset, so the same weights always give the same numbers.
     Stepping stops once every env has finished its first episode (later steps cannot change
     the result). An env still running after `max_steps` reports its stats so far and counts
-    in `unfinished`.
+    in `unfinished`. Captured where the env's steps are (`Evaluation.for_env`); a caller
+    that evaluates again and again keeps one `Evaluation` instead (one capture).
     """
-    return _evaluate(env, policy, seed=seed, max_steps=max_steps, recorder=None, progress=progress)
+    return Evaluation.for_env(env, seed=seed, max_steps=max_steps)(policy, progress)
+
+
+class Evaluation:
+    """`evaluate` of one env for any policy: `Evaluation(env, ...)(policy)`. With
+    `capture` (`for_env` picks it) each step after the first evaluation's warm-up is a
+    graph replay; on CUDA it runs on a stream of its own. Same numbers either way."""
+
+    def __init__(
+        self,
+        env: EnvBase,
+        *,
+        seed: int,
+        max_steps: int,
+        capture: Capture | None = None,
+        fallback: bool = False,
+        warmup_runs: int = WARMUP_RUNS,
+    ) -> None:
+        """`fallback`: a capture that fails is remembered in `capture_error` (and warned
+        about) and evaluations go on op by op, instead of raising."""
+        self.env = env
+        self.seed = seed
+        self.max_steps = max_steps
+        self.capture = capture
+        self.fallback = fallback
+        self.capture_error: str | None = None
+        self.warmup_runs = warmup_runs
+        self.captures = 0
+        device = env.device
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        n = env.batch_size[0]
+        self._first = torch.zeros(n, len(STAT_KEYS), device=device)
+        self._last = torch.zeros(n, len(STAT_KEYS), device=device)
+        self._finished = torch.zeros(n, dtype=torch.bool, device=device)
+        self._held: tuple[Any, ...] | None = None
+        self._td: TensorDictBase | None = None
+        self._step: Callable[[], None] | None = None
+        self._replay: Replay | None = None
+
+    @classmethod
+    def for_env(cls, env: EnvBase, *, seed: int, max_steps: int) -> Evaluation:
+        """Captured where the env's steps are (`env.collect_path` of the embedded env)."""
+        if not isinstance(env, NavigationEnv) or collect_path(env.cfg, env.device) == "eager":
+            return cls(env, seed=seed, max_steps=max_steps)
+        fallback = env.cfg.collect_path == "auto"
+        capture = cuda_capture(env.device)
+        return cls(env, seed=seed, max_steps=max_steps, capture=capture, fallback=fallback)
+
+    @torch.no_grad()
+    def __call__(self, policy: NavRLPolicy, progress: Progress | None = None) -> dict[str, float]:
+        """The evaluation of `policy`; `progress` is told every CHECK_EVERY steps."""
+        with self._own_stream():
+            self.env.set_seed(self.seed)
+            start = self.env.reset()
+            step = self._step_of(policy, start)
+            self._first.zero_()
+            self._last.zero_()
+            self._finished.zero_()
+            taken = 0
+            uncaptured = self.capture is not None and self._replay is None
+            if uncaptured and self.max_steps > self.warmup_runs:
+                self._capture(step)
+                taken = self.warmup_runs
+            run = self._replay if self._replay is not None else step
+            while taken < self.max_steps:
+                run()
+                taken += 1
+                if taken % CHECK_EVERY == 0 and _all_finished(self._finished, taken, progress):
+                    break
+            return _results(self._first, self._last, self._finished)
+
+    def _capture(self, step: Callable[[], None]) -> None:
+        """Warm-up runs (real steps), then the capture; on failure, op by op from now on."""
+        assert self.capture is not None
+        try:
+            self._replay = self.capture(
+                step, warmup_runs=self.warmup_runs, generators=_generators(self.env)
+            )
+        except Exception as err:
+            if not self.fallback:
+                raise
+            self.capture = None
+            self.capture_error = f"{type(err).__name__}: {err}"
+            warnings.warn(
+                f"evaluation step capture failed, evaluating op by op: {self.capture_error}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return
+        self.captures += 1
+
+    def _step_of(self, policy: NavRLPolicy, start: TensorDictBase) -> Callable[[], None]:
+        """The evaluation step on fixed tensors (made again for another policy or env
+        state storage, which drops the captured graph); `start` copied into its td."""
+        held = _graph_key(self.env, policy)
+        if held != self._held:
+            self._replay = None
+            self._held = held
+            self._td = policy.act(start.clone(), deterministic=True)  # the td's layout
+            self._step = _evaluation_step(
+                self.env, policy, self._td, self._first, self._last, self._finished
+            )
+        assert self._td is not None and self._step is not None
+        self._td.update_(start)
+        return self._step
+
+    @contextlib.contextmanager
+    def _own_stream(self) -> Iterator[None]:
+        if self.stream is None:
+            yield
+            return
+        self.stream.wait_stream(torch.cuda.current_stream(self.env.device))  # the weights
+        with torch.cuda.stream(self.stream):
+            yield
+
+
+def _evaluation_step(
+    env: EnvBase,
+    policy: NavRLPolicy,
+    td: TensorDictBase,
+    first: Tensor,
+    last: Tensor,
+    finished: Tensor,
+) -> Callable[[], None]:
+    """One step of every env, and each env's first-episode stats kept, all in place."""
+
+    def step() -> None:
+        record, following = env.step_and_maybe_reset(policy.act(td.copy(), deterministic=True))
+        last.copy_(torch.cat([record["next", "stats", k] for k in STAT_KEYS], dim=-1))
+        newly = record["next", "done"].squeeze(-1) & ~finished
+        torch.where(newly[:, None], last, first, out=first)
+        finished.logical_or_(newly)
+        td.update_(following)
+
+    return step
+
+
+def _all_finished(finished: Tensor, steps: int, progress: Progress | None) -> bool:
+    """Whether every env finished its first episode (a host read); `progress` is told."""
+    done = int(finished.sum())
+    if progress is not None:
+        progress(steps, done)
+    return done == finished.shape[0]
+
+
+def _results(first: Tensor, last: Tensor, finished: Tensor) -> dict[str, float]:
+    """Means of the first episodes' stats; envs still running count with their last."""
+    stats = torch.where(finished[:, None], first, last)
+    means = stats.mean(dim=0).tolist()
+    return {
+        "episodes": first.shape[0],
+        **dict(zip(STAT_KEYS, means, strict=True)),
+        "unfinished": int((~finished).sum()),
+    }
+
+
+def _graph_key(env: EnvBase, policy: NavRLPolicy) -> tuple[Any, ...]:
+    """What a captured evaluation step holds: the env, its LiDAR, the policy, and the
+    storage of every tensor it reads or writes in place."""
+    state = getattr(env, "state_tensors", None)
+    tensors = tuple(t.data_ptr() for t in state().values()) if state is not None else ()
+    weights = tuple(t.data_ptr() for t in (*policy.parameters(), *policy.buffers()))
+    return (SameObjects(env, getattr(env, "lidar", None), policy), tensors, weights)
+
+
+def _generators(env: EnvBase) -> list[torch.Generator]:
+    generator = getattr(env, "_gen", None)
+    return [generator] if generator is not None else []
 
 
 @torch.no_grad()
@@ -92,6 +273,20 @@ def evaluate_recorded(
     return results, recorder.trajectories()
 
 
+@torch.no_grad()
+def evaluate_op_by_op(
+    env: EnvBase,
+    policy: NavRLPolicy,
+    *,
+    seed: int,
+    max_steps: int,
+    progress: Progress | None = None,
+) -> dict[str, float]:
+    """`evaluate` never captured: for objects that act like a policy but read values on the
+    host in their `act` (the probes' wrappers), which a captured step cannot hold."""
+    return _evaluate(env, policy, seed=seed, max_steps=max_steps, recorder=None, progress=progress)
+
+
 def _evaluate(
     env: EnvBase,
     policy: NavRLPolicy,
@@ -101,12 +296,14 @@ def _evaluate(
     recorder: _Recorder | None,
     progress: Progress | None,
 ) -> dict[str, float]:
+    """`evaluate`'s loop op by op; with a recorder, the step is split in two so the
+    positions are read before the reset."""
     env.set_seed(seed)
     td = env.reset()
     n = env.batch_size[0]
     first = torch.zeros(n, len(STAT_KEYS), device=env.device)
+    last = torch.zeros_like(first)
     finished = torch.zeros(n, dtype=torch.bool, device=env.device)
-    last = first
     if recorder is not None:
         recorder.start()
     for step in range(max_steps):
@@ -114,29 +311,18 @@ def _evaluate(
         if recorder is None:
             record, td = env.step_and_maybe_reset(td)
         else:
-            # step_and_maybe_reset split in two: the positions are read before the reset.
             record = env.step(td)
             recorder.step(finished)
             td = env.maybe_reset(step_mdp(record))
         last = torch.cat([record["next", "stats", k] for k in STAT_KEYS], dim=-1)
         newly = record["next", "done"].squeeze(-1) & ~finished
-        first[newly] = last[newly]
+        first = torch.where(newly[:, None], last, first)
         finished |= newly
-        if step % CHECK_EVERY == CHECK_EVERY - 1:  # a host sync: not every step
-            done = int(finished.sum())
-            if progress is not None:
-                progress(step + 1, done)
-            if done == n:
-                break
-    first[~finished] = last[~finished]
+        if step % CHECK_EVERY == CHECK_EVERY - 1 and _all_finished(finished, step + 1, progress):
+            break
     if recorder is not None:
-        recorder.stats = first
-    means = first.mean(dim=0).tolist()
-    return {
-        "episodes": n,
-        **dict(zip(STAT_KEYS, means, strict=True)),
-        "unfinished": int((~finished).sum()),
-    }
+        recorder.stats = torch.where(finished[:, None], first, last)
+    return _results(first, last, finished)
 
 
 def eval_rank(record: dict[str, Any]) -> tuple[float, float, float, float]:

@@ -46,6 +46,7 @@ from torch.nn.utils import clip_grad_norm_
 from navrl_daemon.config import NOT_FAST, PPOConfig, UpdatePath, resolve_update_path
 from navrl_daemon.rl import ppo
 from navrl_daemon.rl.data_parallel import DataParallel
+from navrl_daemon.rl.graphs import capture_graph
 from navrl_daemon.rl.policy import NavRLPolicy
 
 AuxLoss = Callable[[NavRLPolicy], dict[str, torch.Tensor]]
@@ -367,28 +368,3 @@ class FastUpdate:
         with self._tensor_lrs():
             self._replay = capture_graph(warmup, prepare, step, self.device)
         self.captures += 1
-
-
-def capture_graph(
-    warmup: Callable[[], None],
-    prepare: Callable[[], None],
-    step: Callable[[], None],
-    device: torch.device,
-) -> Callable[[], None]:
-    """`step` captured as a CUDA graph (PyTorch's whole-network capture recipe); returns
-    its replay. `warmup` runs first on a side stream (lazy CUDA initialisation must not
-    happen during capture), `prepare` just before the capture."""
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        for _ in range(_WARMUP_STEPS):
-            warmup()
-    torch.cuda.current_stream(device).wait_stream(side)
-    prepare()
-    graph = torch.cuda.CUDAGraph()
-    # The warm-up's stream again: library handles (cuBLAS) are cached per stream, so none is
-    # created mid-capture. thread_local: the producer's thread may use CUDA meanwhile.
-    with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
-        step()
-    torch.cuda.current_stream(device).wait_stream(side)
-    return graph.replay

@@ -174,15 +174,21 @@ class NavRLPolicy(nn.Module):
         vx, vy, vz = v.unbind(-1)
         return torch.stack([cos * vx - sin * vy, sin * vx + cos * vy, vz], dim=-1)
 
-    def act(self, td: TensorDictBase, deterministic: bool = False) -> TensorDictBase:
+    def act(
+        self,
+        td: TensorDictBase,
+        deterministic: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> TensorDictBase:
         """Write action, log-prob and value into `td` (batch dims [N] or [N,T]) and return it.
 
-        Stochastic actions use `rsample` (NavRL's ExplorationType.RANDOM); deterministic ones
-        the Beta mean α/(α+β) (ExplorationType.MEAN), as in NavRL's eval and ROS runners.
+        Stochastic actions are a Beta sample (NavRL's ExplorationType.RANDOM) drawn from
+        `generator` (None: torch's default one); deterministic ones the Beta mean α/(α+β)
+        (ExplorationType.MEAN), as in NavRL's eval and ROS runners.
         """
         feature = self.observe(td)
         dist = self.distribution(feature)
-        action = dist.mean if deterministic else dist.rsample()
+        action = dist.mean if deterministic else sample_beta(dist, generator)
         direction = td.get((*OBS_KEY, "direction"))
         td.set(("agents", "action_normalized"), action)
         td.set(("agents", "action"), self.to_world(action, direction))
@@ -192,3 +198,17 @@ class NavRLPolicy(nn.Module):
 
     def forward(self, td: TensorDictBase, deterministic: bool = False) -> TensorDictBase:
         return self.act(td, deterministic)
+
+
+def sample_beta(dist: Independent, generator: torch.Generator | None) -> torch.Tensor:
+    """A sample of the policy's Beta, the same draw as `dist.rsample()` from `generator`.
+
+    torch's Beta samples through a Dirichlet over (α, β) that always draws from the default
+    generator, and a CUDA graph captured in any thread registers that generator: a draw
+    from it elsewhere during the capture fails ("Offset increment outside graph capture").
+    So acting threads bring their own generator. No gradient flows through the sample
+    (acting runs under no_grad; the PPO loss takes log-probs of stored actions).
+    """
+    beta = dist.base_dist
+    concentration = torch.stack((beta.concentration1, beta.concentration0), -1)
+    return torch._sample_dirichlet(concentration, generator=generator).select(-1, 0)

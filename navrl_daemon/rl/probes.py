@@ -18,7 +18,7 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.envs import EnvBase
 
-from navrl_daemon.rl.evaluate import Trajectories, evaluate
+from navrl_daemon.rl.evaluate import Trajectories, evaluate_op_by_op
 from navrl_daemon.rl.policy import OBS_KEY, NavRLPolicy
 
 LIDAR_KEY = (*OBS_KEY, "lidar")
@@ -70,9 +70,9 @@ class ActionGap:
 
 def lidar_use(env: EnvBase, policy: NavRLPolicy, *, seed: int, max_steps: int) -> dict[str, Any]:
     """The evaluation with the real scans (and the action gap along it) and blind."""
-    gap = ActionGap(policy)
-    seen = evaluate(env, gap, seed=seed, max_steps=max_steps)  # type: ignore[arg-type]
-    blind = evaluate(env, BlindPolicy(policy), seed=seed, max_steps=max_steps)  # type: ignore[arg-type]
+    gap = ActionGap(policy)  # op by op: its act reads the gap on the host every step
+    seen = evaluate_op_by_op(env, gap, seed=seed, max_steps=max_steps)  # type: ignore[arg-type]
+    blind = evaluate_op_by_op(env, BlindPolicy(policy), seed=seed, max_steps=max_steps)  # type: ignore[arg-type]
     keys = ("reach_goal", "collision", "truncated")
     return {
         **{k: seen[k] for k in keys},

@@ -8,6 +8,8 @@ stats and the true final observation before the reset) lands in slot t of the bu
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.envs import EnvBase
@@ -17,9 +19,14 @@ from navrl_daemon.rl.policy import NavRLPolicy
 
 
 @torch.no_grad()
-def first_step(env: EnvBase, policy: NavRLPolicy, td: TensorDictBase) -> TensorDictBase:
+def first_step(
+    env: EnvBase,
+    policy: NavRLPolicy,
+    td: TensorDictBase,
+    generator: torch.Generator | None = None,
+) -> TensorDictBase:
     """One policy+env step, used to learn the rollout layout; returns the step's record."""
-    record, _ = env.step_and_maybe_reset(policy.act(td.clone(), deterministic=False))
+    record, _ = env.step_and_maybe_reset(policy.act(td.clone(), False, generator))
     return record
 
 
@@ -34,13 +41,31 @@ def make_rollout_buffer(example: TensorDictBase, length: int) -> TensorDict:
     )
 
 
+class Rollout(Protocol):
+    """`collect`'s signature: how the collector fills a buffer (eagerly, or replayed)."""
+
+    def __call__(
+        self,
+        env: EnvBase,
+        policy: NavRLPolicy,
+        td: TensorDictBase,
+        buffer: TensorDictBase,
+        generator: torch.Generator | None = None,
+    ) -> TensorDictBase: ...
+
+
 @torch.no_grad()
 def collect(
-    env: EnvBase, policy: NavRLPolicy, td: TensorDictBase, buffer: TensorDictBase
+    env: EnvBase,
+    policy: NavRLPolicy,
+    td: TensorDictBase,
+    buffer: TensorDictBase,
+    generator: torch.Generator | None = None,
 ) -> TensorDictBase:
-    """Fill `buffer` ([N, T]) in place with T steps from `td`; returns the td to continue from."""
+    """Fill `buffer` ([N, T]) in place with T steps from `td`; returns the td to continue from.
+    Actions are drawn from `generator` (None: torch's default one)."""
     for t in range(buffer.batch_size[1]):
-        td = policy.act(td, deterministic=False)
+        td = policy.act(td, False, generator)
         record, td = env.step_and_maybe_reset(td)
         buffer[:, t].update_(record)
     return td

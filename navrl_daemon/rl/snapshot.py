@@ -6,8 +6,8 @@ TensorDicts, no numpy objects. Two halves, because two stages own them:
 - the learner's: policy (with its ValueNorm), every optimiser, the minibatch RNG, the
   policy version and the non-finite streak;
 - the collector's: the env's `state_dict_env`, the running TensorDict the next rollout
-  starts from, the episode-stat sums, and the process RNGs that action sampling draws
-  from (torch, CUDA, numpy, python).
+  starts from, the episode-stat sums, the generator actions are drawn from (`sampler`),
+  and the process RNGs (torch, CUDA, numpy, python).
 
 For the run to continue bit for bit, the collector half must be captured right after the
 rollout that the learner half was last trained on (see stages/producer.py).
@@ -15,6 +15,7 @@ rollout that the learner half was last trained on (see stages/producer.py).
 
 from __future__ import annotations
 
+import contextlib
 import random
 from typing import Any
 
@@ -74,6 +75,7 @@ def collector_state(collector: Collector) -> dict[str, Any] | None:
         "env": {k: v.detach().cpu() for k, v in env_state.items()},
         "td": _flatten(td),
         "episodes": {"sums": sums.cpu(), "count": count.cpu()},
+        "sampler": collector.sampler.get_state(),
         "rng": rng_state(),
     }
 
@@ -95,6 +97,20 @@ def restore_collector(collector: Collector, state: dict[str, Any]) -> None:
     collector.td = td
     collector.episodes.load_sums(state["episodes"]["sums"], state["episodes"]["count"])
     restore_rng(state["rng"])
+    _restore_sampler(collector.sampler, state)
+
+
+def _restore_sampler(sampler: torch.Generator, state: dict[str, Any]) -> None:
+    """The action generator's state; from a snapshot written before it existed, the
+    default generator's that actions were drawn from then. A snapshot of another device
+    kind (a CUDA run resumed on a CPU) cannot set it: the generator then goes on as built."""
+    saved = state.get("sampler")
+    if saved is None:
+        rng = state["rng"]
+        cuda = sampler.device.type == "cuda" and len(rng["cuda"]) > (sampler.device.index or 0)
+        saved = rng["cuda"][sampler.device.index or 0] if cuda else rng["torch"]
+    with contextlib.suppress(RuntimeError):
+        sampler.set_state(saved.cpu())
 
 
 def rng_state() -> dict[str, Any]:

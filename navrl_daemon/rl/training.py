@@ -24,11 +24,13 @@ from torchrl.envs import EnvBase
 from navrl_daemon.config import Config, PPOConfig, UpdatePath
 from navrl_daemon.env import check_backend, make_env
 from navrl_daemon.env.contract import step_record_bytes
+from navrl_daemon.env.navigation import collect_path
 from navrl_daemon.rl import fast_update, ppo, schedules
+from navrl_daemon.rl.captured_rollout import rollout_for
 from navrl_daemon.rl.data_parallel import DataParallel
-from navrl_daemon.rl.evaluate import evaluate
+from navrl_daemon.rl.evaluate import Evaluation
 from navrl_daemon.rl.policy import NavRLPolicy
-from navrl_daemon.rl.rollout import EpisodeStats, collect, first_step, make_rollout_buffer
+from navrl_daemon.rl.rollout import EpisodeStats, Rollout, collect, first_step, make_rollout_buffer
 
 # Frames of the rollout the kl_adaptive schedule measures the KL on after each update.
 KL_SAMPLE_ROWS = 1024
@@ -64,26 +66,49 @@ class Collector:
     policy: NavRLPolicy
     td: TensorDictBase
     episodes: EpisodeStats
+    # Where actions are drawn from: the collector's own generator, never torch's default
+    # one, which every CUDA graph capture (the trainer's, in its own thread) registers; a
+    # draw from it during a capture fails. Built as a copy of the default generator of the
+    # device, so a run seeded as before samples the same actions as before.
+    sampler: torch.Generator = field(default_factory=torch.Generator)
+    # How rollouts run (`env.collect_path`): rollout.collect, or a CapturedRollout.
+    rollout: Rollout = collect
 
     @classmethod
     def build(cls, cfg: Config, policy: NavRLPolicy, device: torch.device | str) -> Collector:
+        device = torch.device(device)
         # The start-up gate: a backend that breaks the env contract is a ConfigError (78).
         check_backend(cfg.env, device=device, seed=cfg.run.seed)
         env = make_env(cfg.env, device=device, seed=cfg.run.seed)
-        return cls(cfg, env, policy, env.reset(), EpisodeStats(device))
+        path = collect_path(cfg.env, device)
+        rollout = rollout_for(path, device, fallback=cfg.env.collect_path == "auto")
+        return cls(cfg, env, policy, env.reset(), EpisodeStats(device), sampler(device), rollout)
 
     def new_buffer(self) -> TensorDict:
         """A zeroed rollout buffer. Takes one throwaway step to learn the layout, then resets."""
-        example = first_step(self.env, self.policy, self.td)
+        example = first_step(self.env, self.policy, self.td, self.sampler)
         self.td = self.env.reset()
         return make_rollout_buffer(example, self.cfg.ppo.rollout_length)
 
     def collect(self, buffer: TensorDictBase) -> float:
         """Fill `buffer` with the next rollout; returns the seconds it took."""
         t0 = time.perf_counter()
-        self.td = collect(self.env, self.policy, self.td, buffer)
+        self.td = self.rollout(self.env, self.policy, self.td, buffer, self.sampler)
         self.episodes.add(buffer)
         return time.perf_counter() - t0
+
+    @property
+    def capture_error(self) -> str | None:
+        """Why a captured rollout fell back to eager steps, if it did (`auto`)."""
+        return getattr(self.rollout, "capture_error", None)
+
+
+def sampler(device: torch.device) -> torch.Generator:
+    """A generator of `device` starting where the device's default generator stands."""
+    state = torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
+    generator = torch.Generator(device=device)
+    generator.set_state(state)
+    return generator
 
 
 @dataclass
@@ -305,20 +330,22 @@ def make_eval_env(
 
 
 class Evaluations:
-    """NavRL's evaluation (`evaluate`) on the eval section's maps and, with
-    `eval.held_out_seed`, again on maps of that seed, reported as `held_out_<stat>`."""
+    """NavRL's evaluation (an `Evaluation`: captured where the env's steps are) on the eval
+    section's maps and, with `eval.held_out_seed`, again on maps of that seed, reported as
+    `held_out_<stat>`. Built once and called with each policy (one capture per env)."""
 
     def __init__(self, cfg: Config, device: str | torch.device) -> None:
-        self.seed = cfg.eval.seed
-        self.max_steps = eval_steps(cfg)
-        self.env = make_eval_env(cfg, device)
+        def on(env: EnvBase) -> Evaluation:
+            return Evaluation.for_env(env, seed=cfg.eval.seed, max_steps=eval_steps(cfg))
+
+        self.main = on(make_eval_env(cfg, device))
         held_out = cfg.eval.held_out_seed
-        self.held_out = make_eval_env(cfg, device, map_seed=held_out) if held_out >= 0 else None
+        self.held_out = on(make_eval_env(cfg, device, map_seed=held_out)) if held_out >= 0 else None
 
     def __call__(self, policy: NavRLPolicy) -> dict[str, Any]:
-        results = evaluate(self.env, policy, seed=self.seed, max_steps=self.max_steps)
+        results = self.main(policy)
         if self.held_out is not None:
-            other = evaluate(self.held_out, policy, seed=self.seed, max_steps=self.max_steps)
+            other = self.held_out(policy)
             results.update({f"held_out_{k}": v for k, v in other.items()})
         return results
 

@@ -204,9 +204,16 @@ def restore(
     saved = state.get("config", {})
     collected = state.get("collector")
     # Checkpoints from before env.curriculum / env.reset_mode / env.map_levels /
-    # env.crossing_share existed lack those keys (they ran what the defaults give on the
-    # CPU: no curriculum, indexed resets, no density levels, NavRL's border spawns).
-    before = {"curriculum": [], "reset_mode": "auto", "map_levels": [], "crossing_share": 0.0}
+    # env.crossing_share / env.collect_path existed lack those keys (they ran what the
+    # defaults give on the CPU: no curriculum, indexed resets, no density levels, NavRL's
+    # border spawns, steps op by op).
+    before = {
+        "curriculum": [],
+        "reset_mode": "auto",
+        "map_levels": [],
+        "crossing_share": 0.0,
+        "collect_path": "auto",
+    }
     saved_env = {**before, **saved.get("env", {})}
     same_env = saved_env == cfg.env.model_dump() and (
         saved.get("run", {}).get("seed") == cfg.run.seed

@@ -47,9 +47,11 @@ class _MissingKey(NavigationEnv):
 class _DoneNeverSet(NavigationEnv):
     """Episodes never end: done, terminated and truncated always false."""
 
-    def _output(self, dyn_obs: Tensor, terminated: Tensor, truncated: Tensor) -> TensorDictBase:
+    def _output(
+        self, dyn_obs: Tensor, terminated: Tensor, truncated: Tensor, stats: Tensor
+    ) -> TensorDictBase:
         never = torch.zeros_like(terminated)
-        return super()._output(dyn_obs, never, never)
+        return super()._output(dyn_obs, never, never, stats)
 
 
 class _Nondeterministic(NavigationEnv):

@@ -71,8 +71,10 @@ class _ResetsEveryEnv(NavigationEnv):
 
 
 class _CountsTwice(NavigationEnv):
-    def _output(self, dyn_obs: Tensor, terminated: Tensor, truncated: Tensor) -> TensorDictBase:
-        out = super()._output(dyn_obs, terminated, truncated)
+    def _output(
+        self, dyn_obs: Tensor, terminated: Tensor, truncated: Tensor, stats: Tensor
+    ) -> TensorDictBase:
+        out = super()._output(dyn_obs, terminated, truncated, stats)
         out["stats", "episode_len"] = out["stats", "episode_len"] * 2
         return out
 

@@ -8,7 +8,7 @@ import torch
 from tensordict import TensorDict
 
 from navrl_daemon.config import load_config
-from navrl_daemon.env.navigation import NavigationEnv
+from navrl_daemon.env.navigation import STAT_KEYS, NavigationEnv
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.rl.training import Evaluations, make_eval_env
 from tests.conftest import navrl_cli
@@ -65,8 +65,8 @@ def test_a_prefix_keeps_the_spacing_rule_and_its_own_overlaps():
 
 def _end_episodes(env: NavigationEnv, reach: list[float], collision: list[float]) -> None:
     """Envs whose episodes just ended with these stats, reset as torchrl's auto-reset does."""
-    env._stats["reach_goal"] = torch.tensor(reach, dtype=torch.float32)
-    env._stats["collision"] = torch.tensor(collision, dtype=torch.float32)
+    env.episode_stats[:, STAT_KEYS.index("reach_goal")] = torch.tensor(reach)
+    env.episode_stats[:, STAT_KEYS.index("collision")] = torch.tensor(collision)
     every = torch.ones(8, 1, dtype=torch.bool)
     env.reset(TensorDict({"_reset": every}, batch_size=[8]))
 

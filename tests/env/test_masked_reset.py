@@ -45,10 +45,14 @@ def play(env: NavigationEnv, steps: int, seed: int = 0) -> tuple[list[TensorDict
     return records, td
 
 
-def test_auto_is_masked_on_cuda_only():
-    assert masked_reset("auto", "cuda") and masked_reset("auto", torch.device("cuda:1"))
-    assert not masked_reset("auto", "cpu")
-    assert masked_reset("masked", "cpu") and not masked_reset("indexed", "cuda")
+def test_auto_is_masked_only_where_the_step_is_captured():
+    """Op by op the masked reset measured 0.55-0.65x the indexed one's speed (H100, CPU):
+    `auto` takes it only where a CUDA graph replays the step, which needs it."""
+    assert masked_reset(config(), "cuda") and masked_reset(config(), torch.device("cuda:1"))
+    assert not masked_reset(config(), "cpu")
+    assert not masked_reset(config(collect_path="eager"), "cuda")
+    assert masked_reset(config(reset_mode="masked"), "cpu")
+    assert not masked_reset(config(reset_mode="indexed"), "cuda")
     assert not make_env(config()).masked_reset
     assert make_env(config(reset_mode="masked")).masked_reset
 

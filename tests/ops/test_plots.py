@@ -110,7 +110,8 @@ def test_eval_plot_shows_every_outcome_in_its_colour(
     navrl_checkpoint: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "small.png"
-    result = plot_eval(navrl_checkpoint, out, *SMALL_FIELD)
+    # eval.seed 2: 3 reached, 4 collided, 5 timed out with NavRL's checkpoint (measured)
+    result = plot_eval(navrl_checkpoint, out, *SMALL_FIELD, "eval.seed=2")
     assert all(n > 0 for n in result["outcomes"].values()), result["outcomes"]
     check_plot(out, result)
 

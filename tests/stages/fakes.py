@@ -36,6 +36,7 @@ class FakeCollector:
         with torch.no_grad():
             self.policy.weight.zero_()  # the weights of version 0
         self.episodes = EpisodeStats("cpu")
+        self.sampler = torch.Generator()  # where actions are drawn from (a checkpoint saves it)
 
     def collect(self, buffer: TensorDict) -> float:
         self.env.rollouts += 1
