@@ -267,7 +267,8 @@ def test_checkpoint_holds_everything_exact_resume_needs(tmp_path: Path) -> None:
     }
     assert set(snap["learner"]["optimizers"]) == {"feature_extractor", "actor", "critic"}
     assert any("value_norm" in k for k in snap["learner"]["policy"])
-    assert set(snap["collector"]) == {"env", "td", "episodes", "rng"}
+    # sampler: the generator the actions are drawn from (the collector's own)
+    assert set(snap["collector"]) == {"env", "td", "episodes", "rng", "sampler"}
     assert set(snap["collector"]["rng"]) == {"torch", "cuda", "numpy", "python"}
     assert snap["config"]["env"]["num_envs"] == 8
     assert {"torch", "tensordict", "torchrl", "navrl_daemon"} <= set(snap["versions"])
