@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from machine import device_fields  # benchmarks/machine.py, beside this script
 from tensordict import TensorDictBase
 from torch.profiler import ProfilerActivity, profile
 
@@ -195,11 +195,7 @@ def main() -> None:
         json.dumps(
             {
                 "benchmark": "collect_profile",
-                "device": str(device),
-                "device_name": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-                "torch": torch.__version__,
-                "threads": torch.get_num_threads(),
-                "load_average": list(os.getloadavg()),
+                **device_fields(device),
                 "config": str(args.config),
                 "overrides": args.overrides,
                 "num_envs": cfg.env.num_envs,

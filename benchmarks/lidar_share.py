@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from machine import device_fields  # benchmarks/machine.py, beside this script
 
 from navrl_daemon.config import load_config
 from navrl_daemon.rl.graphs import capture_graph
@@ -121,11 +121,7 @@ def main() -> None:
         return json.dumps(
             {
                 "benchmark": "lidar_share",
-                "device": str(device),
-                "device_name": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-                "torch": torch.__version__,
-                "threads": torch.get_num_threads(),
-                "load_average": list(os.getloadavg()),
+                **device_fields(device),
                 "config": str(args.config),
                 "overrides": args.overrides,
                 "repeats": args.repeats,

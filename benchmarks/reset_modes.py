@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from machine import device_fields  # benchmarks/machine.py, beside this script
 
 from navrl_daemon.config import load_config
 from navrl_daemon.rl.training import Collector, make_policy
@@ -132,11 +132,7 @@ def main() -> None:
         json.dumps(
             {
                 "benchmark": "reset_modes",
-                "device": str(device),
-                "device_name": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-                "torch": torch.__version__,
-                "threads": torch.get_num_threads(),
-                "load_avg": os.getloadavg(),
+                **device_fields(device),
                 "repeats": args.repeats,
                 "runs": runs,
             },
