@@ -394,7 +394,10 @@ def _state_dir_stages(
                 compute=ctx.threads.evaluator,
                 on_result=on_eval,
                 on_write_failed=functools.partial(telemetry.metrics.write_failed, "eval_results"),
-                best=BestPolicy(ctx.state_dir / "export" / "best.pt"),
+                best=BestPolicy(
+                    ctx.state_dir / "export" / "best.pt",
+                    on_failed=functools.partial(telemetry.metrics.write_failed, "export"),
+                ),
             )
         )
 

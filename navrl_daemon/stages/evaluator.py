@@ -133,8 +133,9 @@ class BestPolicy:
     layout like `export/policy.pt`, and `best.json` beside it: that evaluation's record.
     The best so far starts from `best.json` of an earlier run on the state dir."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, on_failed: Callable[[], None] = lambda: None) -> None:
         self.path = path
+        self.on_failed = on_failed  # a failed write, counted like the export's
         self.record_path = path.with_suffix(".json")
         self.rank: tuple[float, ...] | None = None
         try:
@@ -154,6 +155,7 @@ class BestPolicy:
             save_policy_state(self.path, state)
             write_atomic(self.record_path, (json.dumps(record, indent=1) + "\n").encode())
         except OSError as err:
+            self.on_failed()
             log.warning("best policy not exported", path=str(self.path), error=str(err))
             return False
         self.rank = rank

@@ -20,7 +20,7 @@ import torch
 from navrl_daemon.runtime.channels import Channel
 from navrl_daemon.runtime.compute import ComputeThread
 from navrl_daemon.runtime.supervisor import Shutdown
-from navrl_daemon.stages.evaluator import Evaluator, eval_scores, read_results
+from navrl_daemon.stages.evaluator import BestPolicy, Evaluator, eval_scores, read_results
 from navrl_daemon.stages.messages import PolicyWeights
 
 
@@ -105,3 +105,21 @@ def test_a_torn_last_line_is_skipped_when_results_are_read_back(tmp_path) -> Non
         f.write('{"iteration": 3, "reach_go')  # kill -9 mid-write
     assert [r["iteration"] for r in read_results(path)] == [1, 2]
     assert eval_scores(path) == {1: 0.1, 2: 0.2}
+
+
+def test_a_best_policy_that_cannot_be_written_is_counted_and_offered_again(
+    tmp_path: Path,
+) -> None:
+    failures: list[int] = []
+    export = tmp_path / "export"
+    export.write_text("a file where the export directory belongs")
+    best = BestPolicy(export / "best.pt", on_failed=lambda: failures.append(1))
+    state = {"w": torch.ones(2)}
+    record = {"iteration": 3, "reach_goal": 0.5, "collision": 0.1, "return": 1.0}
+    assert not best.offer(record, state)
+    assert failures == [1]  # counted like a failed export (NavrlWriteFailures)
+    export.unlink()
+    export.mkdir()
+    # Not remembered as the best: the same record is written once the disk takes it.
+    assert best.offer(record, state)
+    assert (export / "best.pt").exists() and failures == [1]
