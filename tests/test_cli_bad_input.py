@@ -83,7 +83,7 @@ def test_a_lock_path_that_is_a_directory_exits_78(tmp_path: Path, refused) -> No
 def test_a_read_only_state_dir_exits_78_naming_it(read_only_dir: Path, refused) -> None:
     refused(78, "run", "--state-dir", str(read_only_dir), *SHORT, needles=(str(read_only_dir),))
     sub = read_only_dir / "sub"
-    needle = f"state dir {sub}: not writable"
+    needle = f"state dir {sub}: cannot create it"
     refused(78, "run", "--state-dir", str(sub), *SHORT, needles=(needle,))
 
 

@@ -83,8 +83,8 @@ def run(cfg: Config, state_dir: Path, signals: StopSignals) -> int:
         with signals.queued():
             anyio.run(serving)
         return 0
-    check_writable(state_dir, written_dirs(cfg))  # ConfigError (78) naming the path
-    with StateDirLock(state_dir), signals.queued():
+    with StateDirLock(state_dir), signals.queued():  # the lock checks the state dir itself
+        check_writable(state_dir, written_dirs(cfg))  # ConfigError (78) naming the path
         anyio.run(serving)
     return 0
 
