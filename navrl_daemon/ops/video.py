@@ -103,7 +103,11 @@ def gif_bytes(traj: Trajectories, title: str = "", max_frames: int = MAX_FRAMES)
     palette for every frame (taken from the last, which shows every path) and no
     dithering, so that the unchanged background stays the same bytes from frame to frame
     and compresses well; it is also quicker than a palette per frame."""
-    images = list(frames(traj, title, max_frames))
+    return encode_gif(list(frames(traj, title, max_frames)))
+
+
+def encode_gif(images: list[Image.Image]) -> bytes:
+    """Rendered frames as a looping GIF with the last frame's palette, undithered."""
     palette = images[-1].quantize(
         colors=GIF_COLOURS, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE
     )
