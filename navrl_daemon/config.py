@@ -320,7 +320,9 @@ class EvalConfig(Section):
     layout: Literal["navrl", "train"] = "navrl"
     # Seed of the eval env: every evaluation sees the same starts and goals.
     seed: NonNegInt = 0
-    # 0 = env.max_episode_length.
+    # Steps an evaluation runs; 0 = env.max_episode_length. Above it, the evaluation's
+    # episodes last that long (a curriculum stage with short episodes still evaluates the
+    # whole crossing); below it, the evaluation stops early.
     max_steps: NonNegInt = 0
     # The maps evaluated on: -1 the training maps (run.seed's); any other seed draws maps
     # training never flies (unless it equals run.seed).

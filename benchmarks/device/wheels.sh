@@ -11,7 +11,7 @@ WHEELS=(
   torchrl==0.14.1 tensordict==0.14.3 hoptorch==0.1.4 pyvers==0.2.3 orjson==3.13.0
   importlib_metadata==10.2.0 lazy-importer==0.1.0 zipp==4.1.2 lz4==4.4.5 structlog==26.1.0
   pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
-  typing_extensions==4.16.0
+  typing_extensions==4.16.0 tqdm==4.70.1
 )
 for w in "${WHEELS[@]}"; do
   python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \

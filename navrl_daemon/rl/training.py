@@ -314,11 +314,19 @@ def make_eval_env(
     cfg: Config, device: str | torch.device, *, map_seed: int | None = None
 ) -> EnvBase:
     """The evaluation's env: the whole map (no density levels), `eval.num_maps` maps drawn
-    from `map_seed` (default `eval.map_seed`; -1 there: run.seed, the training maps)."""
+    from `map_seed` (default `eval.map_seed`; -1 there: run.seed, the training maps).
+
+    An `eval.max_steps` above the env's `max_episode_length` lengthens the evaluation's
+    episodes to it: a curriculum stage of short training episodes is still evaluated on
+    NavRL's whole crossing (below it, the evaluation stops early, episodes unfinished)."""
     if map_seed is None:
         map_seed = cfg.eval.map_seed if cfg.eval.map_seed >= 0 else cfg.run.seed
     env_cfg = cfg.env.model_copy(
-        update={"map_levels": [], "num_maps": cfg.eval.num_maps or cfg.env.num_maps}
+        update={
+            "map_levels": [],
+            "num_maps": cfg.eval.num_maps or cfg.env.num_maps,
+            "max_episode_length": max(cfg.env.max_episode_length, cfg.eval.max_steps),
+        }
     )
     return make_env(
         env_cfg,

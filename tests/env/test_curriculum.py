@@ -215,3 +215,26 @@ def test_a_promotion_keeps_each_envs_density_level() -> None:
     assert after.level.tolist() == [0, 1, 2, 2, 1, 0, 2, 1]  # type: ignore[attr-defined]
     plain = Curriculum(config(two).env).build_env(1, device="cpu", seed=0, previous=before)
     assert plain.level.tolist() == [0] * 8  # type: ignore[attr-defined]
+
+
+def test_a_stage_of_short_episodes_is_evaluated_for_eval_max_steps() -> None:
+    """A stage may train on short episodes; an `eval.max_steps` above them still evaluates
+    episodes that long (NavRL's crossing needs its whole 2,200 steps). Without it, the
+    stage's own episode length holds."""
+    from navrl_daemon.rl.training import make_policy
+    from navrl_daemon.stages.evaluator import StageEvaluation
+
+    short = (
+        'env.curriculum=[{name = "hops", num_obstacles = 0, num_dynamic_obstacles = 0,'
+        " max_episode_length = 10, promote = {reach_goal = 0.5}}, {}]"
+    )
+    lengths = {}
+    for max_steps in (0, 25):
+        cfg = config(short, f"eval.max_steps={max_steps}", "eval.num_envs=4")
+        torch.manual_seed(0)
+        evaluation = StageEvaluation(cfg, Curriculum(cfg.env), "cpu")
+        result = evaluation(make_policy(cfg, "cpu"))
+        assert result["curriculum_stage"] == 0 and result["collision"] == 0.0
+        lengths[max_steps] = result["episode_len"]
+    assert lengths[0] == 10.0  # the untrained policy hovers to the stage's time-out
+    assert lengths[25] == 25.0
