@@ -59,21 +59,27 @@ def paths_of(variant: str, device: str) -> dict[str, str]:
     return {"collect_path": collect if cuda else "eager", "update_path": update}
 
 
-def parse_variant(variant: str) -> tuple[str, int, bool]:
-    """(path, lag, evaluations on) of `<path>_lag<k>[_eval]`."""
+def parse_variant(variant: str) -> tuple[str, int, bool, bool]:
+    """(path, lag, evaluations on, trainer stream on) of
+    `<path>_lag<k>[_streams][_eval]`."""
     path, rest = variant.split("_lag", 1)
     lag, _, tail = rest.partition("_")
-    if path not in ("eager", "update_graph", "cuda_graph") or tail not in ("", "eval"):
+    if path not in ("eager", "update_graph", "cuda_graph") or tail not in (
+        "",
+        "eval",
+        "streams",
+        "streams_eval",
+    ):
         raise SystemExit(
-            f"unknown variant {variant!r}: <eager|update_graph|cuda_graph>_lag<k>[_eval]"
+            f"unknown variant {variant!r}: <eager|update_graph|cuda_graph>_lag<k>[_streams][_eval]"
         )
-    return path, int(lag), tail == "eval"
+    return path, int(lag), tail.endswith("eval"), tail.startswith("streams")
 
 
 def one(
     variant: str, path: Path, device: str, warmup: int, iterations: int, overrides: list[str]
 ) -> None:
-    _, lag, evaluations = parse_variant(variant)
+    _, lag, evaluations, streams = parse_variant(variant)
     paths = paths_of(variant, device)
     interval = int(os.environ.get("NAVRL_BENCH_EVAL_INTERVAL", "25"))
     cfg = make_config(
@@ -84,6 +90,7 @@ def one(
             f"env.collect_path={paths['collect_path']}",
             f"ppo.update_path={paths['update_path']}",
             *([f"eval.interval={interval}"] if evaluations else []),
+            *(["pipeline.trainer_stream=true"] if streams else []),
         ],
     )
     configure_logging(cfg.log)
@@ -127,15 +134,18 @@ def variant_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def ratios_of(fps: dict[str, float]) -> dict[str, float]:
-    """Each variant against eager at its lag, lag 1 against lag 0, eval on against off."""
+    """Each variant against eager at its lag, lag 1 against lag 0, eval on against off,
+    the trainer's own stream against none."""
     ratios: dict[str, float] = {}
     for variant, value in fps.items():
-        path, lag, evaluations = parse_variant(variant)
+        path, lag, evaluations, streams = parse_variant(variant)
         suffix = "_eval" if evaluations else ""
         pairs = [
-            (f"eager_lag{lag}{suffix}", path != "eager"),
-            (f"{path}_lag0{suffix}", lag == 1),
-            (f"{path}_lag{lag}", evaluations),
+            (f"eager_lag{lag}{suffix}", path != "eager" and not streams),
+            (f"{path}_lag0{suffix}", lag == 1 and not streams),
+            (f"{path}_lag{lag}", evaluations and not streams),
+            (f"{path}_lag{lag}{suffix}", streams),
+            (f"{path}_lag0{suffix}", streams and lag == 1),
         ]
         for base, wanted in pairs:
             if wanted and base in fps:

@@ -309,6 +309,11 @@ class PipelineConfig(Section):
     compress_rollouts: bool = False
     # Threads that compress and decode those copies.
     compress_workers: Annotated[int, Field(ge=1, le=64)] = 2
+    # CUDA: the trainer's kernels on a stream of their own, waiting only for the rollout
+    # they train on (an event the producer records), so with max_policy_lag = 1 the GPU
+    # runs an update beside the next rollout instead of after it (docs/throughput.md).
+    # Off: one stream for both, as before. Nothing changes on a CPU.
+    trainer_stream: bool = False
 
 
 class EvalConfig(Section):

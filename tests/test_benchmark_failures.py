@@ -82,8 +82,23 @@ def test_throughput_reports_failed_variants_and_the_ratios_it_can(bench) -> None
         "cuda_graph_lag0_eval_vs_cuda_graph_lag0": 0.95,
     }
     assert json.dumps(ratios)  # plain JSON
+    ratios = throughput.ratios_of(
+        {"cuda_graph_lag0": 100.0, "cuda_graph_lag1": 110.0, "cuda_graph_lag1_streams": 150.0}
+    )
+    assert ratios == {
+        "cuda_graph_lag1_vs_cuda_graph_lag0": 1.1,
+        "cuda_graph_lag1_streams_vs_cuda_graph_lag1": 1.364,
+        "cuda_graph_lag1_streams_vs_cuda_graph_lag0": 1.5,
+    }
     assert sys.modules["throughput"].parse_variant("cuda_graph_lag1_eval") == (
         "cuda_graph",
         1,
+        True,
+        False,
+    )
+    assert sys.modules["throughput"].parse_variant("cuda_graph_lag1_streams") == (
+        "cuda_graph",
+        1,
+        False,
         True,
     )

@@ -7,6 +7,8 @@
 #   bash benchmarks/device/gpu_session.sh throughput     (issue #22, ~9 min)
 #   bash benchmarks/device/gpu_session.sh update         (issue #8's update paths, ~3 min)
 #   bash benchmarks/device/gpu_session.sh learning 400   (issues #13/#23, budget in s, ~9.7 min)
+#   bash benchmarks/device/gpu_session.sh sweep 330      (issue #23: recipes side by side, ~9.5 min)
+#   bash benchmarks/device/gpu_session.sh streams        (issue #22: pipeline.trainer_stream, ~3 min)
 # Results land in $OUT (at most 8 files come back); steps run most important first, and
 # each writes its file as it ends (throughput.py rewrites its JSON after every variant),
 # so a run stopped at its limit still returns the rest.
@@ -57,6 +59,10 @@ print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.is_avai
 print('tensordict', tensordict.__version__, 'torchrl', torchrl.__version__)"
 } >> "$OUT/session.log" 2>&1 || { log "environment check failed"; exit 1; }
 
+# Local hops (env.spawn = "local"): start anywhere free among the pillars, goal 4-16 m away,
+# 900-step episodes (many more episode ends, so levels move faster); the evaluation stays
+# NavRL's crossing at eval.max_steps = 2200. Promoted as NavRL's spawns would be.
+HOPS_STAGE='{name = "hops", spawn = "local", goal_distance = [4.0, 16.0], max_episode_length = 900, promote = {reach_goal = 0.6, collision = 0.35, evals = 2}}'
 case $MODE in
 throughput)
   # Issue #22: the CUDA tests (captured rollouts and evaluations, the lag-1 capture in
@@ -79,6 +85,20 @@ throughput)
     --eval-interval $EVAL_EVERY --run-timeout $((45 * LIMIT_SCALE)) --out "$OUT/throughput_4096_gpu.json" $SIZE_4096
   step lidar 50 - python3 benchmarks/lidar_share.py --device $DEV \
     --config $CONFIG --num-envs $LIDAR_ENVS --out "$OUT/lidar_share_gpu.json"
+  ;;
+streams)
+  # pipeline.trainer_stream (issue #22, ~3 min): its CUDA tests (lag 0 = the run without it;
+  # lag 1 runs), then lag 1 with and without it at 1024 and 4096 envs.
+  step tests 60 gpu_tests.log python3 -m pytest -q -p no:cacheprovider -k "${PYTEST_K:-cuda}" \
+    tests/stages/test_trainer_stream.py
+  step streams_1024 85 - python3 benchmarks/throughput.py \
+    --device $DEV --config $CONFIG --warmup 4 --iterations ${ITERS:-20} --repeats 1 \
+    --variants cuda_graph_lag0,cuda_graph_lag1,cuda_graph_lag1_streams \
+    --run-timeout $((35 * LIMIT_SCALE)) --out "$OUT/streams_1024_gpu.json" $SIZE_1024
+  step streams_4096 60 - python3 benchmarks/throughput.py \
+    --device $DEV --config $CONFIG --warmup 4 --iterations ${ITERS:-16} --repeats 1 \
+    --variants cuda_graph_lag1,cuda_graph_lag1_streams \
+    --run-timeout $((35 * LIMIT_SCALE)) --out "$OUT/streams_4096_gpu.json" $SIZE_4096
   ;;
 update)
   # Issue #8's update paths and the reset modes op by op (the 2026-11-27 H100 run).
@@ -106,6 +126,10 @@ learning)
     curriculum="[{name = \"100 pillars\", num_obstacles = 100, num_dynamic_obstacles = 0, promote = {reach_goal = 0.6, collision = 0.3, evals = 2}}, {name = \"175 pillars\", num_obstacles = 175, num_dynamic_obstacles = 0, promote = {reach_goal = 0.6, collision = 0.3, evals = 2}}, {name = \"250 pillars\", num_obstacles = 250, num_dynamic_obstacles = 0, promote = {reach_goal = 0.6, collision = 0.35, evals = 2}}, {name = \"350 pillars\", num_dynamic_obstacles = 0, promote = {reach_goal = 0.6, collision = 0.35, evals = 2}}, $dynamic]"
     recipe=()
     ;;
+  hops)  # local hops among the pillars with per-env levels, then NavRL's spawns (see sweep)
+    curriculum="[${HOPS_STAGE%\}}, num_dynamic_obstacles = 0}, {name = \"static\", num_dynamic_obstacles = 0, promote = {reach_goal = 0.6, collision = 0.35, evals = 2}}, $dynamic]"
+    recipe=(env.num_maps=16 "env.map_levels=$levels" eval.max_steps=2200)
+    ;;
   *) log "unknown RECIPE ${RECIPE}"; exit 2 ;;
   esac
   # shellcheck disable=SC2206  # EXTRA is meant to split into words
@@ -114,6 +138,42 @@ learning)
     --budget-s "$budget" --eval-every 25 --config $CONFIG \
     --navrl-checkpoint carry/navrl_checkpoint.pt --out "$OUT/learning_gpu.json" \
     run.device=$DEV "env.curriculum=${CURRICULUM:-$curriculum}" "${recipe[@]}" "${extra[@]}"
+  ;;
+sweep)
+  # Issue #23's CPU goal measured on the GPU (curves per frame do not depend on the device):
+  # NavRL's static task (350 pillars, no moving obstacles, NavRL's crossing evaluated on the
+  # training maps and on 16 held-out maps every 25 iterations) at 256 envs, one recipe per
+  # benchmarks/learning.py process, all side by side (at 256 envs one process leaves most of
+  # the GPU idle: its update is launch-bound). RECIPES picks them (default: all four);
+  # EXTRA: more KEY=VALUE overrides for every recipe (e.g. for a CPU smoke run). The results
+  # come back as one sweep.tgz (learning.py writes 3 files per recipe).
+  budget=${2:-330}
+  levels=${LEVELS:-[0, 50, 100, 175, 250, 350]}
+  static=(run.device=$DEV env.num_envs=256 env.num_dynamic_obstacles=0 eval.num_envs=64
+    eval.max_steps=2200 eval.held_out_seed=1000)
+  # shellcheck disable=SC2206  # EXTRA is meant to split into words
+  extra=(${EXTRA:-})
+  work=/tmp/sweep && rm -rf $work && mkdir -p $work
+  for name in ${RECIPES:-stages levels hops hops_flat}; do
+    case $name in
+    stages)  # issue #13's global stages, the CPU baseline of docs/learning.md
+      recipe=("env.curriculum=[{name = \"100\", num_obstacles = 100, promote = {reach_goal = 0.6, collision = 0.3, evals = 2}}, {name = \"175\", num_obstacles = 175, promote = {reach_goal = 0.6, collision = 0.3, evals = 2}}, {name = \"250\", num_obstacles = 250, promote = {reach_goal = 0.6, collision = 0.35, evals = 2}}, {name = \"350\"}]") ;;
+    levels)  # per-env density levels on 16 maps, NavRL's border spawns throughout
+      recipe=(env.num_maps=16 "env.map_levels=$levels") ;;
+    hops)  # short local hops among the pillars with per-env levels, then NavRL's spawns
+      recipe=(env.num_maps=16 "env.map_levels=$levels" "env.curriculum=[$HOPS_STAGE, {name = \"navrl static\"}]") ;;
+    hops_flat)  # the same hops at the whole map from the start (no levels)
+      recipe=(env.num_maps=16 "env.curriculum=[$HOPS_STAGE, {name = \"navrl static\"}]") ;;
+    *) log "unknown recipe $name"; exit 2 ;;
+    esac
+    log "start recipe $name (budget ${budget}s)"
+    timeout $(((budget + 150) * LIMIT_SCALE)) python3 benchmarks/learning.py --budget-s "$budget" \
+      --eval-every 25 --config $CONFIG --navrl-checkpoint carry/navrl_checkpoint.pt \
+      --out "$work/$name.json" "${static[@]}" "${recipe[@]}" "${extra[@]}" > "$work/$name.out" 2>&1 &
+  done
+  wait
+  log "recipes ended: $(ls $work | tr '\n' ' ')"
+  tar czf "$OUT/sweep.tgz" -C /tmp sweep
   ;;
 *) log "unknown mode $MODE"; exit 2 ;;
 esac

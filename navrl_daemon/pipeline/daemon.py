@@ -224,6 +224,11 @@ def build_stages(ctx: RunContext) -> list[Stage]:
         owned = _state_dir_stages(
             ctx, checkpoints, policy, curriculum, final_state, resumed_from=start.iteration
         )
+    trainer_stream = (
+        torch.cuda.Stream(ctx.device)
+        if cfg.pipeline.trainer_stream and ctx.device.type == "cuda"
+        else None
+    )
     producer = RolloutProducer(
         collector,
         pool,
@@ -242,6 +247,7 @@ def build_stages(ctx: RunContext) -> list[Stage]:
         archive=owned.archive if owned else None,
         shutdown=ctx.shutdown,
         compute=ctx.threads.producer,
+        mark_ready=trainer_stream is not None,
     )
     trainer = Trainer(
         learner,
@@ -257,6 +263,7 @@ def build_stages(ctx: RunContext) -> list[Stage]:
         on_export_failed=functools.partial(telemetry.metrics.write_failed, "export"),
         shutdown=ctx.shutdown,
         compute=ctx.threads.trainer,
+        stream=trainer_stream,
     )
     stages: list[Stage] = [
         producer,

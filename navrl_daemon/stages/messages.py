@@ -47,3 +47,6 @@ class Rollout:
     # The collector's state right after this rollout, when the update on it is
     # checkpointed (every rank's, on rank 0); None otherwise.
     collector_state: dict[str, Any] | None = None
+    # With `pipeline.trainer_stream`: a CUDA event recorded on the producer's stream right
+    # after the rollout's last kernel, which the trainer's stream waits for.
+    ready: torch.cuda.Event | None = None

@@ -17,6 +17,11 @@ Before each rollout the ranks agree (stages/coordinator.py; alone, the process a
 with itself) whether to stop and at which curriculum stage to train, which the
 curriculum follower applies (stages/curriculum.py), so every rank stops after the same
 rollout and changes stage at the same one.
+
+With `pipeline.trainer_stream` (CUDA) the trainer runs on a stream of its own: the
+producer then marks each rollout's end with an event on its stream (`Rollout.ready`) for
+the trainer to wait on, and tells the allocator that the weights it loads (the trainer's
+tensors) are read on its stream.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Any
 
 import anyio
 import structlog
+import torch
 
 from navrl_daemon.rl.snapshot import collector_state
 from navrl_daemon.rl.training import Collector
@@ -57,8 +63,10 @@ class RolloutProducer:
         archive: Sender[Lease] | None = None,
         shutdown: Shutdown,
         compute: ComputeThread,
+        mark_ready: bool = False,
     ) -> None:
         self.collector = collector
+        self.mark_ready = mark_ready  # the trainer has a CUDA stream of its own
         self.pool = pool
         self.rollouts = rollouts
         self.weights = weights
@@ -105,7 +113,9 @@ class RolloutProducer:
         log.debug("collecting")
         checkpointed = self.cadence.checkpoints(self.iteration + 1)
         try:
-            seconds, state = await self.compute.run(self._collect, lease.buffer, checkpointed)
+            seconds, state, ready = await self.compute.run(
+                self._collect, lease.buffer, checkpointed
+            )
         except BaseException:
             lease.release()
             raise
@@ -115,7 +125,7 @@ class RolloutProducer:
         archived = self.archive is not None and self.cadence.archives(self.iteration)
         trainer_lease, *archive_lease = lease.share(2 if archived else 1)
         await self.rollouts.send(
-            Rollout(trainer_lease, self.iteration, self.version, seconds, episodes, state)
+            Rollout(trainer_lease, self.iteration, self.version, seconds, episodes, state, ready)
         )
         if archive_lease:
             assert self.archive is not None
@@ -123,9 +133,15 @@ class RolloutProducer:
         self.iteration += 1
         self.frames += self.cadence.frames_per_iteration
 
-    def _collect(self, buffer: object, checkpointed: bool) -> tuple[float, dict | None]:
+    def _collect(
+        self, buffer: object, checkpointed: bool
+    ) -> tuple[float, dict | None, torch.cuda.Event | None]:
         seconds = self.collector.collect(buffer)  # type: ignore[arg-type]
-        return seconds, self.collector_state() if checkpointed else None
+        ready = None
+        if self.mark_ready:
+            ready = torch.cuda.Event()
+            ready.record()  # this thread's current stream: the rollout's
+        return seconds, self.collector_state() if checkpointed else None, ready
 
     async def _agree_to_stop(self) -> bool:
         """Whether to stop before this rollout: whether any rank wants to, so every rank
@@ -161,9 +177,17 @@ class RolloutProducer:
             except anyio.EndOfStream:
                 return False
         if newest is not None and newest.version != self.version:
-            await self.compute.run(self.collector.policy.load_state_dict, newest.state)
+            await self.compute.run(self._load, newest.state)
             self.version = newest.version
         return True
+
+    def _load(self, state: dict[str, torch.Tensor]) -> None:
+        self.collector.policy.load_state_dict(state)
+        if self.mark_ready:  # the trainer's memory, read here by copies still queued
+            stream = torch.cuda.current_stream()
+            for tensor in state.values():
+                if tensor.is_cuda:
+                    tensor.record_stream(stream)
 
     async def flush(self, deadline: float) -> None:
         """Nothing of its own to persist: rollouts in flight belong to their consumers."""

@@ -16,13 +16,21 @@ hands the snapshot to the writer's coalescing queue; it never waits for serialis
 disk, and waits for the copies only if its next update starts before they are done. Too
 many non-finite updates in a row roll the learner back to the newest valid checkpoint on
 disk.
+
+With `pipeline.trainer_stream` (CUDA) everything the trainer runs on the GPU (update,
+weights' copies, snapshot staging) goes on a stream of its own. Its update waits for the
+rollout's `ready` event only, not for what the producer queued after it, so with lag 1
+the next rollout runs on the GPU beside the update. Whatever leaves the trainer is
+finished on its stream first: the lease is released, and weights are published, after a
+synchronize of that stream (the update has already waited for its statistics).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,8 +104,11 @@ class Trainer:
         on_export_failed: Callable[[], None] = lambda: None,
         shutdown: Shutdown,
         compute: ComputeThread,
+        # `pipeline.trainer_stream` on a CUDA device: the trainer's own stream.
+        stream: torch.cuda.Stream | None = None,
     ) -> None:
         self.learner = learner
+        self.stream = stream
         self.on_export_failed = on_export_failed
         self.rollouts = rollouts
         self.weights = list(weights)
@@ -144,8 +155,8 @@ class Trainer:
         ckpt = self.checkpoints
         assert ckpt is not None
 
-        def stage() -> Any:
-            with self._weights_lock:
+        def stage() -> Any:  # on the trainer's stream: ordered before its next update
+            with self._weights_lock, self._on_stream():
                 return ckpt.staging.stage({"learner": learner_state(self.learner)})
 
         t0 = time.perf_counter()
@@ -167,9 +178,11 @@ class Trainer:
         token = anyio.lowlevel.current_token()
 
         def release() -> None:  # on the compute thread, once the update stops reading
+            if self.stream is not None:  # ... on the GPU too
+                self.stream.synchronize()
             anyio.from_thread.run_sync(rollout.lease.release, token=token)
 
-        losses = await self.compute.run(self._update, rollout.lease.buffer, release)
+        losses = await self.compute.run(self._update, rollout.lease.buffer, release, rollout.ready)
         self.frames += self.cadence.frames_per_iteration
         return IterationRecord(
             iteration=self.learner.version,
@@ -183,9 +196,17 @@ class Trainer:
         )
 
     def _update(
-        self, buffer: object, release: Callable[[], None] | None = None
+        self,
+        buffer: object,
+        release: Callable[[], None] | None = None,
+        ready: torch.cuda.Event | None = None,
     ) -> dict[str, float]:
-        with self._weights_lock:
+        with self._weights_lock, self._on_stream():
+            if self.stream is not None:  # the rollout's kernels, and nothing queued after
+                if ready is not None:
+                    self.stream.wait_event(ready)
+                else:
+                    self.stream.wait_stream(torch.cuda.default_stream(self.stream.device))
             if self.checkpoints is not None:
                 self.checkpoints.staging.fence()  # a snapshot still reading the weights
             if not self._path_logged:  # at the first update: every stage has wired it
@@ -237,9 +258,23 @@ class Trainer:
         )
         return {"rolled_back": 1.0}
 
+    @contextmanager
+    def _on_stream(self) -> Iterator[None]:
+        with torch.cuda.stream(self.stream) if self.stream is not None else nullcontext():
+            yield
+
+    def _weights(self) -> dict[str, torch.Tensor]:
+        """The learner's weights copied, the copies finished (others read them on their
+        own streams)."""
+        with self._on_stream():
+            weights = self.learner.weights()
+        if self.stream is not None:
+            self.stream.synchronize()
+        return weights
+
     async def _publish(self) -> None:
         version = self.learner.version
-        weights = PolicyWeights(version, self.frames, await self._run_locked(self.learner.weights))
+        weights = PolicyWeights(version, self.frames, await self._run_locked(self._weights))
         for out in self.weights:
             await out.send(weights)
         if self.evaluations is not None and self.cadence.evaluates(version):
