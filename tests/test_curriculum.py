@@ -112,6 +112,14 @@ def test_sigterm_and_resume_keep_the_stage_and_its_progress(tmp_path: Path) -> N
     assert final["stage"] == 1 and final["streak"] - curriculum["streak"] in (2, 3)
 
 
+def test_the_envs_density_levels_are_a_prometheus_gauge_per_level() -> None:
+    m = Metrics(version="0", torch_version="0", device="cpu")
+    m.level_shares([0, 50, 350], [0.5, 0.375, 0.125])
+    share = m.registry.get_sample_value
+    assert share("navrl_env_level_share", {"pillars": "50"}) == 0.375
+    assert share("navrl_env_level_share", {"pillars": "350"}) == 0.125
+
+
 def test_the_stage_is_a_prometheus_gauge() -> None:
     m = Metrics(version="0", torch_version="0", device="cpu")
     assert m.registry.get_sample_value("navrl_curriculum_stage") == 0.0

@@ -113,7 +113,8 @@ learning)
   # 16 held-out maps too. RECIPE=levels (default): 16 maps, pillars as per-env density
   # levels (each env moves up a level after reaching its goal, down after a collision:
   # no global jump), moving obstacles in two curriculum stages; RECIPE=stages: issue #13's
-  # six global stages. EXTRA: more KEY=VALUE overrides (e.g. for a CPU smoke run).
+  # six global stages; RECIPE=hops: local hops with levels first (docs/learning.md), then the
+  # moving obstacles. EXTRA: more KEY=VALUE overrides (e.g. for a CPU smoke run).
   budget=${2:-400}
   levels=${LEVELS:-[0, 50, 100, 175, 250, 350]}
   dynamic='{name = "slow dynamic", num_dynamic_obstacles = 40, dynamic_speed_range = [0.3, 0.8], promote = {reach_goal = 0.6, collision = 0.4, evals = 2}}, {name = "navrl"}'

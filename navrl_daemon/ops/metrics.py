@@ -327,6 +327,13 @@ class Metrics:
             "Index of the env.curriculum stage the training env is at (0 without one).",
             registry=r,
         )
+        self.level_share_gauge = Gauge(
+            "navrl_env_level_share",
+            "Share of the training envs at each env.map_levels density level, by its pillar "
+            "count (rank 0's envs; absent without map_levels).",
+            ["pillars"],
+            registry=r,
+        )
 
         # process
         ProcessCollector(registry=r)
@@ -493,6 +500,10 @@ class Metrics:
 
     def curriculum_stage(self, stage: int) -> None:
         self.curriculum_stage_gauge.set(stage)
+
+    def level_shares(self, pillars: list[int], shares: list[float]) -> None:
+        for count, share in zip(pillars, shares, strict=True):
+            self.level_share_gauge.labels(pillars=str(count)).set(share)
 
     def _age(self, since: float | None) -> float:
         return self._clock() - (self._started if since is None else since)

@@ -248,6 +248,12 @@ def build_stages(ctx: RunContext) -> list[Stage]:
         shutdown=ctx.shutdown,
         compute=ctx.threads.producer,
         mark_ready=trainer_stream is not None,
+        # rank 0's envs, where the backend keeps density levels (NavigationEnv)
+        on_levels=(
+            telemetry.level_shares
+            if cfg.env.map_levels and owned and hasattr(collector.env, "level_shares")
+            else None
+        ),
     )
     trainer = Trainer(
         learner,

@@ -87,6 +87,7 @@ class Telemetry:
         self._checkpoint: dict[str, Any] = {}  # the last checkpoint written by this process
         self._stall_s = 0.0  # checkpoint stall seconds counted in earlier rows
         self._curriculum_stage: int | None = None  # with env.curriculum: the training stage
+        self._level_shares: list[float] | None = None  # with env.map_levels: envs per level
 
     def start(self) -> None:
         if not self.cfg.metrics.enabled:
@@ -231,6 +232,8 @@ class Telemetry:
             row["resumed_from"] = self._resumed_from
         if self._curriculum_stage is not None:
             row["curriculum_stage"] = self._curriculum_stage
+        if self._level_shares is not None:
+            row["level_shares"] = [round(share, 4) for share in self._level_shares]
         self._row_iteration, self._stall_s, self._resumed_from = summary["iteration"], stall, None
         return row
 
@@ -238,6 +241,11 @@ class Telemetry:
         """The training env is now at curriculum stage `stage`."""
         self._curriculum_stage = stage
         self.metrics.curriculum_stage(stage)
+
+    def level_shares(self, shares: list[float]) -> None:
+        """The share of the training envs at each `env.map_levels` level, after a rollout."""
+        self._level_shares = shares
+        self.metrics.level_shares(list(self.cfg.env.map_levels), shares)
 
     def evaluation(self, record: dict[str, Any]) -> None:
         self.metrics.evaluation(record)

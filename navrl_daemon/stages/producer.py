@@ -26,6 +26,7 @@ tensors) are read on its stream.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -64,8 +65,11 @@ class RolloutProducer:
         shutdown: Shutdown,
         compute: ComputeThread,
         mark_ready: bool = False,
+        # With env.map_levels: told the share of envs at each level after every rollout.
+        on_levels: Callable[[list[float]], None] | None = None,
     ) -> None:
         self.collector = collector
+        self.on_levels = on_levels
         self.mark_ready = mark_ready  # the trainer has a CUDA stream of its own
         self.pool = pool
         self.rollouts = rollouts
@@ -119,6 +123,8 @@ class RolloutProducer:
         except BaseException:
             lease.release()
             raise
+        if self.on_levels is not None:
+            self.on_levels(await self.compute.run(self.collector.env.level_shares))
         if checkpointed:
             state = await self.coordinator.gather_collectors(state)
         episodes = await self.coordinator.sum_episodes(self.collector.episodes.take_sums())

@@ -177,3 +177,40 @@ def test_bad_values_exit_78_naming_the_key(overrides: list[str], needle: str):
     proc = navrl_cli("config", "show", *overrides)
     assert proc.returncode == 78, proc.stderr
     assert needle in proc.stderr
+
+
+def test_a_run_reports_its_envs_levels_in_history_and_metrics(tmp_path):
+    """Where the envs are is what a levels run is about: every history row carries the
+    share of envs per level (they sum to 1; some envs leave level 0 once episodes reach
+    their goals); without levels, rows have none (the gauge: tests/test_curriculum.py)."""
+    import json
+
+    import anyio
+
+    from navrl_daemon.pipeline.daemon import serve
+    from tests.conftest import TINY
+
+    cfg = load_config(
+        None,
+        [
+            *TINY,
+            "env.num_envs=16",
+            "env.num_dynamic_obstacles=0",
+            "env.num_obstacles=8",
+            "env.max_episode_length=6",  # short episodes: levels move within the run
+            "env.goal_distance=[0.1, 0.3]",  # goals within reach at the start: some move up
+            f"env.map_levels={[0, 4, 8]}",
+            "run.total_frames=1280",  # 10 iterations of 128 frames
+            "eval.interval=0",
+        ],
+        environ={},
+    )
+    anyio.run(serve, cfg, tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()]
+    shares = [row["level_shares"] for row in rows]
+    assert shares and all(len(s) == 3 and abs(sum(s) - 1) < 1e-3 for s in shares)
+    assert any(s[0] < 1 for s in shares), shares  # envs left level 0
+    without = load_config(None, [*TINY, "run.total_frames=128", "eval.interval=0"], environ={})
+    anyio.run(serve, without, tmp_path / "plain")
+    plain = (tmp_path / "plain" / "history.jsonl").read_text()
+    assert "level_shares" not in plain

@@ -85,6 +85,7 @@ METRICS: dict[str, str] = {
     "navrl_last_evaluation_timestamp_seconds": GAUGE,
     "navrl_eval_interval_iterations": GAUGE,
     "navrl_curriculum_stage": GAUGE,
+    "navrl_env_level_share": GAUGE,
     # disk
     "navrl_state_dir_free_bytes": GAUGE,
     # process: prometheus_client's process collector, and ours
@@ -101,7 +102,7 @@ METRICS: dict[str, str] = {
 }
 # Label names the exprs may match or group on: the target's, the histograms' and ours.
 LABELS = {"job", "instance", "le", "stage", "phase", "queue", "pool", "term", "group", "kind"}
-LABELS |= {"state", "version", "torch", "device", "file"}
+LABELS |= {"state", "version", "torch", "device", "file", "pillars"}
 
 _HISTOGRAM_SERIES = ("_bucket", "_sum", "_count")
 
