@@ -145,7 +145,8 @@ sweep)
   # NavRL's static task (350 pillars, no moving obstacles, NavRL's crossing evaluated on the
   # training maps and on 16 held-out maps every 25 iterations) at 256 envs, one recipe per
   # benchmarks/learning.py process, all side by side (at 256 envs one process leaves most of
-  # the GPU idle: its update is launch-bound). RECIPES picks them (default: all four);
+  # the GPU idle: its update is launch-bound). RECIPES picks them (default: the first four;
+  # hops_kl is the fifth);
   # EXTRA: more KEY=VALUE overrides for every recipe (e.g. for a CPU smoke run). The results
   # come back as one sweep.tgz (learning.py writes 3 files per recipe).
   budget=${2:-330}
@@ -165,6 +166,9 @@ sweep)
       recipe=(env.num_maps=16 "env.map_levels=$levels" "env.curriculum=[$HOPS_STAGE, {name = \"navrl static\"}]") ;;
     hops_flat)  # the same hops at the whole map from the start (no levels)
       recipe=(env.num_maps=16 "env.curriculum=[$HOPS_STAGE, {name = \"navrl static\"}]") ;;
+    hops_kl)  # hops with levels, learning rates set by the KL rule (not in the default set)
+      recipe=(env.num_maps=16 "env.map_levels=$levels" 'ppo.lr_schedule="kl_adaptive"'
+        "env.curriculum=[$HOPS_STAGE, {name = \"navrl static\"}]") ;;
     *) log "unknown recipe $name"; exit 2 ;;
     esac
     log "start recipe $name (budget ${budget}s)"
