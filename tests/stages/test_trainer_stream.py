@@ -84,3 +84,62 @@ def test_cuda_lag_1_with_the_trainer_stream_trains_beside_the_next_rollout(
     assert max(r.policy_lag for r in records) == 1
     for r in records:
         assert all(math.isfinite(v) for k, v in r.losses.items() if k != "rolled_back"), r.losses
+
+
+class FakeStream:
+    """Records what the trainer asks of its stream (CPU builds have no CUDA streams)."""
+
+    def __init__(self, calls: list[str]) -> None:
+        self.calls = calls
+        self.device = torch.device("cpu")
+
+    def wait_event(self, event: object) -> None:
+        self.calls.append(f"wait_event {event}")
+
+    def wait_stream(self, stream: object) -> None:
+        self.calls.append("wait_stream")
+
+    def synchronize(self) -> None:
+        self.calls.append("synchronize")
+
+
+def test_the_hand_overs_of_a_trainer_with_its_own_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Part of the protocol the CUDA tests exercise on a GPU, checked here on its calls: the
+    update waits for the rollout's event (not the whole producer stream), and the stream is
+    synchronized before weights are handed out."""
+    from contextlib import nullcontext
+
+    from navrl_daemon.rl.training import Training
+    from navrl_daemon.runtime.channels import Channel
+    from navrl_daemon.runtime.compute import ComputeThread
+    from navrl_daemon.runtime.supervisor import Shutdown
+    from navrl_daemon.stages.cadence import Cadence
+    from navrl_daemon.stages.trainer import Trainer
+
+    calls: list[str] = []
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: nullcontext())
+    monkeypatch.setattr(torch.cuda, "default_stream", lambda device=None: "producer's")
+    training = Training.build(config("cpu"), "cpu")
+    compute = ComputeThread()
+    trainer = Trainer(
+        training.learner,
+        Channel("rollouts", 1).receiver(),
+        [],
+        cadence=Cadence(frames_per_iteration=64, total_frames=0, checkpoint_interval=1),
+        shutdown=Shutdown(),
+        compute=compute,
+        export_path=None,
+        stream=FakeStream(calls),  # type: ignore[arg-type]
+    )
+    try:
+        training.collector.collect(training.buffer)
+        trainer._update(training.buffer, None, "rollout 0")  # type: ignore[arg-type]
+        assert calls[0] == "wait_event rollout 0"
+        calls.clear()
+        trainer._update(training.buffer)  # no event (an offline caller): the whole stream
+        assert calls[0] == "wait_stream"
+        calls.clear()
+        weights = trainer._weights()
+        assert calls == ["synchronize"] and weights.keys() == training.policy.state_dict().keys()
+    finally:
+        compute.close()
