@@ -27,7 +27,7 @@ tensors) are read on its stream.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 import structlog
@@ -45,6 +45,15 @@ from navrl_daemon.stages.curriculum import CurriculumFollower, NoCurriculum
 from navrl_daemon.stages.messages import PolicyWeights, Rollout
 
 log = structlog.get_logger("producer")
+
+
+class Collected(NamedTuple):
+    """What the compute thread returns after a rollout."""
+
+    seconds: float
+    collector_state: dict[str, Any] | None  # when the update on it is checkpointed
+    ready: torch.cuda.Event | None  # with the trainer's own stream: the rollout's end
+    level_shares: list[float] | None  # with density levels: envs per level
 
 
 class RolloutProducer:
@@ -117,14 +126,13 @@ class RolloutProducer:
         log.debug("collecting")
         checkpointed = self.cadence.checkpoints(self.iteration + 1)
         try:
-            seconds, state, ready = await self.compute.run(
-                self._collect, lease.buffer, checkpointed
-            )
+            collected = await self.compute.run(self._collect, lease.buffer, checkpointed)
         except BaseException:
             lease.release()
             raise
-        if self.on_levels is not None:
-            self.on_levels(await self.compute.run(self.collector.env.level_shares))
+        seconds, state, ready, levels = collected
+        if self.on_levels is not None and levels is not None:
+            self.on_levels(levels)
         if checkpointed:
             state = await self.coordinator.gather_collectors(state)
         episodes = await self.coordinator.sum_episodes(self.collector.episodes.take_sums())
@@ -139,15 +147,18 @@ class RolloutProducer:
         self.iteration += 1
         self.frames += self.cadence.frames_per_iteration
 
-    def _collect(
-        self, buffer: object, checkpointed: bool
-    ) -> tuple[float, dict | None, torch.cuda.Event | None]:
+    def _collect(self, buffer: object, checkpointed: bool) -> Collected:
         seconds = self.collector.collect(buffer)  # type: ignore[arg-type]
         ready = None
         if self.mark_ready:
             ready = torch.cuda.Event()
             ready.record()  # this thread's current stream: the rollout's
-        return seconds, self.collector_state() if checkpointed else None, ready
+        return Collected(
+            seconds,
+            self.collector_state() if checkpointed else None,
+            ready,
+            self.collector.env.level_shares() if self.on_levels is not None else None,
+        )
 
     async def _agree_to_stop(self) -> bool:
         """Whether to stop before this rollout: whether any rank wants to, so every rank

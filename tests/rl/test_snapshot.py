@@ -21,7 +21,7 @@ from navrl_daemon.rl.snapshot import (
 )
 from navrl_daemon.rl.training import NonFiniteTraining, Training
 from navrl_daemon.storage.staging import SnapshotStaging
-from tests.conftest import TINY
+from tests.conftest import TINY, trainer_for
 
 
 def tiny(*extra: str):
@@ -177,26 +177,6 @@ def test_the_next_update_waits_for_a_snapshot_still_copying(monkeypatch) -> None
     assert all(torch.equal(staged[k], expected[k]) for k in expected)
     assert not all(torch.equal(staged[k], v) for k, v in training.policy.state_dict().items())
     compute.close()
-
-
-def trainer_for(training: Training, compute, checkpoints, export_path=None, rollback=None):  # type: ignore[no-untyped-def]
-    """A Trainer stage around `training`'s learner, driven by calling its methods."""
-    from navrl_daemon.runtime.channels import Channel
-    from navrl_daemon.runtime.supervisor import Shutdown
-    from navrl_daemon.stages.cadence import Cadence
-    from navrl_daemon.stages.trainer import Trainer
-
-    return Trainer(
-        training.learner,
-        Channel("rollouts", 1).receiver(),
-        [],
-        cadence=Cadence(frames_per_iteration=64, total_frames=0, checkpoint_interval=1),
-        shutdown=Shutdown(),
-        compute=compute,
-        export_path=export_path,
-        checkpoints=checkpoints,
-        rollback=rollback,
-    )
 
 
 def test_a_finished_trainer_leaves_no_copier_thread_behind() -> None:

@@ -19,7 +19,7 @@ from navrl_daemon.config import Config, load_config
 from navrl_daemon.pipeline.daemon import serve
 from navrl_daemon.stages.trainer import IterationRecord
 from navrl_daemon.storage.policy_file import load_policy_state
-from tests.conftest import TINY
+from tests.conftest import TINY, trainer_for
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
 
@@ -46,10 +46,9 @@ def run(cfg: Config, state: Path) -> tuple[dict[str, torch.Tensor], list[Iterati
 
 
 def same_runs(device: str, tmp_path: Path, *extra: str, exact: bool) -> None:
-    plain, plain_records = run(config(device, *extra), tmp_path / "plain")
-    streamed, records = run(config(device, *extra, "pipeline.trainer_stream=true"), tmp_path / "s")
-    assert len(records) == len(plain_records) == 8
-    a, b = plain, streamed
+    a, a_records = run(config(device, *extra), tmp_path / "plain")
+    b, b_records = run(config(device, *extra, "pipeline.trainer_stream=true"), tmp_path / "s")
+    assert len(a_records) == len(b_records) == 8
     assert a.keys() == b.keys() and a
     for key in a:
         if exact:
@@ -110,27 +109,14 @@ def test_the_hand_overs_of_a_trainer_with_its_own_stream(monkeypatch: pytest.Mon
     from contextlib import nullcontext
 
     from navrl_daemon.rl.training import Training
-    from navrl_daemon.runtime.channels import Channel
     from navrl_daemon.runtime.compute import ComputeThread
-    from navrl_daemon.runtime.supervisor import Shutdown
-    from navrl_daemon.stages.cadence import Cadence
-    from navrl_daemon.stages.trainer import Trainer
 
     calls: list[str] = []
     monkeypatch.setattr(torch.cuda, "stream", lambda stream: nullcontext())
     monkeypatch.setattr(torch.cuda, "default_stream", lambda device=None: "producer's")
     training = Training.build(config("cpu"), "cpu")
     compute = ComputeThread()
-    trainer = Trainer(
-        training.learner,
-        Channel("rollouts", 1).receiver(),
-        [],
-        cadence=Cadence(frames_per_iteration=64, total_frames=0, checkpoint_interval=1),
-        shutdown=Shutdown(),
-        compute=compute,
-        export_path=None,
-        stream=FakeStream(calls),  # type: ignore[arg-type]
-    )
+    trainer = trainer_for(training, compute, stream=FakeStream(calls))
     try:
         training.collector.collect(training.buffer)
         trainer._update(training.buffer, None, "rollout 0")  # type: ignore[arg-type]
