@@ -70,14 +70,18 @@ CURVE_KEYS = (
 
 
 def train(
-    cfg_path: Path, overrides: list[str], state: Path, budget_s: float, frames: int | None
+    cfg_path: Path,
+    overrides: list[str],
+    state: Path,
+    budget_s: float,
+    frames: int | None,
+    log_path: Path,
 ) -> dict[str, Any]:
     """The daemon, until the budget; returns its exit code, wall seconds and why it ended."""
     args = [sys.executable, "-m", "navrl_daemon", "run", "--config", str(cfg_path)]
     args += ["--state-dir", str(state), *overrides]
     if frames is not None:
         args.append(f"run.total_frames={frames}")
-    log_path = state.parent / "daemon.log"
     t0 = time.time()
     with log_path.open("w") as log:
         proc = subprocess.Popen(args, cwd=REPO, stderr=log, stdout=subprocess.DEVNULL)
@@ -163,16 +167,26 @@ def main() -> None:
     )
     p.add_argument("--held-out-seed", type=int, default=1000, help="map seed never trained on")
     p.add_argument("--held-out-maps", type=int, default=16, help="held-out maps (drones split)")
+    p.add_argument(
+        "--keep-state",
+        type=Path,
+        help="the daemon's state dir (checkpoints, exports, eval results) is kept here "
+        "(a new folder) for `eval --probe` or diagnose.py; default: a temporary one",
+    )
     p.add_argument("overrides", nargs="*", help="KEY=VALUE config overrides")
     args = p.parse_args()
+    if args.keep_state is not None and args.keep_state.exists():
+        p.error(f"--keep-state {args.keep_state} exists: name a new folder")
     overrides = [*args.overrides, f"eval.interval={args.eval_every}", "metrics.port=0"]
     cfg = load_config(args.config, overrides, environ={})  # a bad config fails here, not later
     if cfg.run.torch_threads:  # the evaluations here run as the daemon's do
         torch.set_num_threads(cfg.run.torch_threads)
     load_before = load_average()
     with tempfile.TemporaryDirectory(prefix="navrl-learning-") as tmp:
-        state = Path(tmp) / "state"
-        budget = train(args.config, overrides, state, args.budget_s, args.frames)
+        state = args.keep_state or Path(tmp) / "state"
+        budget = train(
+            args.config, overrides, state, args.budget_s, args.frames, Path(tmp) / "daemon.log"
+        )
         load_after = load_average()
         log_copy = args.out.with_suffix(".daemon.log")
         log_copy.parent.mkdir(parents=True, exist_ok=True)
