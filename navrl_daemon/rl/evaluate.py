@@ -231,12 +231,20 @@ def _all_finished(finished: Tensor, steps: int, progress: Progress | None) -> bo
 
 
 def _results(first: Tensor, last: Tensor, finished: Tensor) -> dict[str, float]:
-    """Means of the first episodes' stats; envs still running count with their last."""
+    """Means of the first episodes' stats; envs still running count with their last.
+
+    `out_of_bounds`: the share of episodes that ended neither by a collision nor by the time
+    limit, i.e. by flying below or above the height band (navrl-task §1.9), which NavRL's
+    stats count nowhere."""
     stats = torch.where(finished[:, None], first, last)
     means = stats.mean(dim=0).tolist()
+    collided = stats[:, STAT_KEYS.index("collision")] > 0.5
+    truncated = stats[:, STAT_KEYS.index("truncated")] > 0.5
+    left = finished & ~collided & ~truncated
     return {
         "episodes": first.shape[0],
         **dict(zip(STAT_KEYS, means, strict=True)),
+        "out_of_bounds": float(left.float().mean()),
         "unfinished": int((~finished).sum()),
     }
 

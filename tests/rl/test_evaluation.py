@@ -93,3 +93,22 @@ def test_cuda_graph_evaluation_matches_eager_on_its_own_stream() -> None:
         for key in want:
             assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-4), key
     assert captured.captures == 1 and captured.capture_error is None
+
+
+def test_episodes_that_leave_the_height_band_are_counted_as_out_of_bounds() -> None:
+    """A policy that climbs at full speed ends every episode above 4 m: no collision, no
+    time-out, so NavRL's stats alone would show nothing; `out_of_bounds` says 1. The
+    untrained policy (zero velocity) times out, 0."""
+    cfg = eval_config(max_episode_length=200, num_obstacles=0, num_dynamic_obstacles=0)
+    torch.manual_seed(0)
+    policy = make_policy(cfg, "cpu")
+    env = make_eval_env(cfg, "cpu")
+    hovering = evaluate(env, policy, seed=0, max_steps=200)
+    assert hovering["truncated"] == 1.0 and hovering["out_of_bounds"] == 0.0
+    with torch.no_grad():  # Beta mean of the z axis → 1: +2 m/s upwards
+        policy.beta_head.alpha_layer.bias[2] = 20.0
+        policy.beta_head.beta_layer.bias[2] = -20.0
+    climbing = evaluate(env, policy, seed=0, max_steps=200)
+    assert climbing["out_of_bounds"] == 1.0
+    assert climbing["collision"] == 0.0 and climbing["truncated"] == 0.0
+    assert climbing["unfinished"] == 0 and climbing["episode_len"] < 40
