@@ -64,8 +64,10 @@ CURVE_KEYS = (
     "return",
     "episode_len",
     "truncated",
+    "out_of_bounds",
     "held_out_reach_goal",
     "held_out_collision",
+    "held_out_out_of_bounds",
 )
 
 

@@ -71,7 +71,7 @@ def test_eval_plot_prints_outcome_counts_as_words(run_dir: Path, tmp_path: Path)
     line = next(x for x in proc.stdout.splitlines() if x.strip().startswith("outcomes:"))
     assert "{" not in line and "'" not in line
     counts = dict(part.strip().rsplit(" ", 1) for part in line.split(":", 1)[1].split(","))
-    assert set(counts) == {"reached", "collided", "timed out"}
+    assert set(counts) == {"reached", "collided", "out of bounds", "timed out"}
     assert sum(int(v) for v in counts.values()) == 4
     assert "evaluating" in proc.stderr and "4 drones" in proc.stderr
 

@@ -231,7 +231,7 @@ def _evaluate_and_draw(
     numbers as without."""
     from navrl_daemon.env.navigation import NavigationEnv
     from navrl_daemon.ops.plots import trajectory_plot, write_png
-    from navrl_daemon.rl.evaluate import evaluate_recorded
+    from navrl_daemon.rl.evaluate import OUTCOMES, evaluate_recorded
     from navrl_daemon.rl.training import eval_steps
 
     if not isinstance(env, NavigationEnv):
@@ -256,5 +256,5 @@ def _evaluate_and_draw(
     except OSError as err:
         raise UsageError(f"{err.filename or 'output'}: {err.strerror or err}") from err
     outcomes = traj.outcomes()
-    counts = {k: outcomes.count(k) for k in ("reached", "collided", "timed out")}
+    counts = {k: outcomes.count(k) for k in OUTCOMES}
     return {**results, "outcomes": counts, **out}

@@ -93,8 +93,9 @@ def progress_table(s: dict[str, Any]) -> str:
     lines.append(_row("episodes", f"{episodes} finished{note}"))
     if episodes:
         reach, coll = s.get("train_reach_goal", 0.0), s.get("train_collision", 0.0)
-        # NavRL ends an episode only by collision or time limit, so `truncated` counts the
-        # reached ones too; "timed out" here is the rest.
+        # A reached episode ends by the time limit too (`truncated` counts it), and an
+        # episode that leaves the height band is neither a collision nor truncated: the
+        # training stats cannot tell that one apart, so "timed out" here is the rest.
         timed_out = max(0.0, 1.0 - reach - coll)
         lines.append(
             _row(

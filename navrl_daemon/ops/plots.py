@@ -23,9 +23,15 @@ from matplotlib.patches import Rectangle
 
 from navrl_daemon.rl.evaluate import Trajectories
 
-# Outcome colours (matplotlib's tab10 green, red, blue): saturated, so no shade of the grey
-# pillars or the faint obstacle paths can be mistaken for them (tests count these pixels).
-OUTCOME_COLOURS = {"reached": "#2ca02c", "collided": "#d62728", "timed out": "#1f77b4"}
+# Outcome colours (matplotlib's tab10 green, red, orange, blue): saturated, so no shade of
+# the grey pillars or the faint obstacle paths can be mistaken for them (tests count these
+# pixels).
+OUTCOME_COLOURS = {
+    "reached": "#2ca02c",
+    "collided": "#d62728",
+    "out of bounds": "#ff7f0e",
+    "timed out": "#1f77b4",
+}
 DYNAMIC_COLOUR = "#9467bd"
 FIGURE_SIZE_IN = (12.0, 7.0)
 DPI = 100

@@ -23,10 +23,13 @@ from torch import Tensor
 from torchrl.envs import EnvBase
 from torchrl.envs.utils import step_mdp
 
-from navrl_daemon.env.navigation import NavigationEnv, collect_path
+from navrl_daemon.env.navigation import Z_MAX, Z_MIN, NavigationEnv, collect_path
 from navrl_daemon.rl.graphs import WARMUP_RUNS, Capture, Replay, SameObjects, cuda_capture
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.rl.rollout import STAT_KEYS
+
+# How an evaluation episode ends, as `Trajectories.outcomes` names it.
+OUTCOMES = ("reached", "collided", "out of bounds", "timed out")
 
 
 @dataclass(frozen=True)
@@ -53,13 +56,16 @@ class Trajectories:
     num_maps: int
 
     def outcomes(self) -> list[str]:
-        """Per drone: "collided", else "reached" (within the goal radius at its end), else
+        """Per drone, one of OUTCOMES: "collided", else "reached" (within the goal radius
+        at its end), else "out of bounds" (it ended below or above the height band), else
         "timed out" (truncated, or still flying when the evaluation stopped)."""
         reach = self.stats[:, STAT_KEYS.index("reach_goal")] > 0.5
         collision = self.stats[:, STAT_KEYS.index("collision")] > 0.5
+        last_z = self.positions[self.steps.long(), torch.arange(self.steps.shape[0]), 2]
+        out = (last_z < Z_MIN) | (last_z > Z_MAX)
         return [
-            "collided" if c else "reached" if r else "timed out"
-            for r, c in zip(reach.tolist(), collision.tolist(), strict=True)
+            "collided" if c else "reached" if r else "out of bounds" if o else "timed out"
+            for r, c, o in zip(reach.tolist(), collision.tolist(), out.tolist(), strict=True)
         ]
 
 

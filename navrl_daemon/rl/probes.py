@@ -6,7 +6,8 @@
   and on the steps where a pillar is within 1.5 m (where it must steer). A policy that
   flies as well blind, or whose action does not change near pillars, has memorised a
   route rather than learned to avoid what it sees.
-- `path_stats`: altitude and path shape of each outcome (reached / collided / timed out)
+- `path_stats`: altitude and path shape of each outcome (reached / collided / out of bounds /
+  timed out)
   from recorded trajectories: does it fly over the low pillars, detour, hover?
 """
 
@@ -18,7 +19,7 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.envs import EnvBase
 
-from navrl_daemon.rl.evaluate import Trajectories, evaluate_op_by_op
+from navrl_daemon.rl.evaluate import OUTCOMES, Trajectories, evaluate_op_by_op
 from navrl_daemon.rl.policy import OBS_KEY, NavRLPolicy
 
 LIDAR_KEY = (*OBS_KEY, "lidar")
@@ -87,7 +88,7 @@ def path_stats(traj: Trajectories, dt: float) -> dict[str, dict[str, float]]:
     horizontal distance left to the goal at the end (m)."""
     outcomes = traj.outcomes()
     out: dict[str, dict[str, float]] = {}
-    for outcome in ("reached", "collided", "timed out"):
+    for outcome in OUTCOMES:
         rows = [i for i, o in enumerate(outcomes) if o == outcome]
         if not rows:
             continue

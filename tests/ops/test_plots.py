@@ -22,12 +22,13 @@ from navrl_daemon.ops.plots import (
 from navrl_daemon.rl.evaluate import evaluate, evaluate_recorded
 from navrl_daemon.rl.rollout import STAT_KEYS
 from navrl_daemon.rl.training import eval_steps, make_eval_env, make_policy
+from navrl_daemon.storage.policy_file import load_any_policy_state
 from tests.conftest import REPO, TINY, navrl_cli
 
 NAVRL_TOML = REPO / "config" / "navrl.toml"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-# A smaller field than NavRL's 40 m, so the crossing ends within the eval: every outcome
-# (reached, collided, timed out) occurs with the published policy.
+# A smaller field than NavRL's 40 m, so the crossing ends within the eval: the outcomes
+# reached, collided and timed out all occur with the published policy.
 SMALL_FIELD = [
     "env.field_size=12",
     "env.num_obstacles=40",
@@ -110,9 +111,29 @@ def test_eval_plot_shows_every_outcome_in_its_colour(
     navrl_checkpoint: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "small.png"
-    # eval.seed 2: 3 reached, 4 collided, 5 timed out with NavRL's checkpoint (measured)
+    # eval.seed 2: 3 reached, 4 collided, 5 timed out with NavRL's checkpoint (measured);
+    # it never leaves the height band (that colour: the next test).
     result = plot_eval(navrl_checkpoint, out, *SMALL_FIELD, "eval.seed=2")
-    assert all(n > 0 for n in result["outcomes"].values()), result["outcomes"]
+    outcomes = dict(result["outcomes"])
+    assert outcomes.pop("out of bounds") == 0
+    assert all(n > 0 for n in outcomes.values()), outcomes
+    check_plot(out, result)
+
+
+def test_eval_plot_shows_drones_that_leave_the_height_band(
+    navrl_checkpoint: Path, tmp_path: Path
+) -> None:
+    """NavRL's checkpoint with its z action pushed to full climb: every drone leaves the
+    band above 4 m, neither collided nor timed out, and is drawn in that outcome's colour."""
+    state = load_any_policy_state(navrl_checkpoint)
+    alpha, beta = (f"actor.module.0.module.{k}_layer.bias" for k in ("alpha", "beta"))
+    state[alpha][2], state[beta][2] = 20.0, -20.0
+    climbing = tmp_path / "climbing.pt"
+    torch.save(state, climbing)
+    out = tmp_path / "climbing.png"
+    result = plot_eval(climbing, out, *SMALL_FIELD)
+    assert result["outcomes"]["out of bounds"] == 12, result["outcomes"]
+    assert result["out_of_bounds"] == 1.0
     check_plot(out, result)
 
 

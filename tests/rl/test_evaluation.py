@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from navrl_daemon.config import Config, load_config
-from navrl_daemon.rl.evaluate import Evaluation, evaluate
+from navrl_daemon.rl.evaluate import Evaluation, evaluate, evaluate_recorded
 from navrl_daemon.rl.graphs import traced_capture
 from navrl_daemon.rl.training import make_eval_env, make_policy
 
@@ -112,3 +112,6 @@ def test_episodes_that_leave_the_height_band_are_counted_as_out_of_bounds() -> N
     assert climbing["out_of_bounds"] == 1.0
     assert climbing["collision"] == 0.0 and climbing["truncated"] == 0.0
     assert climbing["unfinished"] == 0 and climbing["episode_len"] < 40
+    recorded, traj = evaluate_recorded(env, policy, seed=0, max_steps=200)
+    assert recorded == climbing
+    assert traj.outcomes() == ["out of bounds"] * 12  # plots, videos, probes, `eval`
