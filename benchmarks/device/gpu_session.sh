@@ -63,6 +63,9 @@ print('tensordict', tensordict.__version__, 'torchrl', torchrl.__version__)"
 # 900-step episodes (many more episode ends, so levels move faster); the evaluation stays
 # NavRL's crossing at eval.max_steps = 2200. Promoted as NavRL's spawns would be.
 HOPS_STAGE='{name = "hops", spawn = "local", goal_distance = [4.0, 16.0], max_episode_length = 900, promote = {reach_goal = 0.6, collision = 0.35, evals = 2}}'
+# Long hops: goals 4-40 m (1400-step episodes), so the policy also sees the goal distances
+# of NavRL's 48 m crossing (the state's d_xy is in metres, not normalised).
+LONG_HOPS_STAGE='{name = "long hops", spawn = "local", goal_distance = [4.0, 40.0], max_episode_length = 1400, promote = {reach_goal = 0.6, collision = 0.35, evals = 2}}'
 case $MODE in
 throughput)
   # Issue #22: the CUDA tests (captured rollouts and evaluations, the lag-1 capture in
@@ -146,7 +149,7 @@ sweep)
   # training maps and on 16 held-out maps every 25 iterations) at 256 envs, one recipe per
   # benchmarks/learning.py process, all side by side (at 256 envs one process leaves most of
   # the GPU idle: its update is launch-bound). RECIPES picks them (default: the first four;
-  # hops_kl is the fifth);
+  # hops_kl and long_hops are not in it);
   # EXTRA: more KEY=VALUE overrides for every recipe (e.g. for a CPU smoke run). The results
   # come back as one sweep.tgz (learning.py writes 3 files per recipe).
   budget=${2:-330}
@@ -169,6 +172,8 @@ sweep)
     hops_kl)  # hops with levels, learning rates set by the KL rule (not in the default set)
       recipe=(env.num_maps=16 "env.map_levels=$levels" 'ppo.lr_schedule="kl_adaptive"'
         "env.curriculum=[$HOPS_STAGE, {name = \"navrl static\"}]") ;;
+    long_hops)  # hops to goals 4-40 m away with levels, then NavRL's spawns
+      recipe=(env.num_maps=16 "env.map_levels=$levels" "env.curriculum=[$LONG_HOPS_STAGE, {name = \"navrl static\"}]") ;;
     *) log "unknown recipe $name"; exit 2 ;;
     esac
     log "start recipe $name (budget ${budget}s)"
