@@ -29,6 +29,11 @@ The machine's load average goes into the JSON: on a shared CPU the curve per sec
 depends on it; the curve per frame does not (the run is deterministic under its seed up
 to the SIGTERM point and the evaluations it skipped).
 
+A run can go on in several sittings: `--keep-state DIR` keeps the daemon's state dir, and
+a later `--resume --keep-state DIR` with the same config and overrides lets the daemon
+resume it from its last checkpoint for another `--budget-s`. The curve is then the whole
+run's, its seconds the daemon's wall time summed over the sittings (`DIR.launches.jsonl`).
+
 Run: `.venv/bin/python benchmarks/learning.py --budget-s 600 [--config F] [KEY=VALUE ...]`
 (GPU: `--config config/navrl.toml run.device=cuda`).
 """
@@ -123,6 +128,12 @@ def evaluate_policy(
     return {**_round(result), "seconds": round(time.perf_counter() - t0, 2)}
 
 
+def training_seconds(t: float, launches: list[tuple[float, float]]) -> float:
+    """Wall seconds the daemon ran before time `t`, over all launches (start, stop) of the
+    run (one unless it was resumed)."""
+    return sum(max(0.0, min(t, stop) - start) for start, stop in launches)
+
+
 def _round(row: dict[str, Any]) -> dict[str, Any]:
     return {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}
 
@@ -175,10 +186,23 @@ def main() -> None:
         help="the daemon's state dir (checkpoints, exports, eval results) is kept here "
         "(a new folder) for `eval --probe` or diagnose.py; default: a temporary one",
     )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on with the run kept in --keep-state (the daemon resumes from its last "
+        "checkpoint; same config and overrides): a long CPU run in several sittings",
+    )
     p.add_argument("overrides", nargs="*", help="KEY=VALUE config overrides")
     args = p.parse_args()
-    if args.keep_state is not None and args.keep_state.exists():
-        p.error(f"--keep-state {args.keep_state} exists: name a new folder")
+    if args.resume and (args.keep_state is None or not args.keep_state.is_dir()):
+        p.error("--resume goes on with the run in --keep-state DIR: name an existing one")
+    if not args.resume and args.keep_state is not None and args.keep_state.exists():
+        p.error(f"--keep-state {args.keep_state} exists: name a new folder (or --resume it)")
+    launches_file = (
+        args.keep_state.with_name(args.keep_state.name + ".launches.jsonl")
+        if args.keep_state
+        else None
+    )
     overrides = [*args.overrides, f"eval.interval={args.eval_every}", "metrics.port=0"]
     cfg = load_config(args.config, overrides, environ={})  # a bad config fails here, not later
     if cfg.run.torch_threads:  # the evaluations here run as the daemon's do
@@ -195,6 +219,11 @@ def main() -> None:
         log_copy.write_text(Path(budget.pop("log")).read_text())
         rows = list(read_results(state / "eval" / "results.jsonl"))
         launched = budget.pop("launched")
+        launches = [(launched, launched + budget["wall_s"])]
+        if launches_file is not None:
+            earlier = launches_file.read_text().splitlines() if launches_file.exists() else []
+            launches = [tuple(json.loads(line)) for line in earlier] + launches
+            launches_file.write_text("".join(json.dumps(list(w)) + "\n" for w in launches))
         exported = state / "export" / "policy.pt"
         final = final_state = None
         if exported.exists():
@@ -224,7 +253,7 @@ def main() -> None:
         {
             "frames": row["frames"],
             "iteration": row["iteration"],
-            "seconds": round(row["time"] - launched, 1),
+            "seconds": round(training_seconds(row["time"], launches), 1),
             **_pick(row),
             **({"curriculum_stage": row["curriculum_stage"]} if "curriculum_stage" in row else {}),
         }
@@ -237,7 +266,7 @@ def main() -> None:
         navrl,
         last_stage=last_stage,
         within_s=args.goal_s,
-        final_s=budget["stop_s"],
+        final_s=training_seconds(launched + budget["stop_s"], launches),
     )
     result = {
         "benchmark": "learning",

@@ -83,3 +83,13 @@ def test_frames_to_reach_on_held_out_maps_when_the_curve_has_them() -> None:
         "held_out_reach_goal": 0.9,
         "held_out_collision": 0.1,
     }
+
+
+def test_a_resumed_run_counts_the_seconds_the_daemon_ran_in_every_sitting() -> None:
+    """Two sittings, 100-160 and 1000-1050: the pause between them is not training time."""
+    launches = [(100.0, 160.0), (1000.0, 1050.0)]
+    assert learning.training_seconds(130.0, launches) == 30.0
+    assert learning.training_seconds(500.0, launches) == 60.0  # between sittings
+    assert learning.training_seconds(1020.0, launches) == 80.0
+    assert learning.training_seconds(2000.0, launches) == 110.0
+    assert learning.training_seconds(50.0, launches) == 0.0
