@@ -2,7 +2,8 @@
 
 NavRL's shape: T = 32 steps, 4 epochs × 16 minibatches, over 64/256/1024 envs; on the CPU
 and, when present, CUDA; for each `ppo.update_path` that runs there (rl/fast_update.py):
-eager (NavRL's loop), fused (no host sync per minibatch) and, on CUDA, cuda_graph. Each
+eager (NavRL's loop), fused (no host sync per minibatch) and, on CUDA, cuda_graph; a
+`_compiled` suffix (`--paths cuda_graph_compiled`) adds ppo.compile to a fast path. Each
 path starts from the same policy, Adam state and batch: its first update (which for
 cuda_graph includes the capture) is timed apart and its losses are compared with the
 eager path's (`max_stat_rel_diff`); then `--repeats` further updates of each path are
@@ -81,7 +82,11 @@ def sync(device: torch.device) -> None:
 def make_update(path: str, policy: NavRLPolicy, optimizers: dict, device: torch.device):
     if path in ("eager", "eager_ulp"):
         return lambda batch, cfg, gen: ppo.update(policy, optimizers, batch, cfg, gen)
-    fast = FastUpdate(policy, optimizers, device, graphs=path == "cuda_graph")
+    compiled = path.endswith("_compiled")
+    base = path.removesuffix("_compiled")
+    if base not in ("fused", "cuda_graph"):
+        raise SystemExit(f"unknown path {path!r}")
+    fast = FastUpdate(policy, optimizers, device, graphs=base == "cuda_graph", compile=compiled)
     return lambda batch, cfg, gen: fast(batch, cfg, gen)
 
 

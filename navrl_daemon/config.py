@@ -294,6 +294,10 @@ class PPOConfig(Section):
     # "eager" NavRL's loop; "fused" no host sync per minibatch, fused Adam; "cuda_graph"
     # the fused step captured as a CUDA graph; "auto" cuda_graph on CUDA, else eager.
     update_path: Literal["auto", "eager", "fused", "cuda_graph"] = "auto"
+    # torch.compile (inductor) the minibatch step's forward pass and losses, and so their
+    # backward, on the "fused" and "cuda_graph" paths: fewer, fused kernels per step. The
+    # first update compiles (about a minute); the eager path cannot (exit 78).
+    compile: bool = False
 
 
 class PipelineConfig(Section):
@@ -537,7 +541,9 @@ class Config(Section):
             why_not = NOT_FAST["aux_loss"]
         device = None if self.run.device == "auto" else self.run.device.split(":")[0]
         try:
-            resolve_update_path(self.ppo.update_path, device, why_not=why_not)
+            path = resolve_update_path(self.ppo.update_path, device, why_not=why_not)
+            known = device is not None or self.ppo.update_path == "eager"
+            check_compile(self.ppo.compile, path, known=known)
         except ConfigError as err:
             raise ValueError(str(err)) from None
         return self
@@ -777,6 +783,16 @@ NOT_FAST = {
     "aux_loss": "an extra loss term (offline.objective = 'ppo+bc')",
     "env_groups": "env-group minibatches (pipeline.compress_rollouts)",
 }
+
+
+def check_compile(compile_: bool, path: UpdatePath, *, known: bool = True) -> None:
+    """ppo.compile needs a path whose step it can compile; `known`: whether `path` is final
+    (with run.device = "auto" the learner checks again with its device)."""
+    if compile_ and path == "eager" and known:
+        raise ConfigError(
+            "ppo.compile: only the 'fused' and 'cuda_graph' update paths compile their step; "
+            "this run's resolves to 'eager' (set ppo.update_path, 'auto' is eager on a CPU)"
+        )
 
 
 def resolve_update_path(

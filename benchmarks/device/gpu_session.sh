@@ -9,6 +9,7 @@
 #   bash benchmarks/device/gpu_session.sh learning 400   (issues #13/#23, budget in s, ~9.7 min)
 #   bash benchmarks/device/gpu_session.sh sweep 330      (issue #23: recipes side by side, ~9.5 min)
 #   bash benchmarks/device/gpu_session.sh streams        (issue #22: pipeline.trainer_stream, ~3 min)
+#   bash benchmarks/device/gpu_session.sh compile        (issue #22: ppo.compile, update and end to end, ~6 min)
 # Results land in $OUT (at most 8 files come back); steps run most important first, and
 # each writes its file as it ends (throughput.py rewrites its JSON after every variant),
 # so a run stopped at its limit still returns the rest.
@@ -102,6 +103,27 @@ streams)
     --device $DEV --config $CONFIG --warmup 4 --iterations ${ITERS:-16} --repeats 1 \
     --variants cuda_graph_lag1,cuda_graph_lag1_streams \
     --run-timeout $((35 * LIMIT_SCALE)) --out "$OUT/streams_4096_gpu.json" $SIZE_4096
+  ;;
+compile)
+  # ppo.compile (issue #22, ~6 min): its CUDA test; the update alone (ppo_update.py,
+  # cuda_graph with and without it, 1024 and 4096 envs, 5 repeats); then end to end at lag 1
+  # with the trainer's stream, without and with it, one after the other on this machine.
+  # Each daemon compiles at its first update (inductor's cache makes the later ones quick).
+  step tests 150 gpu_tests.log python3 -m pytest -q -p no:cacheprovider \
+    -k "${PYTEST_K:-compiled and cuda}" tests/rl/test_fast_update.py
+  step ppo_update 150 ppo_update_compiled_gpu.json python3 benchmarks/ppo_update.py \
+    --devices $DEV --num-envs ${UPDATE_ENVS:-1024 4096} --repeats 5 \
+    --paths ${FAST:-cuda_graph} ${FAST:-cuda_graph}_compiled
+  for envs in 1024 4096; do
+    size=$SIZE_1024 && [ $envs = 4096 ] && size=$SIZE_4096
+    for compiled in false true; do
+      # shellcheck disable=SC2086  # the sizes are meant to split into words
+      step "e2e_${envs}_compile_$compiled" 100 - python3 benchmarks/throughput.py \
+        --device $DEV --config $CONFIG --warmup 4 --iterations ${ITERS:-16} --repeats 1 \
+        --variants cuda_graph_lag1_streams --run-timeout $((90 * LIMIT_SCALE)) \
+        --out "$OUT/compile_${compiled}_${envs}_gpu.json" $size ppo.compile=$compiled
+    done
+  done
   ;;
 update)
   # Issue #8's update paths and the reset modes op by op (the 2026-11-27 H100 run).

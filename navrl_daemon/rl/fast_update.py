@@ -43,7 +43,7 @@ import torch
 from tensordict import TensorDictBase
 from torch.nn.utils import clip_grad_norm_
 
-from navrl_daemon.config import NOT_FAST, PPOConfig, UpdatePath, resolve_update_path
+from navrl_daemon.config import NOT_FAST, PPOConfig, UpdatePath, check_compile, resolve_update_path
 from navrl_daemon.rl import ppo
 from navrl_daemon.rl.data_parallel import DataParallel
 from navrl_daemon.rl.graphs import capture_graph
@@ -81,6 +81,7 @@ def build_update(
     elif minibatches is not ppo.frame_minibatches:
         why_not = NOT_FAST["env_groups"]
     path = resolve(cfg.update_path, device, why_not=why_not)
+    check_compile(cfg.compile, path)
     if path == "eager":
         return EagerUpdate(policy, optimizers, reducer, aux_loss, minibatches)
     return FastUpdate(
@@ -89,6 +90,7 @@ def build_update(
         device,
         graphs=path == "cuda_graph",
         fallback=cfg.update_path == "auto",
+        compile=cfg.compile,
     )
 
 
@@ -140,6 +142,17 @@ class EagerUpdate:
         return report() if callable(report) else {}
 
 
+def compiled_losses(policy: NavRLPolicy) -> Callable[..., tuple[torch.Tensor, ...]]:
+    """`ppo.tensor_losses` of `policy` through torch.compile: one graph (fullgraph), shapes
+    static (a minibatch's size never changes within a run). The PPO constants of `cfg` are
+    guarded on: a config that changes them compiles again."""
+
+    def losses(*inputs: torch.Tensor | float | PPOConfig) -> tuple[torch.Tensor, ...]:
+        return ppo.tensor_losses(policy, *inputs)  # type: ignore[arg-type]
+
+    return torch.compile(losses, fullgraph=True, dynamic=False)
+
+
 class FastUpdate:
     """The "fused" or "cuda_graph" update of one learner's policy and optimisers."""
 
@@ -150,11 +163,13 @@ class FastUpdate:
         device: torch.device,
         graphs: bool,
         fallback: bool = False,
+        compile: bool = False,
     ) -> None:
         """`graphs`: capture the step (cuda_graph), else run it as it is (fused).
         `fallback`: if a capture fails, go on with the fused path instead of raising (what
         `auto` asks for; an explicit `cuda_graph` raises); `capture_error` then says why
-        (the trainer logs it)."""
+        (the trainer logs it). `compile`: the step's forward pass and losses through
+        torch.compile (ppo.compile), compiled at the first step, before any capture."""
         self.policy = policy
         self.optimizers = optimizers
         self.device = device
@@ -173,6 +188,7 @@ class FastUpdate:
         self._key: tuple[object, ...] | None = None
         self._flat: TensorDictBase | None = None
         self._idx: torch.Tensor | None = None
+        self._losses = compiled_losses(policy) if compile else None
 
     # ------------------------------------------------------------------------ public
 
@@ -233,7 +249,13 @@ class FastUpdate:
         start as None (no kernel: in a capture, the graph's backward then owns them)."""
         self._zero_grad()
         policy = self.policy
-        l_actor, l_critic, l_entropy, value = ppo.minibatch_losses(policy, mb, cfg, entropy_coef)
+        if self._losses is not None:
+            if not isinstance(entropy_coef, torch.Tensor):  # a float would be baked in
+                entropy_coef = self.entropy_coef.fill_(entropy_coef)
+            losses = self._losses(*ppo.loss_inputs(mb), entropy_coef, cfg)
+        else:
+            losses = ppo.minibatch_losses(policy, mb, cfg, entropy_coef)
+        l_actor, l_critic, l_entropy, value = losses
         loss = l_actor + l_entropy + l_critic
         loss.backward()
         actor_norm = clip_grad_norm_(policy.actor.parameters(), cfg.max_grad_norm)

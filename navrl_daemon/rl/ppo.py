@@ -240,15 +240,45 @@ def minibatch_losses(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(actor, critic, entropy) losses of one flat minibatch, and its values V(s).
     `entropy_coef` may be a device scalar (the CUDA-graph path, rl/fast_update.py)."""
-    feature = policy.observe(mb)
+    return tensor_losses(policy, *loss_inputs(mb), entropy_coef, cfg, reducer)
+
+
+def loss_inputs(mb: TensorDictBase) -> tuple[torch.Tensor, ...]:
+    """The tensors of a flat minibatch that `tensor_losses` reads, in its order."""
+    obs = mb.get(OBS_KEY)
+    return (
+        obs.get("state"),
+        obs.get("lidar"),
+        obs.get("dynamic_obstacle"),
+        mb.get(("agents", "action_normalized")),
+        mb.get("sample_log_prob"),
+        mb.get("advantage"),
+        mb.get("state_value"),
+        mb.get("target"),
+    )
+
+
+def tensor_losses(
+    policy: NavRLPolicy,
+    state: torch.Tensor,
+    lidar: torch.Tensor,
+    dynamic_obstacle: torch.Tensor,
+    action: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantage: torch.Tensor,
+    old_value: torch.Tensor,
+    target: torch.Tensor,
+    entropy_coef: float | torch.Tensor,
+    cfg: PPOConfig,
+    reducer: DataParallel | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`minibatch_losses` on plain tensors (what torch.compile traces: ppo.compile)."""
+    feature = policy.features(state, lidar, dynamic_obstacle)
     dist = policy.distribution(feature)
     value = policy.value(feature)
-    log_prob = dist.log_prob(mb.get(("agents", "action_normalized")))
-    l_actor = actor_loss(log_prob, mb.get("sample_log_prob"), mb.get("advantage"), cfg.clip_ratio)
+    l_actor = actor_loss(dist.log_prob(action), old_log_prob, advantage, cfg.clip_ratio)
     l_entropy = entropy_loss(dist.entropy(), entropy_coef)
-    l_critic = critic_loss(
-        value, mb.get("state_value"), mb.get("target"), cfg.value_clip, cfg.huber_delta, reducer
-    )
+    l_critic = critic_loss(value, old_value, target, cfg.value_clip, cfg.huber_delta, reducer)
     return l_actor, l_critic, l_entropy, value
 
 

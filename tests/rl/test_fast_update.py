@@ -11,6 +11,7 @@ import math
 
 import pytest
 import torch
+from torch._dynamo.utils import counters as dynamo_counters
 
 from navrl_daemon.config import Config, PPOConfig
 from navrl_daemon.errors import ConfigError
@@ -109,11 +110,37 @@ def test_one_update_matches_eager(make_batch, device, graphs):
 def test_consecutive_updates_follow_schedules_like_eager(make_batch, device, graphs):
     """Learning rate and entropy coefficient change between updates: a graph reads them
     from device scalars, so it is captured once and still follows them."""
+    _follow_schedules(make_batch, device, graphs, compile=False)
+
+
+@pytest.mark.parametrize(
+    ("device", "graphs"),
+    [
+        # Compiling takes ~40 s on a 2-core machine; the second case hits inductor's cache.
+        pytest.param("cpu", False, id="fused-cpu-compiled"),
+        pytest.param("cpu", True, id="graph-standin-cpu-compiled"),
+        pytest.param(
+            "cuda",
+            True,
+            id="graph-cuda-compiled",
+            marks=pytest.mark.skipif(not CUDA, reason="no CUDA"),
+        ),
+    ],
+)
+def test_a_compiled_step_follows_schedules_like_eager(make_batch, device, graphs):
+    """ppo.compile: the step's forward pass and losses through torch.compile give NavRL's
+    eager updates, within float rounding, across schedule changes (the entropy
+    coefficient is a device scalar the compiled code reads, not a constant baked in)."""
+    _follow_schedules(make_batch, device, graphs, compile=True)
+
+
+def _follow_schedules(make_batch, device: str, graphs: bool, compile: bool) -> None:
     base, batch = _pair(make_batch, device, seed=1)
     eager_policy, fast_policy = copy.deepcopy(base), copy.deepcopy(base)
     eager_opts = ppo.make_optimizers(eager_policy, SMALL)
     fast_opts = ppo.make_optimizers(fast_policy, SMALL)
-    fast = FastUpdate(fast_policy, fast_opts, torch.device(device), graphs)
+    fast = FastUpdate(fast_policy, fast_opts, torch.device(device), graphs, compile=compile)
+    compiles = []
     g_eager, g_fast = (torch.Generator(device).manual_seed(5) for _ in range(2))
     for i, (scale, coef) in enumerate([(1.0, 1e-3), (0.5, 0.02), (0.25, 0.0)]):
         cfg = SMALL.model_copy(update={"entropy_coef": coef})
@@ -123,10 +150,13 @@ def test_consecutive_updates_follow_schedules_like_eager(make_batch, device, gra
                     group["lr"] = lr * scale
         eager = ppo.update(eager_policy, eager_opts, batch, cfg, g_eager)
         stats = fast(batch, cfg, g_fast)
+        compiles.append(dynamo_counters["stats"]["unique_graphs"])
         _assert_close_stats(stats, eager)
         _assert_close_weights(fast_policy, eager_policy)
         assert stats["entropy"] == pytest.approx(eager["entropy"], rel=1e-4, abs=1e-7), i
     assert fast.captures == (1 if graphs else 0)
+    if compile:  # compiled once: a new entropy coefficient or lr compiles nothing again
+        assert compiles[0] >= 1 and compiles[1:] == [compiles[0]] * 2, compiles
 
 
 @pytest.mark.parametrize(("device", "graphs"), PATHS)
@@ -305,6 +335,10 @@ def test_learner_resolves_its_path_once_from_config_and_what_it_is_built_with():
     learner = Learner.build(Config(), NavRLPolicy(), "cpu")
     assert learner.update_path == "eager" and isinstance(learner.ppo_update, EagerUpdate)
 
+    # run.device "auto": the config cannot tell; the learner refuses on its CPU.
+    with pytest.raises(ConfigError, match=r"ppo\.compile"):
+        Learner.build(Config.model_validate({"ppo": {"compile": True}}), NavRLPolicy(), "cpu")
+
 
 def test_a_learner_with_an_extra_loss_term_refuses_a_fast_path():
     """The BC term of "ppo+bc" is part of the learner from the start: a fast path is
@@ -321,6 +355,8 @@ def test_a_learner_with_an_extra_loss_term_refuses_a_fast_path():
     [
         ({"pipeline": {"compress_rollouts": True}}, "pipeline.compress_rollouts"),
         ({"run": {"device": "cpu"}, "ppo": {"update_path": "cuda_graph"}}, "needs a CUDA"),
+        ({"ppo": {"update_path": "eager", "compile": True}}, "ppo.compile"),
+        ({"run": {"device": "cpu"}, "ppo": {"update_path": "auto", "compile": True}}, "eager"),
     ],
 )
 def test_config_refuses_fast_paths_that_cannot_run(settings, message):
