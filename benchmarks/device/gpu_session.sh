@@ -121,7 +121,8 @@ compile)
       step "e2e_${envs}_compile_$compiled" 100 - python3 benchmarks/throughput.py \
         --device $DEV --config $CONFIG --warmup 4 --iterations ${ITERS:-16} --repeats 1 \
         --variants cuda_graph_lag1_streams --run-timeout $((90 * LIMIT_SCALE)) \
-        --out "$OUT/compile_${compiled}_${envs}_gpu.json" $size ppo.compile=$compiled
+        --out "$OUT/compile_${compiled}_${envs}_gpu.json" $size ppo.compile=$compiled \
+        ppo.update_path=${FAST:-cuda_graph}  # the report's config too (auto: eager on a CPU)
     done
   done
   ;;
