@@ -105,6 +105,7 @@ LOCAL_SPAWN_TRIES = 32
 STAT_KEYS = ("return", "episode_len", "reach_goal", "collision", "truncated")
 _STATS = tuple(enumerate(STAT_KEYS))
 _REACH_GOAL, _COLLISION = STAT_KEYS.index("reach_goal"), STAT_KEYS.index("collision")
+_EPISODE_LEN = STAT_KEYS.index("episode_len")
 OBS = ("agents", "observation")
 ACTION_KEY = ("agents", "action")
 REWARD_KEY = ("agents", "reward")
@@ -462,16 +463,27 @@ class NavigationEnv(EnvBase):
         if top == 0:
             return
         ended = self.episode_stats[ids]
-        step = ended[:, _REACH_GOAL] - ended[:, _COLLISION]
-        if where is not None:
-            step = step * where
-        moved = (self.level[ids] + step.to(self.level.dtype)).clamp(0, top)
+        flown = ended[:, _EPISODE_LEN] > 0  # not the first reset of a fresh env
+        weight = (flown if where is None else flown & where).to(ended.dtype)
+        outcome = ended[:, (_REACH_GOAL, _COLLISION)] * weight[:, None]
+        level = self.level[ids]
+        self.level_ends.index_add_(0, level, torch.cat((weight[:, None], outcome), -1))
+        step = outcome[:, 0] - outcome[:, 1]
+        moved = (level + step.to(self.level.dtype)).clamp(0, top)
         self.level.index_copy_(0, ids, moved)
 
     def level_shares(self) -> list[float]:
         """The share of envs at each density level (one entry without map_levels)."""
         counts = torch.bincount(self.level, minlength=len(self.level_counts))
         return (counts.double() / self.num_envs).tolist()
+
+    def level_outcomes(self) -> list[list[float]]:
+        """Per density level, [episodes ended, reached, collided] at that level since the
+        last call (which zeroes them): how well the policy flies each density. Counted with
+        the level moves (so only with map_levels)."""
+        counts = self.level_ends.tolist()
+        self.level_ends.zero_()
+        return counts
 
     def _rescan(self, ids: Tensor) -> None:
         """Cast the LiDAR of these envs at their current pose (fresh scan after a reset)."""
@@ -599,6 +611,9 @@ class NavigationEnv(EnvBase):
         self.height_range = torch.zeros(n, 2, device=dev)
         self.step_count = torch.zeros(n, dtype=torch.long, device=dev)
         self.level = torch.zeros(n, dtype=torch.long, device=dev)
+        # Per level: episodes ended there, reached, collided, since level_outcomes() read
+        # them (telemetry, not state: a checkpoint does not hold it).
+        self.level_ends = torch.zeros(len(self.level_counts), 3, device=dev)
         self.scan = torch.full((n, NUM_BEAMS), LIDAR_RANGE, device=dev)
         self.episode_stats = torch.zeros(n, len(STAT_KEYS), device=dev)  # STAT_KEYS order
         self._rescan(torch.arange(n, device=dev))

@@ -250,7 +250,7 @@ def build_stages(ctx: RunContext) -> list[Stage]:
         mark_ready=trainer_stream is not None,
         # rank 0's envs, where the backend keeps density levels (NavigationEnv)
         on_levels=(
-            telemetry.level_shares
+            telemetry.levels
             if cfg.env.map_levels and owned and hasattr(collector.env, "level_shares")
             else None
         ),

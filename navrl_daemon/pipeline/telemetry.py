@@ -88,6 +88,8 @@ class Telemetry:
         self._stall_s = 0.0  # checkpoint stall seconds counted in earlier rows
         self._curriculum_stage: int | None = None  # with env.curriculum: the training stage
         self._level_shares: list[float] | None = None  # with env.map_levels: envs per level
+        # ... and per level [episodes ended, reached, collided] in this row's window
+        self._level_ends: list[list[float]] | None = None
 
     def start(self) -> None:
         if not self.cfg.metrics.enabled:
@@ -234,6 +236,9 @@ class Telemetry:
             row["curriculum_stage"] = self._curriculum_stage
         if self._level_shares is not None:
             row["level_shares"] = [round(share, 4) for share in self._level_shares]
+        if self._level_ends is not None:
+            row["level_outcomes"] = [_outcome(*ends) for ends in self._level_ends]
+            self._level_ends = None
         self._row_iteration, self._stall_s, self._resumed_from = summary["iteration"], stall, None
         return row
 
@@ -242,10 +247,16 @@ class Telemetry:
         self._curriculum_stage = stage
         self.metrics.curriculum_stage(stage)
 
-    def level_shares(self, shares: list[float]) -> None:
-        """The share of the training envs at each `env.map_levels` level, after a rollout."""
+    def levels(self, shares: list[float], ends: list[list[float]] | None = None) -> None:
+        """After a rollout: the share of the training envs at each `env.map_levels` level,
+        and per level [episodes ended, reached, collided] during it (summed per row)."""
         self._level_shares = shares
         self.metrics.level_shares(list(self.cfg.env.map_levels), shares)
+        if ends is not None:
+            total = self._level_ends or [[0.0, 0.0, 0.0] for _ in ends]
+            self._level_ends = [
+                [a + b for a, b in zip(t, e, strict=True)] for t, e in zip(total, ends, strict=True)
+            ]
 
     def evaluation(self, record: dict[str, Any]) -> None:
         self.metrics.evaluation(record)
@@ -275,3 +286,14 @@ class Telemetry:
         if self.daemon_file is not None:
             self.daemon_file.unlink(missing_ok=True)
         self.notifier.close()
+
+
+def _outcome(episodes: float, reached: float, collided: float) -> dict[str, float | int | None]:
+    """One level's training episodes in a history row: how many ended there, and the share
+    that reached their goal or collided (None when none ended)."""
+    n = int(episodes)
+    return {
+        "episodes": n,
+        "reach_goal": round(reached / n, 4) if n else None,
+        "collision": round(collided / n, 4) if n else None,
+    }

@@ -53,7 +53,9 @@ class Collected(NamedTuple):
     seconds: float
     collector_state: dict[str, Any] | None  # when the update on it is checkpointed
     ready: torch.cuda.Event | None  # with the trainer's own stream: the rollout's end
-    level_shares: list[float] | None  # with density levels: envs per level
+    # With density levels: envs per level, and per level [episodes ended, reached,
+    # collided] during the rollout.
+    levels: tuple[list[float], list[list[float]]] | None
 
 
 class RolloutProducer:
@@ -74,8 +76,9 @@ class RolloutProducer:
         shutdown: Shutdown,
         compute: ComputeThread,
         mark_ready: bool = False,
-        # With env.map_levels: told the share of envs at each level after every rollout.
-        on_levels: Callable[[list[float]], None] | None = None,
+        # With env.map_levels: told after every rollout the share of envs at each level and
+        # per level [episodes ended, reached, collided] during it.
+        on_levels: Callable[[list[float], list[list[float]]], None] | None = None,
     ) -> None:
         self.collector = collector
         self.on_levels = on_levels
@@ -132,7 +135,7 @@ class RolloutProducer:
             raise
         seconds, state, ready, levels = collected
         if self.on_levels is not None and levels is not None:
-            self.on_levels(levels)
+            self.on_levels(*levels)
         if checkpointed:
             state = await self.coordinator.gather_collectors(state)
         episodes = await self.coordinator.sum_episodes(self.collector.episodes.take_sums())
@@ -147,6 +150,10 @@ class RolloutProducer:
         self.iteration += 1
         self.frames += self.cadence.frames_per_iteration
 
+    def _levels(self) -> tuple[list[float], list[list[float]]]:
+        env = self.collector.env
+        return env.level_shares(), env.level_outcomes()
+
     def _collect(self, buffer: object, checkpointed: bool) -> Collected:
         seconds = self.collector.collect(buffer)  # type: ignore[arg-type]
         ready = None
@@ -157,7 +164,7 @@ class RolloutProducer:
             seconds,
             self.collector_state() if checkpointed else None,
             ready,
-            self.collector.env.level_shares() if self.on_levels is not None else None,
+            self._levels() if self.on_levels is not None else None,
         )
 
     async def _agree_to_stop(self) -> bool:

@@ -67,6 +67,7 @@ def _end_episodes(env: NavigationEnv, reach: list[float], collision: list[float]
     """Envs whose episodes just ended with these stats, reset as torchrl's auto-reset does."""
     env.episode_stats[:, STAT_KEYS.index("reach_goal")] = torch.tensor(reach)
     env.episode_stats[:, STAT_KEYS.index("collision")] = torch.tensor(collision)
+    env.episode_stats[:, STAT_KEYS.index("episode_len")] = 5.0
     every = torch.ones(8, 1, dtype=torch.bool)
     env.reset(TensorDict({"_reset": every}, batch_size=[8]))
 
@@ -83,6 +84,9 @@ def test_levels_move_up_on_reaching_down_on_collision_and_stay_on_time_outs():
     )
     assert env.level.tolist() == [1, 0, 2, 1, 3, 2, 2, 1]
     assert env.level_shares() == [0.125, 0.375, 0.375, 0.125]
+    # Counted at the level each episode was flown at: [ended, reached, collided].
+    assert env.level_outcomes() == [[2, 1, 1], [2, 2, 1], [2, 0, 1], [2, 1, 1]]
+    assert env.level_outcomes() == [[0, 0, 0]] * 4  # read once
 
 
 def test_masked_resets_move_only_the_envs_whose_episode_ended():
@@ -98,8 +102,11 @@ def test_masked_resets_move_only_the_envs_whose_episode_ended():
         td = env.place_drones(start, goal)
         td.set(("agents", "action"), torch.zeros(8, 1, 3))
         env.step_and_maybe_reset(td)
-        moved[mode] = env.level.tolist()
-    assert moved["indexed"] == moved["masked"] == [1, 1, 1, 1, 0, 0, 0, 0]
+        moved[mode] = env.level.tolist(), env.level_outcomes()
+    assert moved["indexed"] == moved["masked"]
+    levels, outcomes = moved["masked"]
+    assert levels == [1, 1, 1, 1, 0, 0, 0, 0]
+    assert outcomes == [[8, 4, 0], [0, 0, 0], [0, 0, 0], [0, 0, 0]]
 
 
 def test_levels_are_part_of_the_env_state_and_old_states_load():
@@ -210,7 +217,18 @@ def test_a_run_reports_its_envs_levels_in_history_and_metrics(tmp_path):
     shares = [row["level_shares"] for row in rows]
     assert shares and all(len(s) == 3 and abs(sum(s) - 1) < 1e-3 for s in shares)
     assert any(s[0] < 1 for s in shares), shares  # envs left level 0
+    # How each level's episodes ended, per row: episodes of 6 steps, 16 envs, 10 iterations
+    # of 8 steps: every env ends an episode at least once per row.
+    outcomes = [row["level_outcomes"] for row in rows]
+    assert all(len(o) == 3 for o in outcomes)
+    assert sum(level["episodes"] for o in outcomes for level in o) >= 16 * len(rows)
+    for level in (lv for o in outcomes for lv in o):
+        if level["episodes"]:
+            assert 0 <= level["reach_goal"] <= 1 and 0 <= level["collision"] <= 1
+        else:
+            assert level["reach_goal"] is None and level["collision"] is None
+    assert any(o[0]["reach_goal"] for o in outcomes), outcomes  # some reached at level 0
     without = load_config(None, [*TINY, "run.total_frames=128", "eval.interval=0"], environ={})
     anyio.run(serve, without, tmp_path / "plain")
     plain = (tmp_path / "plain" / "history.jsonl").read_text()
-    assert "level_shares" not in plain
+    assert "level_shares" not in plain and "level_outcomes" not in plain
