@@ -10,7 +10,9 @@ Each row is one (checkpoint, pillars, layout, maps) evaluation:
   maps drawn from `--held-out-seed`.
 - layout `navrl` is NavRL's crossing evaluation, `train` the training spawn rule.
 With `--probe`, NavRL-layout rows also fly blind (LiDAR zeroed), measure the action gap
-near pillars, and give altitude and path statistics per outcome.
+near pillars, and give altitude and path statistics per outcome. With
+`--goal-distance-caps 16 30`, they are flown again with the goal distance the policy reads
+capped at 16 and at 30 m (`goal_distance_use`).
 
 Run: `.venv/bin/python benchmarks/diagnose.py --checkpoint A.nrc [B.pt ...] --config
 config/navrl.toml --pillars 100 350 350:100 --probe --out diag.json [KEY=VALUE ...]`
@@ -31,7 +33,7 @@ import torch
 from navrl_daemon.config import Config, load_config
 from navrl_daemon.env import make_env
 from navrl_daemon.rl.evaluate import evaluate, evaluate_recorded
-from navrl_daemon.rl.probes import lidar_use, path_stats
+from navrl_daemon.rl.probes import goal_distance_use, lidar_use, path_stats
 from navrl_daemon.rl.training import eval_steps, make_policy
 from navrl_daemon.storage.policy_file import check_policy_layout, load_any_policy_state
 
@@ -79,6 +81,10 @@ def diagnose(
                     row["lidar_use"] = lidar_use(env, policy, seed=cfg.eval.seed, max_steps=steps)
                     _, traj = evaluate_recorded(env, policy, seed=cfg.eval.seed, max_steps=steps)
                     row["paths"] = path_stats(traj, env.cfg.dt)
+                if args.goal_distance_caps and layout == "navrl":
+                    row["goal_distance_use"] = goal_distance_use(
+                        env, policy, args.goal_distance_caps, seed=cfg.eval.seed, max_steps=steps
+                    )
                 row["seconds"] = round(time.perf_counter() - t0, 1)
                 print(json.dumps(row), flush=True)
                 rows.append(row)
@@ -97,6 +103,13 @@ def main() -> None:
     p.add_argument("--held-out-seed", type=int, default=1000)
     p.add_argument("--held-out-maps", type=int, default=16)
     p.add_argument("--probe", action="store_true")
+    p.add_argument(
+        "--goal-distance-caps",
+        type=float,
+        nargs="+",
+        default=[],
+        help="NavRL-layout rows again with the goal distance the policy reads capped (m)",
+    )
     p.add_argument("--out", type=Path)
     p.add_argument("overrides", nargs="*", help="KEY=VALUE config overrides")
     args = p.parse_args()

@@ -7,8 +7,11 @@
   flies as well blind, or whose action does not change near pillars, has memorised a
   route rather than learned to avoid what it sees.
 - `path_stats`: altitude and path shape of each outcome (reached / collided / out of bounds /
-  timed out)
-  from recorded trajectories: does it fly over the low pillars, detour, hover?
+  timed out) from recorded trajectories: does it fly over the low pillars, detour, hover?
+- `goal_distance_use`: the evaluation flown again with the goal distance the policy reads
+  (the state's d_xy, in metres and not normalised) capped at each of some distances. A
+  policy trained on short hops that flies NavRL's 48 m crossing differently when it reads
+  at most 16 m is reading a goal distance it never trained on.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from navrl_daemon.rl.evaluate import OUTCOMES, Trajectories, evaluate_op_by_op
 from navrl_daemon.rl.policy import OBS_KEY, NavRLPolicy
 
 LIDAR_KEY = (*OBS_KEY, "lidar")
+STATE_KEY = (*OBS_KEY, "state")
+GOAL_DISTANCE = 3  # the state's d_xy: [r̂_g (3), d_xy, d_z, v_g (3)]
 # A LiDAR value above this (range 4 m minus distance) is a hit closer than 1.5 m.
 NEAR_VALUE = 4.0 - 1.5
 
@@ -35,6 +40,21 @@ class BlindPolicy:
 
     def act(self, td: TensorDictBase, deterministic: bool = False) -> TensorDictBase:
         td.set(LIDAR_KEY, torch.zeros_like(td.get(LIDAR_KEY)))
+        return self.policy.act(td, deterministic)
+
+
+class GoalDistanceCap:
+    """`policy` acting on observations whose goal distance d_xy is at most `cap` metres
+    (the env, and the drone's flight in it, are unchanged)."""
+
+    def __init__(self, policy: NavRLPolicy, cap: float) -> None:
+        self.policy = policy
+        self.cap = cap
+
+    def act(self, td: TensorDictBase, deterministic: bool = False) -> TensorDictBase:
+        state = td.get(STATE_KEY).clone()
+        state[..., GOAL_DISTANCE].clamp_(max=self.cap)
+        td.set(STATE_KEY, state)
         return self.policy.act(td, deterministic)
 
 
@@ -115,4 +135,20 @@ def _one_path(traj: Trajectories, i: int, dt: float) -> dict[str, float]:
         "speed_mps": length / duration,
         "path_over_straight": length / max(straight, 1e-6),
         "end_distance_xy_m": float((traj.goal[i, :2] - path[-1, :2]).norm()),
+    }
+
+
+def goal_distance_use(
+    env: EnvBase, policy: NavRLPolicy, caps: list[float], *, seed: int, max_steps: int
+) -> dict[str, dict[str, float]]:
+    """The evaluation's results with the goal distance the policy reads capped at each of
+    `caps` metres (same env, seed and step cap as `evaluate`)."""
+    return {
+        f"{cap:g}": evaluate_op_by_op(
+            env,
+            GoalDistanceCap(policy, cap),
+            seed=seed,
+            max_steps=max_steps,  # type: ignore[arg-type]
+        )
+        for cap in caps
     }

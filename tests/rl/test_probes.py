@@ -1,4 +1,5 @@
-"""The policy probes of rl/probes.py: LiDAR use and path statistics per outcome."""
+"""The policy probes of rl/probes.py: LiDAR use, goal-distance use and path statistics per
+outcome."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 from navrl_daemon.config import load_config
 from navrl_daemon.rl.evaluate import Trajectories, evaluate
 from navrl_daemon.rl.policy import NavRLPolicy
-from navrl_daemon.rl.probes import lidar_use, path_stats
+from navrl_daemon.rl.probes import goal_distance_use, lidar_use, path_stats
 from navrl_daemon.rl.training import make_eval_env
 
 
@@ -63,6 +64,19 @@ def test_a_policy_that_reads_its_lidar_shows_a_gap_and_the_real_numbers_are_navr
     }
     assert probe["action_gap_mps"] > 0.0
     assert 0.0 <= probe["near_step_share"] <= 1.0
+
+
+def test_a_goal_distance_cap_beyond_the_field_changes_nothing_and_a_short_one_does():
+    """Capped above every distance in the field the flight is the evaluation's, number for
+    number; capped at 1 m the policy reads other states and flies otherwise."""
+    cfg = _cfg()
+    policy = _policy(1)
+    env = make_eval_env(cfg, "cpu")
+    plain = evaluate(env, policy, seed=0, max_steps=60)
+    capped = goal_distance_use(env, policy, [1000.0, 1.0], seed=0, max_steps=60)
+    assert set(capped) == {"1000", "1"}
+    assert capped["1000"] == plain
+    assert capped["1"]["return"] != plain["return"]
 
 
 def test_path_stats_against_a_hand_made_flight():
