@@ -171,8 +171,8 @@ sweep)
   # NavRL's static task (350 pillars, no moving obstacles, NavRL's crossing evaluated on the
   # training maps and on 16 held-out maps every 25 iterations) at 256 envs, one recipe per
   # benchmarks/learning.py process, all side by side (at 256 envs one process leaves most of
-  # the GPU idle: its update is launch-bound). RECIPES picks them (default: the first four;
-  # hops_kl and long_hops are not in it);
+  # the GPU idle: its update is launch-bound). RECIPES picks them (default: stages,
+  # hops, long_hops and hops_flat; levels and hops_kl on request);
   # EXTRA: more KEY=VALUE overrides for every recipe (e.g. for a CPU smoke run). The results
   # come back as one sweep.tgz (learning.py writes 3 files per recipe).
   budget=${2:-330}
@@ -182,7 +182,7 @@ sweep)
   # shellcheck disable=SC2206  # EXTRA is meant to split into words
   extra=(${EXTRA:-})
   work=/tmp/sweep && rm -rf $work && mkdir -p $work
-  for name in ${RECIPES:-stages levels hops hops_flat}; do
+  for name in ${RECIPES:-stages hops long_hops hops_flat}; do
     case $name in
     stages)  # issue #13's global stages, the CPU baseline of docs/learning.md
       recipe=("env.curriculum=[{name = \"100\", num_obstacles = 100, promote = {reach_goal = 0.6, collision = 0.3, evals = 2}}, {name = \"175\", num_obstacles = 175, promote = {reach_goal = 0.6, collision = 0.3, evals = 2}}, {name = \"250\", num_obstacles = 250, promote = {reach_goal = 0.6, collision = 0.35, evals = 2}}, {name = \"350\"}]") ;;
