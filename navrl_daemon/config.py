@@ -542,8 +542,8 @@ class Config(Section):
         device = None if self.run.device == "auto" else self.run.device.split(":")[0]
         try:
             path = resolve_update_path(self.ppo.update_path, device, why_not=why_not)
-            known = device is not None or self.ppo.update_path == "eager"
-            check_compile(self.ppo.compile, path, known=known)
+            if device is not None or self.ppo.update_path == "eager":  # else: the learner
+                check_compile(self.ppo.compile, path)
         except ConfigError as err:
             raise ValueError(str(err)) from None
         return self
@@ -785,10 +785,10 @@ NOT_FAST = {
 }
 
 
-def check_compile(compile_: bool, path: UpdatePath, *, known: bool = True) -> None:
-    """ppo.compile needs a path whose step it can compile; `known`: whether `path` is final
-    (with run.device = "auto" the learner checks again with its device)."""
-    if compile_ and path == "eager" and known:
+def check_compile(compile_: bool, path: UpdatePath) -> None:
+    """ppo.compile needs a path whose step it can compile (the config checks what it can
+    tell; with run.device = "auto" the learner checks again with its device)."""
+    if compile_ and path == "eager":
         raise ConfigError(
             "ppo.compile: only the 'fused' and 'cuda_graph' update paths compile their step; "
             "this run's resolves to 'eager' (set ppo.update_path, 'auto' is eager on a CPU)"

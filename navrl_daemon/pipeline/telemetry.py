@@ -247,16 +247,15 @@ class Telemetry:
         self._curriculum_stage = stage
         self.metrics.curriculum_stage(stage)
 
-    def levels(self, shares: list[float], ends: list[list[float]] | None = None) -> None:
+    def levels(self, shares: list[float], ends: list[list[float]]) -> None:
         """After a rollout: the share of the training envs at each `env.map_levels` level,
         and per level [episodes ended, reached, collided] during it (summed per row)."""
         self._level_shares = shares
         self.metrics.level_shares(list(self.cfg.env.map_levels), shares)
-        if ends is not None:
-            total = self._level_ends or [[0.0, 0.0, 0.0] for _ in ends]
-            self._level_ends = [
-                [a + b for a, b in zip(t, e, strict=True)] for t, e in zip(total, ends, strict=True)
-            ]
+        total = self._level_ends or [[0.0, 0.0, 0.0] for _ in ends]
+        self._level_ends = [
+            [a + b for a, b in zip(t, e, strict=True)] for t, e in zip(total, ends, strict=True)
+        ]
 
     def evaluation(self, record: dict[str, Any]) -> None:
         self.metrics.evaluation(record)

@@ -213,6 +213,10 @@ class FastUpdate:
         rows = flat.shape[0]
         self.sums.zero_()
         self.applied.zero_()
+        self.entropy_coef.fill_(cfg.entropy_coef)
+        # The graph and the compiled losses read the coefficient from the device scalar (a
+        # float would be baked in); the plain fused step takes the float, as eager does.
+        entropy_coef = self.entropy_coef if self._losses is not None else cfg.entropy_coef
         steps = 0
         with self._fused_optimizers():
             if self.graphs:
@@ -225,7 +229,7 @@ class FastUpdate:
                     self._idx.copy_(idx, non_blocking=True)
                     self._replay()
                 else:
-                    self._step(flat[idx], cfg, cfg.entropy_coef)
+                    self._step(flat[idx], cfg, entropy_coef)
                 steps += 1
         if self._replay is None:
             self._zero_grad()
@@ -250,8 +254,6 @@ class FastUpdate:
         self._zero_grad()
         policy = self.policy
         if self._losses is not None:
-            if not isinstance(entropy_coef, torch.Tensor):  # a float would be baked in
-                entropy_coef = self.entropy_coef.fill_(entropy_coef)
             losses = self._losses(*ppo.loss_inputs(mb), entropy_coef, cfg)
         else:
             losses = ppo.minibatch_losses(policy, mb, cfg, entropy_coef)
@@ -329,7 +331,6 @@ class FastUpdate:
 
     def _prepare_graph(self, flat: TensorDictBase, cfg: PPOConfig, size: int) -> None:
         """Copy this update's batch into the graph's input buffers; capture if needed."""
-        self.entropy_coef.fill_(cfg.entropy_coef)
         key = self._graph_key(flat, cfg, size)
         if self._replay is not None and key == self._key:
             assert self._flat is not None
