@@ -250,7 +250,10 @@ class NavigationEnv(EnvBase):
             # One host sync per partial reset (torchrl already synced to find a done env):
             # the spawn and the LiDAR are then computed for the reset envs only.
             ids = mask.reshape(self.num_envs).nonzero().squeeze(-1)
-        self._advance_levels(ids)
+            # Only these episodes ended; a full reset (no mask: the collector's start, a
+            # resume, a new curriculum stage) abandons whatever was in flight instead, so
+            # it neither moves levels nor counts episodes in level_outcomes().
+            self._advance_levels(ids)
         start, goal = self._draw_spawns(ids)
         self._begin_episodes(ids, start, goal)
         return self._reset_output()

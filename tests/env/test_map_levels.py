@@ -232,3 +232,41 @@ def test_a_run_reports_its_envs_levels_in_history_and_metrics(tmp_path):
     anyio.run(serve, without, tmp_path / "plain")
     plain = (tmp_path / "plain" / "history.jsonl").read_text()
     assert "level_shares" not in plain and "level_outcomes" not in plain
+
+
+def test_level_outcomes_count_the_episodes_training_counts_across_a_resume(tmp_path):
+    """A full reset (the collector's start, a resume) abandons the episodes in flight: it
+    ends none. So every row's level_outcomes hold exactly the episodes its training stats
+    count, in a fresh run and after a resume (they once counted every env at the start)."""
+    import json
+
+    import anyio
+
+    from navrl_daemon.pipeline.daemon import serve
+    from tests.conftest import TINY
+
+    def cfg(frames: int):
+        return load_config(
+            None,
+            [
+                *TINY,
+                "env.num_envs=16",
+                "env.num_dynamic_obstacles=0",
+                "env.num_obstacles=8",
+                "env.max_episode_length=12",
+                "env.goal_distance=[0.1, 0.3]",
+                f"env.map_levels={[0, 4, 8]}",
+                f"run.total_frames={frames}",
+                "eval.interval=0",
+                "checkpoint.interval=4",
+            ],
+            environ={},
+        )
+
+    anyio.run(serve, cfg(512), tmp_path)  # 4 iterations of 8 steps
+    anyio.run(serve, cfg(1024), tmp_path)  # resumed from iteration 4
+    rows = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()]
+    assert any(row.get("resumed_from") == 4 for row in rows), rows
+    counted = [sum(level["episodes"] for level in row["level_outcomes"]) for row in rows]
+    assert counted == [row["train_episodes"] for row in rows]
+    assert sum(counted) > 0  # 12-step episodes end within the run
