@@ -81,6 +81,7 @@ class CurriculumStage(Section):
     spawn_margin: float | None = None
     spawn_height: list[float] | None = None
     max_episode_length: int | None = None
+    reach_hold: int | None = None
     promote: PromotionRule | None = None
 
     @model_serializer(mode="wrap")
@@ -115,6 +116,12 @@ class EnvConfig(Section):
     dynamic_speed_range: Range = [0.5, 1.5]
     # Steps before an episode is cut (truncated); at dt 0.016 s, 2200 steps are 35.2 s.
     max_episode_length: Annotated[int, Field(ge=1, le=10_000_000)] = 2200
+    # Ours (embedded env): an episode ends as a time-out (truncated: the value bootstraps)
+    # once the drone has been within 0.5 m of its goal for this many steps in a row, so
+    # training frames go to new flights instead of hovering at the goal until
+    # max_episode_length. 0: NavRL, where reaching the goal never ends an episode.
+    # Evaluations always fly NavRL's rule.
+    reach_hold: Annotated[int, Field(ge=0, le=10_000_000)] = 0
     # "border": NavRL's starts/goals on the four sides, spawn_margin outside the field.
     # "local": start anywhere free, goal at a horizontal distance drawn from goal_distance.
     # "crossing" (ours): like "border", but the goal is always on the opposite side, so
@@ -209,6 +216,11 @@ class EnvConfig(Section):
             raise ValueError(
                 f"map_levels: a level is a prefix of the map's num_obstacles = "
                 f"{self.num_obstacles} pillars, got {levels[-1]}"
+            )
+        if self.reach_hold and self.backend != "navigation":
+            raise ValueError(
+                f'reach_hold: ends episodes in the embedded env (backend "navigation"), '
+                f'got backend "{self.backend}"'
             )
         if self.crossing_share > 0 and self.spawn != "border":
             raise ValueError(

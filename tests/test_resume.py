@@ -95,14 +95,22 @@ def test_resume_from_an_interval_checkpoint_after_kill9_is_also_exact(
     [
         ("env.num_maps=2", "env.map_levels=[0,2,4]"),
         ("env.spawn=border", "env.spawn_margin=1.0", "env.crossing_share=0.5"),
+        # Goals within reach at the start: hold counts run and hops end at the goal.
+        (
+            "env.map_levels=[0,2,4]",
+            "env.spawn=local",
+            "env.goal_distance=[0.1, 0.3]",
+            "env.reach_hold=3",
+        ),
     ],
-    ids=["density-levels", "crossing-share"],
+    ids=["density-levels", "crossing-share", "reach-hold"],
 )
 def test_resume_is_exact_with_density_levels_and_a_spawn_mix(
     tmp_path: Path, extra: tuple[str, ...]
 ) -> None:
-    """Per-env density levels (env.map_levels) and the spawn mix (env.crossing_share)
-    keep the resume exact: the levels travel in the env state."""
+    """Per-env density levels (env.map_levels), the spawn mix (env.crossing_share) and
+    hops ended at the goal (env.reach_hold) keep the resume exact: the levels and the
+    hold counts travel in the env state."""
     common = ("checkpoint.interval=2", *extra)
     run(tmp_path / "a", *common, "run.total_frames=640")
     (tmp_path / "a" / "checkpoints" / "ckpt-000000010.nrc").unlink()  # as if killed at 9
@@ -281,14 +289,17 @@ def test_a_checkpoint_from_before_the_newer_env_keys_still_restores_the_env(
     tmp_path: Path,
 ) -> None:
     """Checkpoints written before `env.curriculum`, `env.reset_mode`, `env.map_levels`,
-    `env.crossing_share` and `env.collect_path` existed lack the keys; with today's
+    `env.crossing_share`, `env.collect_path` and `env.reach_hold` existed lack the keys (and
+    the env state its hold counts); with today's
     defaults (what they ran on the CPU) the episodes go on."""
     state = tmp_path / "state"
     run(state, "run.total_frames=64")
     path = state / "checkpoints" / "ckpt-000000001.nrc"
     header, snap = load_checkpoint(path)
-    for key in ("curriculum", "reset_mode", "map_levels", "crossing_share", "collect_path"):
+    keys = ("curriculum", "reset_mode", "map_levels", "crossing_share", "collect_path")
+    for key in (*keys, "reach_hold"):
         del snap["config"]["env"][key]
+    del snap["collector"]["env"]["held"]
     path.write_bytes(
         encode_checkpoint(
             snap,

@@ -47,6 +47,12 @@ nothing jumps at once. Without levels every env flies its whole map (NavRL). The
 is arithmetic on the ended episode's stats written in place (no host read, no branch on a
 value), so a captured step moves levels as the eager one does.
 
+Ending hops at the goal (`env.reach_hold`, ours): NavRL's reach is not terminal, so a drone
+that reached its goal hovers there until the time-out. With reach_hold = k, an episode is
+truncated (a time-out: the value bootstraps, reaching is not punished) once the drone has
+been within REACH_RADIUS for k steps in a row (`held`, a state tensor updated in place), so
+the frames go to new flights and levels move sooner. Evaluations keep NavRL's rule.
+
 Test and scripting hooks: `set_pillars` replaces the static boxes, `place_drones` starts
 episodes at given positions, and `dynamic` (a `DynamicObstacles`) exposes the moving
 obstacles' tensors.
@@ -94,7 +100,7 @@ LOG_CLAMP_MIN = 1e-6
 # --- navrl-task §1.9: termination -----------------------------------------------------------------
 COLLISION_DISTANCE = 0.3  # m: static (a beam shorter than this) and dynamic margin
 Z_MIN, Z_MAX = 0.2, 4.0
-REACH_RADIUS = 0.5  # m (3D): reach_goal stat, not terminal
+REACH_RADIUS = 0.5  # m (3D): reach_goal stat, not terminal (ends an episode only with reach_hold)
 # --- navrl-task §1.4: eval layout ("navrl") -------------------------------------------------------
 NAVRL_LAYOUT_SPAN = 0.8  # x spread of starts/goals as a fraction of the field (32 of 40 m)
 NAVRL_LAYOUT_Z = 2.0
@@ -201,8 +207,10 @@ class NavigationEnv(EnvBase):
         values = {}
         for name in _STATE_TENSORS:
             current = getattr(self, name)
-            # States saved before env.map_levels existed hold no levels: all were at 0.
-            value = state.get(name, torch.zeros_like(current)) if name == "level" else state[name]
+            # States saved before env.map_levels / env.reach_hold existed hold no levels
+            # (all were at 0) and no hold counts (nothing counted them).
+            optional = name in ("level", "held")
+            value = state.get(name, torch.zeros_like(current)) if optional else state[name]
             if value.shape != current.shape:
                 raise ValueError(
                     f"env state {name}: shape {tuple(value.shape)}, "
@@ -313,6 +321,10 @@ class NavigationEnv(EnvBase):
         z = self.pos[:, 2]
         terminated = collision | (z < Z_MIN) | (z > Z_MAX)
         truncated = self.step_count >= cfg.max_episode_length
+        if cfg.reach_hold:  # a config constant: the same branch at every step
+            near = dist < REACH_RADIUS
+            torch.where(near, self.held + 1, torch.zeros_like(self.held), out=self.held)
+            truncated = truncated | (self.held >= cfg.reach_hold)
         stats = torch.stack(  # in STAT_KEYS order
             (
                 self.episode_stats[:, 0] + reward,
@@ -435,6 +447,7 @@ class NavigationEnv(EnvBase):
             "yaw": yaw_of(goal - start),
             "height_range": torch.stack((heights.amin(-1), heights.amax(-1)), -1),
             "step_count": zeros.to(self.step_count.dtype),
+            "held": zeros.to(self.held.dtype),
             "episode_stats": zeros[:, None].expand(-1, len(STAT_KEYS)),
         }
 
@@ -614,6 +627,8 @@ class NavigationEnv(EnvBase):
         self.height_range = torch.zeros(n, 2, device=dev)
         self.step_count = torch.zeros(n, dtype=torch.long, device=dev)
         self.level = torch.zeros(n, dtype=torch.long, device=dev)
+        # Steps in a row within REACH_RADIUS of the goal (env.reach_hold).
+        self.held = torch.zeros(n, dtype=torch.long, device=dev)
         # Per level: episodes ended there, reached, collided, since level_outcomes() read
         # them (telemetry, not state: a checkpoint does not hold it).
         self.level_ends = torch.zeros(len(self.level_counts), 3, device=dev)
@@ -712,4 +727,5 @@ _STATE_TENSORS = (
     "step_count",
     "scan",
     "level",
+    "held",
 )

@@ -326,6 +326,7 @@ def make_eval_env(
             "map_levels": [],
             "num_maps": cfg.eval.num_maps or cfg.env.num_maps,
             "max_episode_length": max(cfg.env.max_episode_length, cfg.eval.max_steps),
+            "reach_hold": 0,  # NavRL's evaluation: at the goal when the episode ends
         }
     )
     return make_env(

@@ -204,15 +204,16 @@ def restore(
     saved = state.get("config", {})
     collected = state.get("collector")
     # Checkpoints from before env.curriculum / env.reset_mode / env.map_levels /
-    # env.crossing_share / env.collect_path existed lack those keys (they ran what the
-    # defaults give on the CPU: no curriculum, indexed resets, no density levels, NavRL's
-    # border spawns, steps op by op).
+    # env.crossing_share / env.collect_path / env.reach_hold existed lack those keys (they
+    # ran what the defaults give on the CPU: no curriculum, indexed resets, no density
+    # levels, NavRL's border spawns, steps op by op, reaching never ends an episode).
     before = {
         "curriculum": [],
         "reset_mode": "auto",
         "map_levels": [],
         "crossing_share": 0.0,
         "collect_path": "auto",
+        "reach_hold": 0,
     }
     saved_env = {**before, **saved.get("env", {})}
     same_env = saved_env == cfg.env.model_dump() and (

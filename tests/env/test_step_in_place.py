@@ -33,13 +33,18 @@ def addresses(env: NavigationEnv) -> dict[str, int]:
     return {name: t.untyped_storage().data_ptr() for name, t in env.state_tensors().items()}
 
 
-@pytest.mark.parametrize("levels", [[], [0, 10, 30]], ids=["whole_map", "map_levels"])
+@pytest.mark.parametrize(
+    ("levels", "hold"),
+    [([], 0), ([0, 10, 30], 0), ([0, 10, 30], 2)],
+    ids=["whole_map", "map_levels", "reach_hold"],
+)
 @pytest.mark.parametrize("mode", ["indexed", "masked"])
-def test_every_state_tensor_keeps_its_storage(mode: str, levels: list[int]) -> None:
+def test_every_state_tensor_keeps_its_storage(mode: str, levels: list[int], hold: int) -> None:
     """Steps with crashes and time-outs, auto-resets, full resets, reseeds, a state load
     and scripted starts: every tensor a step reads or writes stays where it was (the
-    density levels too, which move at every ended episode)."""
-    env = make_env(config(reset_mode=mode, map_levels=levels), seed=2)
+    density levels too, which move at every ended episode, and the counts of steps at
+    the goal, env.reach_hold)."""
+    env = make_env(config(reset_mode=mode, map_levels=levels, reach_hold=hold), seed=2)
     env.level.fill_(len(env.level_counts) - 1)  # at the top: collisions move levels down
     state = env.state_tensors()
     # Everything a checkpoint saves of the env is listed (the stats as one [N, 5] tensor).
