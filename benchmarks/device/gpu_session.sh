@@ -67,6 +67,9 @@ HOPS_STAGE='{name = "hops", spawn = "local", goal_distance = [4.0, 16.0], max_ep
 # Long hops: goals 4-40 m (1400-step episodes), so the policy also sees the goal distances
 # of NavRL's 48 m crossing (the state's d_xy is in metres, not normalised).
 LONG_HOPS_STAGE='{name = "long hops", spawn = "local", goal_distance = [4.0, 40.0], max_episode_length = 1400, promote = {reach_goal = 0.6, collision = 0.35, evals = 2}}'
+# Long hops that end once the drone has held its goal for 64 steps (env.reach_hold): no
+# hovering out the episode, so more flights per frame and levels that move at every hop.
+LONG_HOPS_HOLD_STAGE='{name = "long hops", spawn = "local", goal_distance = [4.0, 40.0], max_episode_length = 1400, reach_hold = 64, promote = {reach_goal = 0.6, collision = 0.35, evals = 2}}'
 case $MODE in
 throughput)
   # Issue #22: the CUDA tests (captured rollouts and evaluations, the lag-1 capture in
@@ -136,15 +139,17 @@ update)
 learning)
   # NavRL's full task from scratch (issue #23), evals every 25 iterations at the
   # curriculum's stage on the training maps; learning.py then evaluates the final export on
-  # 16 held-out maps too. RECIPE=levels (default): 16 maps, pillars as per-env density
+  # 16 held-out maps too. RECIPE=levels: 16 maps, pillars as per-env density
   # levels (each env moves up a level after reaching its goal, down after a collision:
   # no global jump), moving obstacles in two curriculum stages; RECIPE=stages: issue #13's
-  # six global stages; RECIPE=hops: local hops with levels first (docs/learning.md), then the
-  # moving obstacles. EXTRA: more KEY=VALUE overrides (e.g. for a CPU smoke run).
+  # six global stages; RECIPE=hops: local hops (4-16 m) with levels first (docs/learning.md),
+  # then the moving obstacles; RECIPE=long_hops (default, the best CPU recipe so far): the
+  # same with hops of 4-40 m; RECIPE=long_hops_hold: long hops ended after 64 steps at the
+  # goal. EXTRA: more KEY=VALUE overrides (e.g. for a CPU smoke run).
   budget=${2:-400}
   levels=${LEVELS:-[0, 50, 100, 175, 250, 350]}
   dynamic='{name = "slow dynamic", num_dynamic_obstacles = 40, dynamic_speed_range = [0.3, 0.8], promote = {reach_goal = 0.6, collision = 0.4, evals = 2}}, {name = "navrl"}'
-  case ${RECIPE:-levels} in
+  case ${RECIPE:-long_hops} in
   levels)
     curriculum="[{name = \"static\", num_dynamic_obstacles = 0, promote = {reach_goal = 0.6, collision = 0.35, evals = 2}}, $dynamic]"
     recipe=(env.num_maps=16 "env.map_levels=$levels")
@@ -155,6 +160,11 @@ learning)
     ;;
   hops)  # local hops among the pillars with per-env levels, then NavRL's spawns (see sweep)
     curriculum="[${HOPS_STAGE%\}}, num_dynamic_obstacles = 0}, {name = \"static\", num_dynamic_obstacles = 0, promote = {reach_goal = 0.6, collision = 0.35, evals = 2}}, $dynamic]"
+    recipe=(env.num_maps=16 "env.map_levels=$levels" eval.max_steps=2200)
+    ;;
+  long_hops | long_hops_hold)  # hops of 4-40 m (held at the goal: long_hops_hold), as hops
+    stage=$LONG_HOPS_STAGE && [ "${RECIPE:-}" = long_hops_hold ] && stage=$LONG_HOPS_HOLD_STAGE
+    curriculum="[${stage%\}}, num_dynamic_obstacles = 0}, {name = \"static\", num_dynamic_obstacles = 0, promote = {reach_goal = 0.6, collision = 0.35, evals = 2}}, $dynamic]"
     recipe=(env.num_maps=16 "env.map_levels=$levels" eval.max_steps=2200)
     ;;
   *) log "unknown RECIPE ${RECIPE}"; exit 2 ;;
@@ -172,7 +182,7 @@ sweep)
   # training maps and on 16 held-out maps every 25 iterations) at 256 envs, one recipe per
   # benchmarks/learning.py process, all side by side (at 256 envs one process leaves most of
   # the GPU idle: its update is launch-bound). RECIPES picks them (default: stages,
-  # hops, long_hops and hops_flat; levels and hops_kl on request);
+  # hops, long_hops and long_hops_hold; levels, hops_flat and hops_kl on request);
   # EXTRA: more KEY=VALUE overrides for every recipe (e.g. for a CPU smoke run). The results
   # come back as one sweep.tgz (learning.py writes 3 files per recipe).
   budget=${2:-330}
@@ -182,7 +192,7 @@ sweep)
   # shellcheck disable=SC2206  # EXTRA is meant to split into words
   extra=(${EXTRA:-})
   work=/tmp/sweep && rm -rf $work && mkdir -p $work
-  for name in ${RECIPES:-stages hops long_hops hops_flat}; do
+  for name in ${RECIPES:-stages hops long_hops long_hops_hold}; do
     case $name in
     stages)  # issue #13's global stages, the CPU baseline of docs/learning.md
       recipe=("env.curriculum=[{name = \"100\", num_obstacles = 100, promote = {reach_goal = 0.6, collision = 0.3, evals = 2}}, {name = \"175\", num_obstacles = 175, promote = {reach_goal = 0.6, collision = 0.3, evals = 2}}, {name = \"250\", num_obstacles = 250, promote = {reach_goal = 0.6, collision = 0.35, evals = 2}}, {name = \"350\"}]") ;;
@@ -197,6 +207,8 @@ sweep)
         "env.curriculum=[$HOPS_STAGE, {name = \"navrl static\"}]") ;;
     long_hops)  # hops to goals 4-40 m away with levels, then NavRL's spawns
       recipe=(env.num_maps=16 "env.map_levels=$levels" "env.curriculum=[$LONG_HOPS_STAGE, {name = \"navrl static\"}]") ;;
+    long_hops_hold)  # long hops that end after 64 steps at the goal (env.reach_hold)
+      recipe=(env.num_maps=16 "env.map_levels=$levels" "env.curriculum=[$LONG_HOPS_HOLD_STAGE, {name = \"navrl static\"}]") ;;
     *) log "unknown recipe $name"; exit 2 ;;
     esac
     log "start recipe $name (budget ${budget}s)"
