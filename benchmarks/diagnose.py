@@ -12,7 +12,11 @@ Each row is one (checkpoint, pillars, layout, maps) evaluation:
 With `--probe`, NavRL-layout rows also fly blind (LiDAR zeroed), measure the action gap
 near pillars, and give altitude and path statistics per outcome. With
 `--goal-distance-caps 16 30`, they are flown again with the goal distance the policy reads
-capped at 16 and at 30 m (`goal_distance_use`).
+capped at 16 and at 30 m (`goal_distance_use`). With `--hover-share STEPS`, each checkpoint
+also flies the training env (of curriculum stage `--stage`, envs at the checkpoint's
+density levels when it is a `.nrc` that holds them) for STEPS steps with actions sampled
+as in training, and reports the share of frames flown within reach of the goal
+(`goal_hover_share`).
 
 Run: `.venv/bin/python benchmarks/diagnose.py --checkpoint A.nrc [B.pt ...] --config
 config/navrl.toml --pillars 100 350 350:100 --probe --out diag.json [KEY=VALUE ...]`
@@ -33,8 +37,9 @@ import torch
 from navrl_daemon.config import Config, load_config
 from navrl_daemon.env import make_env
 from navrl_daemon.rl.evaluate import evaluate, evaluate_recorded
-from navrl_daemon.rl.probes import goal_distance_use, lidar_use, path_stats
+from navrl_daemon.rl.probes import goal_distance_use, goal_hover_share, lidar_use, path_stats
 from navrl_daemon.rl.training import eval_steps, make_policy
+from navrl_daemon.storage.checkpoint import MAGIC, load_checkpoint
 from navrl_daemon.storage.policy_file import check_policy_layout, load_any_policy_state
 
 
@@ -57,9 +62,31 @@ def eval_env(cfg: Config, spec: tuple[int, int | None], layout: str, seed: int, 
     return make_env(env_cfg, seed=seed, num_envs=cfg.eval.num_envs, layout=layout)
 
 
-def diagnose(
-    cfg: Config, state: dict[str, torch.Tensor], args: argparse.Namespace
-) -> list[dict[str, Any]]:
+def saved_levels(path: Path) -> torch.Tensor | None:
+    """The training envs' density levels a `.nrc` checkpoint holds (None: a `.pt`, or
+    no env state)."""
+    with open(path, "rb") as f:
+        if f.read(len(MAGIC)) != MAGIC:
+            return None
+    _, snap = load_checkpoint(path)
+    return (snap.get("collector") or {}).get("env", {}).get("level")
+
+
+def hover_row(cfg: Config, policy, path: Path, args: argparse.Namespace) -> dict[str, Any]:
+    env_cfg = cfg.env.stage_env(args.stage) if cfg.env.curriculum else cfg.env
+    n = cfg.eval.num_envs
+    env = make_env(env_cfg, seed=cfg.run.seed, num_envs=n)
+    levels = saved_levels(path)
+    at_levels = bool(env_cfg.map_levels) and levels is not None and len(levels) >= n
+    if at_levels:
+        env.level.copy_(levels[:n])
+    row: dict[str, Any] = {"probe": "hover_share", "stage": args.stage, "saved_levels": at_levels}
+    row.update(goal_hover_share(env, policy, steps=args.hover_share, seed=cfg.eval.seed))
+    return row
+
+
+def diagnose(cfg: Config, path: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
+    state = load_any_policy_state(path)
     policy = make_policy(cfg, "cpu")
     check_policy_layout(state, policy.state_dict(), Path("policy"))
     policy.load_state_dict(state)
@@ -88,6 +115,12 @@ def diagnose(
                 row["seconds"] = round(time.perf_counter() - t0, 1)
                 print(json.dumps(row), flush=True)
                 rows.append(row)
+    if args.hover_share:
+        t0 = time.perf_counter()
+        row = hover_row(cfg, policy, path, args)
+        row["seconds"] = round(time.perf_counter() - t0, 1)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
     return rows
 
 
@@ -95,7 +128,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", type=Path, nargs="+", required=True)
     p.add_argument("--config", type=Path, default=Path("config/navrl.toml"))
-    p.add_argument("--pillars", nargs="+", default=["100", "350"])
+    p.add_argument("--pillars", nargs="*", default=["100", "350"])
     p.add_argument("--layouts", nargs="+", default=["navrl", "train"])
     p.add_argument(
         "--maps", nargs="+", default=["train", "held_out"], choices=["train", "held_out"]
@@ -110,6 +143,14 @@ def main() -> None:
         default=[],
         help="NavRL-layout rows again with the goal distance the policy reads capped (m)",
     )
+    p.add_argument(
+        "--hover-share",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="fly the training env STEPS steps: the share of frames within reach of the goal",
+    )
+    p.add_argument("--stage", type=int, default=0, help="curriculum stage for --hover-share")
     p.add_argument("--out", type=Path)
     p.add_argument("overrides", nargs="*", help="KEY=VALUE config overrides")
     args = p.parse_args()
@@ -117,9 +158,7 @@ def main() -> None:
     if cfg.run.torch_threads:
         torch.set_num_threads(cfg.run.torch_threads)
     load_before = os.getloadavg()
-    results = {
-        str(path): diagnose(cfg, load_any_policy_state(path), args) for path in args.checkpoint
-    }
+    results = {str(path): diagnose(cfg, path, args) for path in args.checkpoint}
     out = {
         "benchmark": "diagnose",
         "config": str(args.config),

@@ -12,6 +12,11 @@
   (the state's d_xy, in metres and not normalised) capped at each of some distances. A
   policy trained on short hops that flies NavRL's 48 m crossing differently when it reads
   at most 16 m is reading a goal distance it never trained on.
+- `goal_hover_share`: how training frames are spent. The env's own spawn rule flown with
+  auto-reset and actions sampled as in training; the share of frames flown within reach
+  of the goal. NavRL's reach is not terminal, so a drone that reached its goal hovers
+  there until the time-out: frames that teach little once hovering is learned
+  (`env.reach_hold` gives them to new flights).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.envs import EnvBase
 
+from navrl_daemon.env.navigation import REACH_RADIUS, STAT_KEYS
 from navrl_daemon.rl.evaluate import OUTCOMES, Trajectories, evaluate_op_by_op
 from navrl_daemon.rl.policy import OBS_KEY, NavRLPolicy
 
@@ -151,4 +157,35 @@ def goal_distance_use(
             max_steps=max_steps,  # type: ignore[arg-type]
         )
         for cap in caps
+    }
+
+
+@torch.no_grad()
+def goal_hover_share(env: EnvBase, policy: NavRLPolicy, *, steps: int, seed: int) -> dict[str, Any]:
+    """`steps` steps of the env's own episodes (auto-reset, actions sampled from `seed`);
+    over the second half (the first starts every episode at once): the share of frames
+    flown within REACH_RADIUS of the goal, and the episodes that ended and reached."""
+    env.set_seed(seed)
+    generator = torch.Generator(env.device).manual_seed(seed)
+    td = env.reset()
+    near = torch.zeros((), device=env.device)
+    ended = torch.zeros(2, device=env.device)
+    reach = STAT_KEYS.index("reach_goal")
+    half = steps // 2
+    for step in range(steps):
+        td = policy.act(td, generator=generator)
+        record, td = env.step_and_maybe_reset(td)
+        if step < half:
+            continue
+        near += ((env.goal - env.pos).norm(dim=-1) < REACH_RADIUS).float().mean()
+        done = record.get(("next", "done")).reshape(-1).float()
+        reached = record.get(("next", "stats", STAT_KEYS[reach])).reshape(-1)
+        ended += torch.stack((done.sum(), (done * reached).sum()))
+    episodes, reached_goal = ended.tolist()
+    return {
+        "frames_at_goal": round(float(near) / (steps - half), 4),
+        "steps": steps,
+        "envs": env.batch_size[0],
+        "episodes": int(episodes),
+        "reached": int(reached_goal),
     }

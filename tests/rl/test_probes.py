@@ -1,31 +1,36 @@
-"""The policy probes of rl/probes.py: LiDAR use, goal-distance use and path statistics per
-outcome."""
+"""The policy probes of rl/probes.py: LiDAR use, goal-distance use, path statistics per
+outcome and the share of training frames spent at the goal."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
 import torch
 
 from navrl_daemon.config import load_config
+from navrl_daemon.env import make_env
 from navrl_daemon.rl.evaluate import Trajectories, evaluate
 from navrl_daemon.rl.policy import NavRLPolicy
-from navrl_daemon.rl.probes import goal_distance_use, lidar_use, path_stats
+from navrl_daemon.rl.probes import goal_distance_use, goal_hover_share, lidar_use, path_stats
 from navrl_daemon.rl.training import make_eval_env
+
+_OVERRIDES = [
+    "run.device=cpu",
+    "env.field_size=12.0",
+    "env.num_obstacles=30",
+    "env.num_dynamic_obstacles=0",
+    "env.max_episode_length=60",
+    "env.spawn_margin=0.5",  # starts at the field edge: pillars within range
+    "eval.num_envs=6",
+]
 
 
 def _cfg():
-    return load_config(
-        None,
-        [
-            "run.device=cpu",
-            "env.field_size=12.0",
-            "env.num_obstacles=30",
-            "env.num_dynamic_obstacles=0",
-            "env.max_episode_length=60",
-            "env.spawn_margin=0.5",  # starts at the field edge: pillars within range
-            "eval.num_envs=6",
-        ],
-        environ={},
-    )
+    return load_config(None, _OVERRIDES, environ={})
 
 
 def _policy(seed: int) -> NavRLPolicy:
@@ -108,3 +113,72 @@ def test_path_stats_against_a_hand_made_flight():
     assert reached["speed_mps"] == 3.0 / 1.5 and reached["path_over_straight"] == 1.0
     assert collided["speed_mps"] == 2.0 / 1.0 and collided["path_over_straight"] == 0.5
     assert collided["end_distance_xy_m"] == 2.0 and "timed out" not in out
+
+
+class _Still:
+    """Commands zero velocity: a drone stays where it is."""
+
+    def act(self, td, deterministic=False, generator=None):
+        n = td.batch_size[0]
+        td.set(("agents", "action"), torch.zeros(n, 1, 3))
+        return td
+
+
+def test_the_hover_share_counts_the_frames_flown_at_the_goal():
+    """Drones that start on their goal and hold still spend every frame there (and reach
+    it in every episode that ends); drones 3-4 m from it none."""
+    results = {}
+    for name, distance in (("on_goal", "[0.05, 0.1]"), ("away", "[3.0, 4.0]")):
+        cfg = load_config(
+            None,
+            [
+                *_OVERRIDES,
+                "env.spawn=local",
+                f"env.goal_distance={distance}",
+                "env.spawn_height=[1.0, 1.0]",
+                "env.num_envs=6",
+            ],
+            environ={},
+        )
+        env = make_env(cfg.env, seed=0)
+        results[name] = goal_hover_share(env, _Still(), steps=200, seed=0)
+    on_goal, away = results["on_goal"], results["away"]
+    assert on_goal["frames_at_goal"] == 1.0 and away["frames_at_goal"] == 0.0
+    # 60-step episodes over the last 100 steps: every env ends one or two, all time-outs.
+    assert 6 <= on_goal["episodes"] <= 12 and on_goal["reached"] == on_goal["episodes"]
+    assert away["episodes"] >= 6 and away["reached"] == 0
+
+
+def test_diagnose_reports_the_hover_share_at_a_checkpoints_levels(tmp_path: Path):
+    from navrl_daemon.pipeline.daemon import serve
+    from tests.conftest import REPO, SUBPROCESS_ENV, TINY
+
+    levels = ["env.map_levels=[0, 2, 4]", "env.num_dynamic_obstacles=0"]
+    cfg = load_config(None, [*TINY, *levels, "run.total_frames=128"], environ={})
+    anyio.run(serve, cfg, tmp_path / "state")
+    ckpt = sorted((tmp_path / "state" / "checkpoints").glob("*.nrc"))[-1]
+    out = tmp_path / "diag.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/diagnose.py",
+            "--checkpoint",
+            str(ckpt),
+            "--pillars",
+            "--hover-share",
+            "20",
+            "--out",
+            str(out),
+            *TINY,
+            *levels,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=SUBPROCESS_ENV,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (row,) = json.loads(out.read_text())["results"][str(ckpt)]
+    assert row["probe"] == "hover_share" and row["saved_levels"] is True
+    assert 0.0 <= row["frames_at_goal"] <= 1.0 and row["steps"] == 20
