@@ -27,7 +27,7 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.envs import EnvBase
 
-from navrl_daemon.env.navigation import REACH_RADIUS, STAT_KEYS
+from navrl_daemon.env.navigation import REACH_RADIUS
 from navrl_daemon.rl.evaluate import OUTCOMES, Trajectories, evaluate_op_by_op
 from navrl_daemon.rl.policy import OBS_KEY, NavRLPolicy
 
@@ -168,22 +168,21 @@ def goal_hover_share(env: EnvBase, policy: NavRLPolicy, *, steps: int, seed: int
     env.set_seed(seed)
     generator = torch.Generator(env.device).manual_seed(seed)
     td = env.reset()
-    near = torch.zeros((), device=env.device)
-    ended = torch.zeros(2, device=env.device)
-    reach = STAT_KEYS.index("reach_goal")
+    # Over the second half: [frames near the goal, episodes ended, of those reached].
+    counts = torch.zeros(3, device=env.device)
     half = steps // 2
     for step in range(steps):
         td = policy.act(td, generator=generator)
         record, td = env.step_and_maybe_reset(td)
         if step < half:
             continue
-        near += ((env.goal - env.pos).norm(dim=-1) < REACH_RADIUS).float().mean()
-        done = record.get(("next", "done")).reshape(-1).float()
-        reached = record.get(("next", "stats", STAT_KEYS[reach])).reshape(-1)
-        ended += torch.stack((done.sum(), (done * reached).sum()))
-    episodes, reached_goal = ended.tolist()
+        near = (env.goal - env.pos).norm(dim=-1) < REACH_RADIUS
+        done = record.get(("next", "done")).reshape(-1)
+        reached = record.get(("next", "stats", "reach_goal")).reshape(-1) > 0
+        counts += torch.stack((near.sum(), done.sum(), (done & reached).sum())).float()
+    frames_near, episodes, reached_goal = counts.tolist()
     return {
-        "frames_at_goal": round(float(near) / (steps - half), 4),
+        "frames_at_goal": round(frames_near / ((steps - half) * env.batch_size[0]), 4),
         "steps": steps,
         "envs": env.batch_size[0],
         "episodes": int(episodes),
