@@ -29,6 +29,11 @@ The machine's load average goes into the JSON: on a shared CPU the curve per sec
 depends on it; the curve per frame does not (the run is deterministic under its seed up
 to the SIGTERM point and the evaluations it skipped).
 
+A daemon that exits with an error, or fails to stop after the budget's SIGTERM, does not
+lose the sitting: the JSON is still written from what is on disk (the evaluations, and as
+`final` the newest valid checkpoint's policy when the daemon wrote no export), with
+`budget.error` holding the exit code and the log's tail; the exit status is then 1.
+
 A run can go on in several sittings: `--keep-state DIR` keeps the daemon's state dir, and
 a later `--resume --keep-state DIR` with the same config and overrides lets the daemon
 resume it from its last checkpoint for another `--budget-s`. The curve is then the whole
@@ -59,6 +64,7 @@ from navrl_daemon.ops.plots import Series, curves_plot, write_png
 from navrl_daemon.rl.evaluate import evaluate
 from navrl_daemon.rl.training import eval_steps, make_eval_env, make_policy
 from navrl_daemon.stages.evaluator import read_results
+from navrl_daemon.storage.checkpoint import CheckpointDir
 from navrl_daemon.storage.policy_file import check_policy_layout, load_any_policy_state
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,6 +82,12 @@ CURVE_KEYS = (
 )
 
 
+# The daemon's command line; a test puts a stand-in here.
+DAEMON = [sys.executable, "-m", "navrl_daemon", "run"]
+# How long the daemon may take to stop after SIGTERM before it is killed.
+STOP_WAIT_S = 600.0
+
+
 def train(
     cfg_path: Path,
     overrides: list[str],
@@ -84,9 +96,12 @@ def train(
     frames: int | None,
     log_path: Path,
 ) -> dict[str, Any]:
-    """The daemon, until the budget; returns its exit code, wall seconds and why it ended."""
-    args = [sys.executable, "-m", "navrl_daemon", "run", "--config", str(cfg_path)]
-    args += ["--state-dir", str(state), *overrides]
+    """The daemon, until the budget: its exit code, wall seconds and why it ended.
+
+    A daemon that fails (its own error, or a stop that went wrong after the budget's
+    SIGTERM) does not lose the run: its evaluations and checkpoints are on disk, so the
+    caller still reports them; `error` then holds the exit code and the log's tail."""
+    args = [*DAEMON, "--config", str(cfg_path), "--state-dir", str(state), *overrides]
     if frames is not None:
         args.append(f"run.total_frames={frames}")
     t0 = time.time()
@@ -98,17 +113,23 @@ def train(
         stop_s = time.time() - t0
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=600)
-    if code != 0:
-        tail = log_path.read_text()[-3000:]
-        raise SystemExit(f"daemon exited with {code}:\n{tail}")
-    return {
+        try:
+            code = proc.wait(timeout=STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait()
+    result: dict[str, Any] = {
         "launched": t0,
         "stop_s": round(stop_s, 1),
         "wall_s": round(time.time() - t0, 1),
         "ended_by": ended,
+        "exit_code": code,
         "log": str(log_path),
     }
+    if code != 0:
+        tail = log_path.read_text()[-3000:]
+        result["error"] = f"daemon exited with {code}:\n{tail}"
+    return result
 
 
 def evaluate_policy(
@@ -224,11 +245,8 @@ def main() -> None:
             earlier = launches_file.read_text().splitlines() if launches_file.exists() else []
             launches = [tuple(json.loads(line)) for line in earlier] + launches
             launches_file.write_text("".join(json.dumps(list(w)) + "\n" for w in launches))
-        exported = state / "export" / "policy.pt"
-        final = final_state = None
-        if exported.exists():
-            final_state = load_any_policy_state(exported)
-            final = {**exported_at(log_copy), **evaluate_policy(cfg, final_state)}
+        final_state, final_at = final_policy(state, log_copy)
+        final = None if final_state is None else {**final_at, **evaluate_policy(cfg, final_state)}
     untrained = evaluate_policy(cfg, None)
     navrl_state = None
     navrl = None
@@ -312,6 +330,8 @@ def main() -> None:
             [{k: r.get(k) for k in ("frames", "seconds", "reach_goal", "collision")} for r in curve]
         )
     )
+    if "error" in budget:  # reported above; the exit status still says the run failed
+        raise SystemExit(budget["error"])
 
 
 def goal_check(
@@ -372,6 +392,25 @@ def frames_to_reach(
     if any("held_out_reach_goal" in row for row in curve):
         out["held_out"] = {str(b): first("held_out_", b) for b in bars}
     return out
+
+
+def final_policy(state: Path, log: Path) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any]]:
+    """The policy the sitting ended with, and where it came from.
+
+    The daemon's export when its log says it wrote one in this sitting; else (a daemon
+    that failed, or failed to stop in time) the newest valid checkpoint's policy, the
+    last one that was safe. A stale export from an earlier sitting is never used."""
+    exported = state / "export" / "policy.pt"
+    at = exported_at(log)
+    if at["iteration"] is not None and exported.exists():
+        return load_any_policy_state(exported), {**at, "source": "export"}
+    found = CheckpointDir(state / "checkpoints").newest_valid()
+    if found is None:
+        return None, {}
+    path, header, saved = found
+    policy = dict(saved.get("learner", {}).get("policy", {}))
+    at = {"iteration": header.iteration, "frames": header.frames, "source": path.name}
+    return policy or None, at
 
 
 def exported_at(log: Path) -> dict[str, Any]:

@@ -1,0 +1,122 @@
+"""benchmarks/learning.py keeps a sitting whose daemon fails: when the daemon does not stop
+cleanly after the budget's SIGTERM (a trainer that misses `run.shutdown_timeout_s`, or one
+that ignores the signal), the evaluations on disk still become the JSON, the final policy
+is the newest valid checkpoint's (never a stale export of an earlier sitting), and the exit
+status says the run failed. Before, the whole sitting's report was lost."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, navrl_cli
+
+_spec = importlib.util.spec_from_file_location("learning_bench", REPO / "benchmarks/learning.py")
+assert _spec is not None and _spec.loader is not None
+learning = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(learning)
+
+NAVRL_FILE = REPO / "tests" / "data" / "navrl_checkpoint.pt"
+ROW = {"iteration": 50, "frames": 409600, "reach_goal": 0.25, "collision": 0.75, "return": -9.0}
+
+# A stand-in for `navrl-daemon run`: it writes one evaluation row, then either exits 1 on
+# SIGTERM as a daemon whose trainer missed its shutdown timeout does, or ignores SIGTERM.
+STAND_IN = """
+import json, signal, sys, time
+from pathlib import Path
+mode, args = sys.argv[1], sys.argv[2:]
+state = Path(args[args.index("--state-dir") + 1])
+(state / "eval").mkdir(parents=True, exist_ok=True)
+row = dict(ROW_VALUE, time=time.time())
+(state / "eval" / "results.jsonl").write_text(json.dumps(row) + "\\n")
+def stop(*_):
+    sys.stderr.write("trainer did not stop within run.shutdown_timeout_s = 60.0\\n")
+    sys.stderr.flush()
+    sys.exit(1)
+signal.signal(signal.SIGTERM, stop if mode == "fail" else signal.SIG_IGN)
+while True:
+    time.sleep(0.05)
+""".replace("ROW_VALUE", repr(ROW))
+
+
+@pytest.fixture
+def stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    script = tmp_path / "daemon.py"
+    script.write_text(STAND_IN)
+
+    def use(mode: str) -> None:
+        monkeypatch.setattr(learning, "DAEMON", [sys.executable, str(script), mode])
+
+    return use
+
+
+def test_a_failed_stop_is_reported_not_raised(stand_in, tmp_path: Path) -> None:
+    stand_in("fail")
+    state = tmp_path / "state"
+    budget = learning.train(Path("c.toml"), [], state, 1.0, None, tmp_path / "daemon.log")
+    assert budget["ended_by"] == "budget"
+    assert budget["exit_code"] == 1
+    assert "trainer did not stop within run.shutdown_timeout_s" in budget["error"]
+    assert (state / "eval" / "results.jsonl").exists()
+
+
+def test_a_daemon_that_ignores_sigterm_is_killed_after_the_wait(
+    stand_in, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stand_in("ignore")
+    monkeypatch.setattr(learning, "STOP_WAIT_S", 1.0)
+    budget = learning.train(Path("c.toml"), [], tmp_path / "s", 1.0, None, tmp_path / "d.log")
+    assert budget["exit_code"] == -9
+    assert budget["error"].startswith("daemon exited with -9")
+
+
+def test_the_sitting_is_written_from_disk_with_the_newest_checkpoints_policy(
+    stand_in, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = tmp_path / "state"
+    imported = navrl_cli(
+        "checkpoints", "import", "--format", "navrl", str(NAVRL_FILE), "--state-dir", str(state)
+    )
+    assert imported.returncode == 0, imported.stderr[-2000:]
+    # An export of an earlier sitting (here: an all-zero policy) must not be taken as the
+    # policy this sitting ended with.
+    (state / "export").mkdir()
+    stale = {k: v * 0 for k, v in learning.load_any_policy_state(NAVRL_FILE).items()}
+    learning.torch.save(stale, state / "export" / "policy.pt")
+    stand_in("fail")
+    out = tmp_path / "run.json"
+    argv = ["learning.py", "--budget-s", "1", "--keep-state", str(state), "--resume"]
+    argv += ["--out", str(out), "--navrl-checkpoint", str(tmp_path / "none.pt")]
+    argv += ["--held-out-maps", "2", "eval.num_envs=2", "eval.max_steps=20", "run.device=cpu"]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as stopped:
+        learning.main()
+    assert "trainer did not stop" in str(stopped.value.code)
+    result = json.loads(out.read_text())
+    assert result["budget"]["exit_code"] == 1 and "error" in result["budget"]
+    assert [(r["frames"], r["reach_goal"]) for r in result["curve"][1:]] == [(409600, 0.25)]
+    final = result["final"]
+    assert final["source"].endswith(".nrc") and final["iteration"] == 0
+    assert final["frames"] == 0
+    # The checkpoint holds NavRL's policy: evaluated, it is not the zeroed export's policy.
+    cfg = learning.load_config(REPO / "config" / "default.toml", argv[-3:], environ={})
+    zeroed = learning.evaluate_policy(cfg, stale)
+    assert (final["return"], final["episode_len"]) != (zeroed["return"], zeroed["episode_len"])
+    assert result["held_out"]["final"]["episodes"] == 2
+    assert out.with_suffix(".png").exists()
+
+
+def test_a_clean_sitting_still_uses_the_daemons_export(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    (state / "export").mkdir(parents=True)
+    shutil.copy(NAVRL_FILE, state / "export" / "policy.pt")
+    log = tmp_path / "d.log"
+    log.write_text(json.dumps({"event": "policy exported", "iteration": 7, "frames": 56}) + "\n")
+    policy, at = learning.final_policy(state, log)
+    assert at == {"iteration": 7, "frames": 56, "source": "export"}
+    assert policy is not None and set(policy) == set(learning.load_any_policy_state(NAVRL_FILE))
