@@ -16,7 +16,9 @@ capped at 16 and at 30 m (`goal_distance_use`). With `--hover-share STEPS`, each
 also flies the training env (of curriculum stage `--stage`, envs at the checkpoint's
 density levels when it is a `.nrc` that holds them) for STEPS steps with actions sampled
 as in training, and reports the share of frames flown within reach of the goal
-(`goal_hover_share`).
+(`goal_hover_share`). With `--hazard`, every row also gives collisions per 100 m flown and
+the collision share by start-goal distance (`collision_hazard`): on the training layout's
+hops, whether a policy collides mid-flight at a rate per metre or at the start and goal.
 
 Run: `.venv/bin/python benchmarks/diagnose.py --checkpoint A.nrc [B.pt ...] --config
 config/navrl.toml --pillars 100 350 350:100 --probe --out diag.json [KEY=VALUE ...]`
@@ -37,7 +39,13 @@ import torch
 from navrl_daemon.config import Config, load_config
 from navrl_daemon.env import make_env
 from navrl_daemon.rl.evaluate import evaluate, evaluate_recorded
-from navrl_daemon.rl.probes import goal_distance_use, goal_hover_share, lidar_use, path_stats
+from navrl_daemon.rl.probes import (
+    collision_hazard,
+    goal_distance_use,
+    goal_hover_share,
+    lidar_use,
+    path_stats,
+)
 from navrl_daemon.rl.training import eval_steps, make_policy
 from navrl_daemon.storage.checkpoint import MAGIC, load_checkpoint
 from navrl_daemon.storage.policy_file import check_policy_layout, load_any_policy_state
@@ -103,7 +111,14 @@ def diagnose(cfg: Config, path: Path, args: argparse.Namespace) -> list[dict[str
                 env = eval_env(cfg, pillar_spec(text), layout, seed, count)
                 t0 = time.perf_counter()
                 row: dict[str, Any] = {"pillars": text, "layout": layout, "maps": which}
-                row.update(evaluate(env, policy, seed=cfg.eval.seed, max_steps=steps))
+                if args.hazard:  # the same numbers as `evaluate`, with the paths
+                    result, flown = evaluate_recorded(
+                        env, policy, seed=cfg.eval.seed, max_steps=steps
+                    )
+                    row.update(result)
+                    row["hazard"] = collision_hazard(flown)
+                else:
+                    row.update(evaluate(env, policy, seed=cfg.eval.seed, max_steps=steps))
                 if args.probe and layout == "navrl":
                     row["lidar_use"] = lidar_use(env, policy, seed=cfg.eval.seed, max_steps=steps)
                     _, traj = evaluate_recorded(env, policy, seed=cfg.eval.seed, max_steps=steps)
@@ -151,6 +166,11 @@ def main() -> None:
         help="fly the training env STEPS steps: the share of frames within reach of the goal",
     )
     p.add_argument("--stage", type=int, default=0, help="curriculum stage for --hover-share")
+    p.add_argument(
+        "--hazard",
+        action="store_true",
+        help="every row also gives collisions per 100 m flown and by start-goal distance",
+    )
     p.add_argument("--out", type=Path)
     p.add_argument("overrides", nargs="*", help="KEY=VALUE config overrides")
     args = p.parse_args()

@@ -8,6 +8,10 @@
   route rather than learned to avoid what it sees.
 - `path_stats`: altitude and path shape of each outcome (reached / collided / out of bounds /
   timed out) from recorded trajectories: does it fly over the low pillars, detour, hover?
+- `collision_hazard`: collisions per 100 m flown, and the collision share of episodes by
+  their start-goal distance. A policy whose collisions grow with the distance it flies
+  collides mid-flight at a rate per metre (what a 48 m crossing magnifies); one whose
+  collisions do not grow with distance fails at the start or at the goal.
 - `goal_distance_use`: the evaluation flown again with the goal distance the policy reads
   (the state's d_xy, in metres and not normalised) capped at each of some distances. A
   policy trained on short hops that flies NavRL's 48 m crossing differently when it reads
@@ -21,6 +25,7 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
 
 import torch
@@ -141,6 +146,39 @@ def _one_path(traj: Trajectories, i: int, dt: float) -> dict[str, float]:
         "speed_mps": length / duration,
         "path_over_straight": length / max(straight, 1e-6),
         "end_distance_xy_m": float((traj.goal[i, :2] - path[-1, :2]).norm()),
+    }
+
+
+# Start-goal distance bins (m) of `collision_hazard`; the last is open.
+HAZARD_BINS = (0.0, 10.0, 20.0, 30.0)
+
+
+def collision_hazard(traj: Trajectories, bins: tuple[float, ...] = HAZARD_BINS) -> dict[str, Any]:
+    """Collisions per 100 m flown (path length of every drone until its episode ended) and,
+    per bin of the horizontal start-goal distance, the episodes and their collision share."""
+    outcomes = traj.outcomes()
+    n = len(outcomes)
+    idx = torch.arange(n)
+    steps = traj.steps.long().clamp(0, traj.positions.shape[0] - 1)
+    moved = (traj.positions[1:] - traj.positions[:-1]).norm(dim=-1)  # [T-1, n]
+    alive = torch.arange(1, traj.positions.shape[0])[:, None] <= steps[None, :]
+    metres = float((moved * alive).sum())
+    collided = torch.tensor([o == "collided" for o in outcomes])
+    distance = (traj.goal[:, :2] - traj.positions[0, idx, :2]).norm(dim=-1)
+    edges = [*bins, float("inf")]
+    by_distance: dict[str, dict[str, float | None]] = {}
+    for lo, hi in pairwise(edges):
+        inside = (distance >= lo) & (distance < hi)
+        count = int(inside.sum())
+        name = f"{lo:g}-{hi:g}" if hi != float("inf") else f"{lo:g}-"
+        share = float(collided[inside].float().mean()) if count else None
+        by_distance[name] = {"episodes": float(count), "collision": share}
+    return {
+        "episodes": n,
+        "metres_flown": round(metres, 1),
+        "collisions": int(collided.sum()),
+        "collisions_per_100m": 100.0 * float(collided.sum()) / max(metres, 1e-6),
+        "by_distance_m": by_distance,
     }
 
 

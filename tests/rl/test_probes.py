@@ -15,7 +15,13 @@ from navrl_daemon.config import load_config
 from navrl_daemon.env import make_env
 from navrl_daemon.rl.evaluate import Trajectories, evaluate
 from navrl_daemon.rl.policy import NavRLPolicy
-from navrl_daemon.rl.probes import goal_distance_use, goal_hover_share, lidar_use, path_stats
+from navrl_daemon.rl.probes import (
+    collision_hazard,
+    goal_distance_use,
+    goal_hover_share,
+    lidar_use,
+    path_stats,
+)
 from navrl_daemon.rl.training import make_eval_env
 
 _OVERRIDES = [
@@ -115,6 +121,47 @@ def test_path_stats_against_a_hand_made_flight():
     assert collided["end_distance_xy_m"] == 2.0 and "timed out" not in out
 
 
+def _flights(positions, steps, goal, collided) -> Trajectories:
+    stats = torch.zeros(len(steps), 5)
+    stats[:, 3] = torch.tensor(collided, dtype=torch.float32)  # collision
+    stats[:, 2] = 1.0 - stats[:, 3]  # the others reached
+    return Trajectories(
+        positions=positions,
+        steps=torch.tensor(steps),
+        goal=torch.tensor(goal),
+        map_id=torch.zeros(len(steps), dtype=torch.long),
+        stats=stats,
+        dynamic=torch.zeros(positions.shape[0], 0, 3),
+        dynamic_size=torch.zeros(0, 3),
+        pillars=torch.zeros(0, 5),
+        field_size=50.0,
+        num_maps=1,
+    )
+
+
+def test_collision_hazard_counts_metres_flown_until_each_end():
+    """Drone 0 flies 4 m along x (1 m per step) and collides, its goal 25 m away; drone 1
+    flies 2 m and reaches its goal 2 m away, then is reset far away (not flown); drone 2
+    flies 3 m to a goal 15 m away and collides."""
+    positions = torch.zeros(5, 3, 3)
+    positions[:, 0, 0] = torch.arange(5.0)
+    positions[1:3, 1, 1] = torch.tensor([1.0, 2.0])
+    positions[3:, 1, 1] = 100.0  # after its end: an auto-reset jump that is not flight
+    positions[:4, 2, 0] = torch.arange(4.0)
+    positions[4, 2, 0] = 50.0
+    goal = [[25.0, 0.0, 0.0], [0.0, 2.0, 0.0], [15.0, 0.0, 0.0]]
+    traj = _flights(positions, [4, 2, 3], goal, [1.0, 0.0, 1.0])
+    out = collision_hazard(traj)
+    assert out["episodes"] == 3 and out["collisions"] == 2
+    assert out["metres_flown"] == 9.0
+    assert out["collisions_per_100m"] == 100.0 * 2 / 9.0
+    by = out["by_distance_m"]
+    assert by["0-10"] == {"episodes": 1.0, "collision": 0.0}
+    assert by["10-20"] == {"episodes": 1.0, "collision": 1.0}
+    assert by["20-30"] == {"episodes": 1.0, "collision": 1.0}
+    assert by["30-"] == {"episodes": 0.0, "collision": None}
+
+
 class _Still:
     """Commands zero velocity: a drone stays where it is."""
 
@@ -182,3 +229,33 @@ def test_diagnose_reports_the_hover_share_at_a_checkpoints_levels(tmp_path: Path
     (row,) = json.loads(out.read_text())["results"][str(ckpt)]
     assert row["probe"] == "hover_share" and row["saved_levels"] is True
     assert 0.0 <= row["frames_at_goal"] <= 1.0 and row["steps"] == 20
+
+
+def test_diagnose_hazard_rows_keep_the_evaluations_numbers(tmp_path: Path):
+    from tests.conftest import REPO, SUBPROCESS_ENV
+
+    policy_file = tmp_path / "policy.pt"
+    torch.save(_policy(3).state_dict(), policy_file)  # it flies: some drones collide
+    out = tmp_path / "diag.json"
+    common = [sys.executable, "benchmarks/diagnose.py", "--checkpoint", str(policy_file)]
+    common += ["--pillars", "30", "--layouts", "train", "--maps", "train"]
+    rows = {}
+    for flag in ([], ["--hazard"]):
+        proc = subprocess.run(
+            [*common, *flag, "--out", str(out), *_OVERRIDES],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env=SUBPROCESS_ENV,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        (rows[bool(flag)],) = json.loads(out.read_text())["results"][str(policy_file)]
+    plain, hazard = rows[False], rows[True]
+    assert "hazard" not in plain
+    numbers = ("reach_goal", "collision", "return", "episode_len", "episodes")
+    assert {k: hazard[k] for k in numbers} == {k: plain[k] for k in numbers}
+    h = hazard["hazard"]
+    assert h["collisions"] == round(hazard["collision"] * hazard["episodes"])
+    assert sum(b["episodes"] for b in h["by_distance_m"].values()) == hazard["episodes"]
+    assert h["metres_flown"] > 0.0 and h["collisions"] > 0, h
