@@ -209,6 +209,12 @@ sweep)
       recipe=(env.num_maps=16 "env.map_levels=$levels" "env.curriculum=[$LONG_HOPS_STAGE, {name = \"navrl static\"}]") ;;
     long_hops_hold)  # long hops that end after 64 steps at the goal (env.reach_hold)
       recipe=(env.num_maps=16 "env.map_levels=$levels" "env.curriculum=[$LONG_HOPS_HOLD_STAGE, {name = \"navrl static\"}]") ;;
+    long_hops_hold_mb4)  # the same in 4 minibatches of 2,048 frames (NavRL's minibatch size)
+      recipe=(env.num_maps=16 "env.map_levels=$levels" ppo.minibatches=4
+        "env.curriculum=[$LONG_HOPS_HOLD_STAGE, {name = \"navrl static\"}]") ;;
+    long_hops_hold_lrlin)  # the same with every lr decaying linearly to 0.1x at 20 M frames
+      recipe=(env.num_maps=16 "env.map_levels=$levels" ppo.lr_schedule=linear
+        ppo.schedule_frames=20000000 "env.curriculum=[$LONG_HOPS_HOLD_STAGE, {name = \"navrl static\"}]") ;;
     *) log "unknown recipe $name"; exit 2 ;;
     esac
     log "start recipe $name (budget ${budget}s)"
