@@ -143,13 +143,13 @@ learning)
   # levels (each env moves up a level after reaching its goal, down after a collision:
   # no global jump), moving obstacles in two curriculum stages; RECIPE=stages: issue #13's
   # six global stages; RECIPE=hops: local hops (4-16 m) with levels first (docs/learning.md),
-  # then the moving obstacles; RECIPE=long_hops (default, the best CPU recipe so far): the
-  # same with hops of 4-40 m; RECIPE=long_hops_hold: long hops ended after 64 steps at the
-  # goal. EXTRA: more KEY=VALUE overrides (e.g. for a CPU smoke run).
+  # then the moving obstacles; RECIPE=long_hops: the same with hops of 4-40 m;
+  # RECIPE=long_hops_hold (default, the best CPU recipe so far, ahead on two seeds): long
+  # hops ended after 64 steps at the goal. EXTRA: more KEY=VALUE overrides (e.g. for a CPU smoke run).
   budget=${2:-400}
   levels=${LEVELS:-[0, 50, 100, 175, 250, 350]}
   dynamic='{name = "slow dynamic", num_dynamic_obstacles = 40, dynamic_speed_range = [0.3, 0.8], promote = {reach_goal = 0.6, collision = 0.4, evals = 2}}, {name = "navrl"}'
-  case ${RECIPE:-long_hops} in
+  case ${RECIPE:-long_hops_hold} in
   levels)
     curriculum="[{name = \"static\", num_dynamic_obstacles = 0, promote = {reach_goal = 0.6, collision = 0.35, evals = 2}}, $dynamic]"
     recipe=(env.num_maps=16 "env.map_levels=$levels")
@@ -163,7 +163,7 @@ learning)
     recipe=(env.num_maps=16 "env.map_levels=$levels" eval.max_steps=2200)
     ;;
   long_hops | long_hops_hold)  # hops of 4-40 m (held at the goal: long_hops_hold), as hops
-    stage=$LONG_HOPS_STAGE && [ "${RECIPE:-}" = long_hops_hold ] && stage=$LONG_HOPS_HOLD_STAGE
+    stage=$LONG_HOPS_STAGE && [ "${RECIPE:-long_hops_hold}" = long_hops_hold ] && stage=$LONG_HOPS_HOLD_STAGE
     curriculum="[${stage%\}}, num_dynamic_obstacles = 0}, {name = \"static\", num_dynamic_obstacles = 0, promote = {reach_goal = 0.6, collision = 0.35, evals = 2}}, $dynamic]"
     recipe=(env.num_maps=16 "env.map_levels=$levels" eval.max_steps=2200)
     ;;
@@ -182,7 +182,8 @@ sweep)
   # training maps and on 16 held-out maps every 25 iterations) at 256 envs, one recipe per
   # benchmarks/learning.py process, all side by side (at 256 envs one process leaves most of
   # the GPU idle: its update is launch-bound). RECIPES picks them (default: stages,
-  # hops, long_hops and long_hops_hold; levels, hops_flat and hops_kl on request);
+  # long_hops, long_hops_hold, long_hops_hold_mb4 and long_hops_hold_lrlin; levels, hops,
+  # hops_flat and hops_kl on request);
   # EXTRA: more KEY=VALUE overrides for every recipe (e.g. for a CPU smoke run). The results
   # come back as one sweep.tgz (learning.py writes 3 files per recipe).
   budget=${2:-330}
@@ -192,7 +193,7 @@ sweep)
   # shellcheck disable=SC2206  # EXTRA is meant to split into words
   extra=(${EXTRA:-})
   work=/tmp/sweep && rm -rf $work && mkdir -p $work
-  for name in ${RECIPES:-stages hops long_hops long_hops_hold}; do
+  for name in ${RECIPES:-stages long_hops long_hops_hold long_hops_hold_mb4 long_hops_hold_lrlin}; do
     case $name in
     stages)  # issue #13's global stages, the CPU baseline of docs/learning.md
       recipe=("env.curriculum=[{name = \"100\", num_obstacles = 100, promote = {reach_goal = 0.6, collision = 0.3, evals = 2}}, {name = \"175\", num_obstacles = 175, promote = {reach_goal = 0.6, collision = 0.3, evals = 2}}, {name = \"250\", num_obstacles = 250, promote = {reach_goal = 0.6, collision = 0.35, evals = 2}}, {name = \"350\"}]") ;;
