@@ -111,18 +111,19 @@ def diagnose(cfg: Config, path: Path, args: argparse.Namespace) -> list[dict[str
                 env = eval_env(cfg, pillar_spec(text), layout, seed, count)
                 t0 = time.perf_counter()
                 row: dict[str, Any] = {"pillars": text, "layout": layout, "maps": which}
-                if args.hazard:  # the same numbers as `evaluate`, with the paths
+                probe = args.probe and layout == "navrl"
+                if args.hazard or probe:  # one flight: `evaluate`'s numbers and the paths
                     result, flown = evaluate_recorded(
                         env, policy, seed=cfg.eval.seed, max_steps=steps
                     )
-                    row.update(result)
-                    row["hazard"] = collision_hazard(flown)
                 else:
-                    row.update(evaluate(env, policy, seed=cfg.eval.seed, max_steps=steps))
-                if args.probe and layout == "navrl":
+                    result = evaluate(env, policy, seed=cfg.eval.seed, max_steps=steps)
+                row.update(result)
+                if args.hazard:
+                    row["hazard"] = collision_hazard(flown)
+                if probe:
                     row["lidar_use"] = lidar_use(env, policy, seed=cfg.eval.seed, max_steps=steps)
-                    _, traj = evaluate_recorded(env, policy, seed=cfg.eval.seed, max_steps=steps)
-                    row["paths"] = path_stats(traj, env.cfg.dt)
+                    row["paths"] = path_stats(flown, env.cfg.dt)
                 if args.goal_distance_caps and layout == "navrl":
                     row["goal_distance_use"] = goal_distance_use(
                         env, policy, args.goal_distance_caps, seed=cfg.eval.seed, max_steps=steps

@@ -13,7 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
+from navrl_daemon.config import load_config
+from navrl_daemon.storage.policy_file import load_any_policy_state
 from tests.conftest import REPO, navrl_cli
 
 _spec = importlib.util.spec_from_file_location("learning_bench", REPO / "benchmarks/learning.py")
@@ -86,8 +89,8 @@ def test_the_sitting_is_written_from_disk_with_the_newest_checkpoints_policy(
     # An export of an earlier sitting (here: an all-zero policy) must not be taken as the
     # policy this sitting ended with.
     (state / "export").mkdir()
-    stale = {k: v * 0 for k, v in learning.load_any_policy_state(NAVRL_FILE).items()}
-    learning.torch.save(stale, state / "export" / "policy.pt")
+    stale = {k: v * 0 for k, v in load_any_policy_state(NAVRL_FILE).items()}
+    torch.save(stale, state / "export" / "policy.pt")
     stand_in("fail")
     out = tmp_path / "run.json"
     argv = ["learning.py", "--budget-s", "1", "--keep-state", str(state), "--resume"]
@@ -104,7 +107,7 @@ def test_the_sitting_is_written_from_disk_with_the_newest_checkpoints_policy(
     assert final["source"].endswith(".nrc") and final["iteration"] == 0
     assert final["frames"] == 0
     # The checkpoint holds NavRL's policy: evaluated, it is not the zeroed export's policy.
-    cfg = learning.load_config(REPO / "config" / "default.toml", argv[-3:], environ={})
+    cfg = load_config(REPO / "config" / "default.toml", argv[-3:], environ={})
     zeroed = learning.evaluate_policy(cfg, stale)
     assert (final["return"], final["episode_len"]) != (zeroed["return"], zeroed["episode_len"])
     assert result["held_out"]["final"]["episodes"] == 2
@@ -119,4 +122,4 @@ def test_a_clean_sitting_still_uses_the_daemons_export(tmp_path: Path) -> None:
     log.write_text(json.dumps({"event": "policy exported", "iteration": 7, "frames": 56}) + "\n")
     policy, at = learning.final_policy(state, log)
     assert at == {"iteration": 7, "frames": 56, "source": "export"}
-    assert policy is not None and set(policy) == set(learning.load_any_policy_state(NAVRL_FILE))
+    assert policy is not None and set(policy) == set(load_any_policy_state(NAVRL_FILE))

@@ -118,12 +118,13 @@ def path_stats(traj: Trajectories, dt: float) -> dict[str, dict[str, float]]:
     the spawn band), mean speed (m/s), path length over the start-goal distance, and the
     horizontal distance left to the goal at the end (m)."""
     outcomes = traj.outcomes()
+    lengths = flown_metres(traj).tolist()
     out: dict[str, dict[str, float]] = {}
     for outcome in OUTCOMES:
         rows = [i for i, o in enumerate(outcomes) if o == outcome]
         if not rows:
             continue
-        per = [_one_path(traj, i, dt) for i in rows]
+        per = [_one_path(traj, i, lengths[i], dt) for i in rows]
         out[outcome] = {
             "episodes": float(len(rows)),
             **{k: sum(p[k] for p in per) / len(per) for k in per[0]},
@@ -131,12 +132,19 @@ def path_stats(traj: Trajectories, dt: float) -> dict[str, dict[str, float]]:
     return out
 
 
-def _one_path(traj: Trajectories, i: int, dt: float) -> dict[str, float]:
+def flown_metres(traj: Trajectories) -> torch.Tensor:
+    """Path length [n] (m) of every drone from its start to the end of its episode (the
+    positions after it, an auto-reset's jump included, are not flight)."""
+    last = traj.positions.shape[0] - 1
+    moved = (traj.positions[1:] - traj.positions[:-1]).norm(dim=-1)  # [T-1, n]
+    alive = torch.arange(1, last + 1)[:, None] <= traj.steps.long().clamp(0, last)[None, :]
+    return (moved * alive).sum(0)
+
+
+def _one_path(traj: Trajectories, i: int, length: float, dt: float) -> dict[str, float]:
     steps = int(traj.steps[i])
     path = traj.positions[: steps + 1, i]  # [steps+1, 3]
     z = path[:, 2]
-    hops = (path[1:] - path[:-1]).norm(dim=-1)
-    length = float(hops.sum())
     straight = float((traj.goal[i] - path[0]).norm())
     duration = max(steps, 1) * dt
     return {
@@ -157,14 +165,9 @@ def collision_hazard(traj: Trajectories, bins: tuple[float, ...] = HAZARD_BINS) 
     """Collisions per 100 m flown (path length of every drone until its episode ended) and,
     per bin of the horizontal start-goal distance, the episodes and their collision share."""
     outcomes = traj.outcomes()
-    n = len(outcomes)
-    idx = torch.arange(n)
-    steps = traj.steps.long().clamp(0, traj.positions.shape[0] - 1)
-    moved = (traj.positions[1:] - traj.positions[:-1]).norm(dim=-1)  # [T-1, n]
-    alive = torch.arange(1, traj.positions.shape[0])[:, None] <= steps[None, :]
-    metres = float((moved * alive).sum())
+    metres = float(flown_metres(traj).sum())
     collided = torch.tensor([o == "collided" for o in outcomes])
-    distance = (traj.goal[:, :2] - traj.positions[0, idx, :2]).norm(dim=-1)
+    distance = (traj.goal[:, :2] - traj.positions[0, :, :2]).norm(dim=-1)
     edges = [*bins, float("inf")]
     by_distance: dict[str, dict[str, float | None]] = {}
     for lo, hi in pairwise(edges):
@@ -174,7 +177,7 @@ def collision_hazard(traj: Trajectories, bins: tuple[float, ...] = HAZARD_BINS) 
         share = float(collided[inside].float().mean()) if count else None
         by_distance[name] = {"episodes": float(count), "collision": share}
     return {
-        "episodes": n,
+        "episodes": len(outcomes),
         "metres_flown": round(metres, 1),
         "collisions": int(collided.sum()),
         "collisions_per_100m": 100.0 * float(collided.sum()) / max(metres, 1e-6),

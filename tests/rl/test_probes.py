@@ -198,26 +198,55 @@ def test_the_hover_share_counts_the_frames_flown_at_the_goal():
 
 def test_diagnose_reports_the_hover_share_at_a_checkpoints_levels(tmp_path: Path):
     from navrl_daemon.pipeline.daemon import serve
-    from tests.conftest import REPO, SUBPROCESS_ENV, TINY
+    from tests.conftest import TINY
 
     levels = ["env.map_levels=[0, 2, 4]", "env.num_dynamic_obstacles=0"]
     cfg = load_config(None, [*TINY, *levels, "run.total_frames=128"], environ={})
     anyio.run(serve, cfg, tmp_path / "state")
     ckpt = sorted((tmp_path / "state" / "checkpoints").glob("*.nrc"))[-1]
+    (row,) = _diagnose(ckpt, tmp_path, ["--pillars", "--hover-share", "20"], [*TINY, *levels])
+    assert row["probe"] == "hover_share" and row["saved_levels"] is True
+    assert 0.0 <= row["frames_at_goal"] <= 1.0 and row["steps"] == 20
+
+
+def test_diagnose_hazard_and_probe_rows_keep_the_evaluations_numbers(tmp_path: Path):
+    """--hazard and --probe share one recorded flight per row; its numbers are the plain
+    evaluation's."""
+    policy_file = tmp_path / "policy.pt"
+    torch.save(_policy(3).state_dict(), policy_file)  # it flies: some drones collide
+    options = ["--pillars", "30", "--layouts", "navrl", "train", "--maps", "train"]
+    plain = _diagnose(policy_file, tmp_path, options, _OVERRIDES)
+    probed = _diagnose(policy_file, tmp_path, ["--hazard", "--probe", *options], _OVERRIDES)
+    assert [r["layout"] for r in probed] == ["navrl", "train"]
+    numbers = ("reach_goal", "collision", "return", "episode_len", "episodes")
+    for before, row in zip(plain, probed, strict=True):
+        assert "hazard" not in before and "paths" not in before
+        assert {k: row[k] for k in numbers} == {k: before[k] for k in numbers}
+        h = row["hazard"]
+        assert h["collisions"] == round(row["collision"] * row["episodes"])
+        assert sum(b["episodes"] for b in h["by_distance_m"].values()) == row["episodes"]
+    navrl, train = probed
+    assert sum(p["episodes"] for p in navrl["paths"].values()) == navrl["episodes"]
+    assert "paths" not in train and "lidar_use" in navrl
+    assert train["hazard"]["metres_flown"] > 0.0 and train["hazard"]["collisions"] > 0, train
+
+
+def _diagnose(checkpoint: Path, tmp_path: Path, options: list[str], overrides: list[str]):
+    """benchmarks/diagnose.py on one checkpoint, as a user runs it: its rows. The overrides
+    come after `--out`, so that no list-valued option takes them."""
+    from tests.conftest import REPO, SUBPROCESS_ENV
+
     out = tmp_path / "diag.json"
     proc = subprocess.run(
         [
             sys.executable,
             "benchmarks/diagnose.py",
             "--checkpoint",
-            str(ckpt),
-            "--pillars",
-            "--hover-share",
-            "20",
+            str(checkpoint),
+            *options,
             "--out",
             str(out),
-            *TINY,
-            *levels,
+            *overrides,
         ],
         capture_output=True,
         text=True,
@@ -226,36 +255,4 @@ def test_diagnose_reports_the_hover_share_at_a_checkpoints_levels(tmp_path: Path
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    (row,) = json.loads(out.read_text())["results"][str(ckpt)]
-    assert row["probe"] == "hover_share" and row["saved_levels"] is True
-    assert 0.0 <= row["frames_at_goal"] <= 1.0 and row["steps"] == 20
-
-
-def test_diagnose_hazard_rows_keep_the_evaluations_numbers(tmp_path: Path):
-    from tests.conftest import REPO, SUBPROCESS_ENV
-
-    policy_file = tmp_path / "policy.pt"
-    torch.save(_policy(3).state_dict(), policy_file)  # it flies: some drones collide
-    out = tmp_path / "diag.json"
-    common = [sys.executable, "benchmarks/diagnose.py", "--checkpoint", str(policy_file)]
-    common += ["--pillars", "30", "--layouts", "train", "--maps", "train"]
-    rows = {}
-    for flag in ([], ["--hazard"]):
-        proc = subprocess.run(
-            [*common, *flag, "--out", str(out), *_OVERRIDES],
-            capture_output=True,
-            text=True,
-            cwd=REPO,
-            env=SUBPROCESS_ENV,
-            timeout=300,
-        )
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        (rows[bool(flag)],) = json.loads(out.read_text())["results"][str(policy_file)]
-    plain, hazard = rows[False], rows[True]
-    assert "hazard" not in plain
-    numbers = ("reach_goal", "collision", "return", "episode_len", "episodes")
-    assert {k: hazard[k] for k in numbers} == {k: plain[k] for k in numbers}
-    h = hazard["hazard"]
-    assert h["collisions"] == round(hazard["collision"] * hazard["episodes"])
-    assert sum(b["episodes"] for b in h["by_distance_m"].values()) == hazard["episodes"]
-    assert h["metres_flown"] > 0.0 and h["collisions"] > 0, h
+    return json.loads(out.read_text())["results"][str(checkpoint)]
