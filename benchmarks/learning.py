@@ -13,14 +13,18 @@ daemon evaluates at its current stage; these three evaluate the env section itse
 curriculum's target), so the last two compare like with like.
 
 `goal` in the JSON is issue #13's verdict: the bar is NavRL's checkpoint on this eval
-(reach_goal at least, collision at most); `first_eval_at_bar` is the first evaluation at
-the curriculum's last stage (every one without a curriculum) that clears it, with its
+(reach_goal at least, collision at most); `first_eval_at_bar` is the first evaluation of
+the target env that clears it, with its
 frames and wall seconds since launch; `met` says whether that, or the final export,
 cleared it within `--goal-s` seconds (default 480: the issue's 8 minutes of training).
 
 `frames_to_reach` (issue #23) gives, per bar b of `--reach-bars` (default 0.5 and 0.9),
-the first evaluation at the target env with reach_goal >= b and collision <= 1 - b, with
-its frames and seconds (None: never). `held_out` evaluates the final export, the untrained
+the first evaluation of the target env with reach_goal >= b and collision <= 1 - b, with
+its frames and seconds (None: never). An evaluation is of the target env when it flies
+what the curriculum's last stage's evaluations fly (`env.target_stages` in the JSON):
+every one without a curriculum; with one, those at the last stage and at any stage whose
+evaluation is the same (e.g. local hops evaluated on NavRL's crossing, as the last stage
+is). `held_out` evaluates the final export, the untrained
 policy and NavRL's checkpoint on `--held-out-maps` maps drawn from `--held-out-seed`
 (default 1000): maps the run never trained on. The daemon's own `eval.held_out_seed`, when
 set, adds `held_out_reach_goal` / `held_out_collision` to every curve point.
@@ -62,7 +66,7 @@ import torch
 from navrl_daemon.config import Config, load_config
 from navrl_daemon.ops.plots import Series, curves_plot, write_png
 from navrl_daemon.rl.evaluate import evaluate
-from navrl_daemon.rl.training import eval_steps, make_eval_env, make_policy
+from navrl_daemon.rl.training import eval_steps, evaluation_key, make_eval_env, make_policy
 from navrl_daemon.stages.evaluator import read_results
 from navrl_daemon.storage.checkpoint import CheckpointDir
 from navrl_daemon.storage.policy_file import check_policy_layout, load_any_policy_state
@@ -277,12 +281,12 @@ def main() -> None:
         }
         for row in rows
     ]
-    last_stage = len(cfg.env.curriculum) - 1 if cfg.env.curriculum else None
+    targets = target_stages(cfg)
     goal = goal_check(
         curve,
         final,
         navrl,
-        last_stage=last_stage,
+        targets=targets,
         within_s=args.goal_s,
         final_s=training_seconds(launched + budget["stop_s"], launches),
     )
@@ -295,6 +299,8 @@ def main() -> None:
             "num_obstacles": cfg.env.num_obstacles,
             "num_dynamic_obstacles": cfg.env.num_dynamic_obstacles,
             "curriculum_stages": len(cfg.env.curriculum),
+            # the stages whose evaluations fly the target's (goal, frames_to_reach)
+            "target_stages": None if targets is None else sorted(targets),
         },
         "eval": {
             "layout": cfg.eval.layout,
@@ -307,7 +313,7 @@ def main() -> None:
         "final": final,
         "navrl_checkpoint": navrl,
         "held_out": held_out,
-        "frames_to_reach": frames_to_reach(curve, args.reach_bars, last_stage=last_stage),
+        "frames_to_reach": frames_to_reach(curve, args.reach_bars, targets=targets),
         "goal": goal,
         "machine": {
             "platform": platform.platform(),
@@ -334,18 +340,33 @@ def main() -> None:
         raise SystemExit(budget["error"])
 
 
+def target_stages(cfg: Config) -> set[int] | None:
+    """The curriculum stages whose evaluations fly what the last stage's fly (equal
+    `evaluation_key`s): the last one, and e.g. stages of local hops evaluated on NavRL's
+    crossing as the last stage is. None without a curriculum: every evaluation counts."""
+    stages = cfg.env.curriculum
+    if not stages:
+        return None
+
+    def key(index: int) -> dict[str, Any]:
+        return evaluation_key(cfg.model_copy(update={"env": cfg.env.stage_env(index)}))
+
+    target = key(len(stages) - 1)
+    return {i for i in range(len(stages)) if key(i) == target}
+
+
 def goal_check(
     curve: list[dict[str, Any]],
     final: dict[str, Any] | None,
     navrl: dict[str, Any] | None,
     *,
-    last_stage: int | None,
+    targets: set[int] | None,
     within_s: float,
     final_s: float,
 ) -> dict[str, Any] | None:
-    """Issue #13's verdict: did an evaluation at the target env (the curriculum's last
-    stage) or the final export reach NavRL's reach_goal with no more collisions, within
-    `within_s` seconds of launch? None without NavRL's numbers."""
+    """Issue #13's verdict: did an evaluation of the target env (at a stage of `targets`,
+    see `target_stages`) or the final export reach NavRL's reach_goal with no more
+    collisions, within `within_s` seconds of launch? None without NavRL's numbers."""
     if navrl is None:
         return None
     bar = {"reach_goal": navrl["reach_goal"], "collision": navrl["collision"]}
@@ -353,7 +374,7 @@ def goal_check(
     def at_bar(row: dict[str, Any]) -> bool:
         return row["reach_goal"] >= bar["reach_goal"] and row["collision"] <= bar["collision"]
 
-    target = [r for r in curve if last_stage is None or r.get("curriculum_stage") == last_stage]
+    target = [r for r in curve if targets is None or r.get("curriculum_stage") in targets]
     first = next((r for r in target if at_bar(r)), None)
     final_at_bar = None if final is None else at_bar(final)
     met = (first is not None and first["seconds"] <= within_s) or (
@@ -372,16 +393,16 @@ def goal_check(
 
 
 def frames_to_reach(
-    curve: list[dict[str, Any]], bars: list[float], *, last_stage: int | None
+    curve: list[dict[str, Any]], bars: list[float], *, targets: set[int] | None
 ) -> dict[str, Any]:
-    """Per bar b: the first evaluation at the target env (the curriculum's last stage) with
+    """Per bar b: the first evaluation of the target env (at a stage of `targets`) with
     reach_goal >= b and collision <= 1 - b; None where none did. Held-out numbers, when
     the curve has them, get the same treatment under `held_out`."""
 
     def first(prefix: str, bar: float) -> dict[str, Any] | None:
         reach, collision = f"{prefix}reach_goal", f"{prefix}collision"
         for row in curve:
-            if last_stage is not None and row.get("curriculum_stage") != last_stage:
+            if targets is not None and row.get("curriculum_stage") not in targets:
                 continue
             # Rounded: 1 - 0.9 is 0.09999999999999998 in floats, and 0.1 must pass.
             if reach in row and row[reach] >= bar and row[collision] <= round(1.0 - bar, 9):

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 
-from tests.conftest import REPO
+import torch
+
+from navrl_daemon.config import Config, load_config
+from navrl_daemon.rl.training import make_eval_env
+from tests.conftest import REPO, TINY
 
 _spec = importlib.util.spec_from_file_location("learning_bench", REPO / "benchmarks/learning.py")
 assert _spec is not None and _spec.loader is not None
@@ -19,15 +23,15 @@ def row(frames: int, seconds: float, reach: float, collision: float, stage: int 
     return r if stage is None else {**r, "curriculum_stage": stage}
 
 
-def check(curve, final=None, last_stage=None, final_s=600.0):
+def check(curve, final=None, targets=None, final_s=600.0):
     return learning.goal_check(
-        curve, final, NAVRL, last_stage=last_stage, within_s=480.0, final_s=final_s
+        curve, final, NAVRL, targets=targets, within_s=480.0, final_s=final_s
     )
 
 
-def test_only_evaluations_at_the_last_stage_count() -> None:
+def test_only_evaluations_at_a_target_stage_count() -> None:
     curve = [row(0, 0, 0.0, 0.0, 0), row(10, 60, 0.9, 0.1, 0), row(20, 300, 0.6, 0.4, 2)]
-    goal = check(curve, last_stage=2)
+    goal = check(curve, targets={2})
     assert goal["target_stage_evals"] == 1
     assert goal["first_eval_at_bar"] == row(20, 300, 0.6, 0.4)
     assert goal["met"]
@@ -52,11 +56,11 @@ def test_the_final_export_counts_when_the_run_stopped_in_time() -> None:
 
 
 def test_no_navrl_numbers_no_verdict() -> None:
-    assert learning.goal_check([], None, None, last_stage=None, within_s=1, final_s=1) is None
+    assert learning.goal_check([], None, None, targets=None, within_s=1, final_s=1) is None
 
 
 def test_frames_to_reach_is_the_first_target_eval_with_both_bounds_per_bar() -> None:
-    """A bar b needs reach_goal >= b and collision <= 1 - b, at the last stage only."""
+    """A bar b needs reach_goal >= b and collision <= 1 - b, at a target stage only."""
     curve = [
         row(0, 0, 0.0, 0.0, 0),
         row(10, 5, 0.95, 0.0, 0),  # an earlier stage: never counts
@@ -65,7 +69,7 @@ def test_frames_to_reach_is_the_first_target_eval_with_both_bounds_per_bar() -> 
         row(28, 11, 0.9, 0.15, 1),  # reach >= 0.9 but collision > 0.1
         row(40, 20, 0.9, 0.1, 1),  # both bounds inclusive
     ]
-    out = learning.frames_to_reach(curve, [0.5, 0.9, 0.99], last_stage=1)
+    out = learning.frames_to_reach(curve, [0.5, 0.9, 0.99], targets={1})
     assert out["0.5"]["frames"] == 25 and out["0.9"]["frames"] == 40 and out["0.99"] is None
     assert "held_out" not in out
 
@@ -75,7 +79,7 @@ def test_frames_to_reach_on_held_out_maps_when_the_curve_has_them() -> None:
         {**row(10, 5, 0.95, 0.0), "held_out_reach_goal": 0.4, "held_out_collision": 0.6},
         {**row(20, 9, 0.95, 0.0), "held_out_reach_goal": 0.9, "held_out_collision": 0.1},
     ]
-    out = learning.frames_to_reach(curve, [0.9], last_stage=None)
+    out = learning.frames_to_reach(curve, [0.9], targets=None)
     assert out["0.9"]["frames"] == 10
     assert out["held_out"]["0.9"] == {
         "frames": 20,
@@ -93,3 +97,49 @@ def test_a_resumed_run_counts_the_seconds_the_daemon_ran_in_every_sitting() -> N
     assert learning.training_seconds(1020.0, launches) == 80.0
     assert learning.training_seconds(2000.0, launches) == 110.0
     assert learning.training_seconds(50.0, launches) == 0.0
+
+
+# ------------------------------------------------------------ which stages are the target
+
+HOPS = (
+    '{name = "hops", spawn = "local", goal_distance = [1.0, 4.0], max_episode_length = 30,'
+    " reach_hold = 8, promote = {reach_goal = 0.6, collision = 0.35}}"
+)
+
+
+def stages_config(*overrides: str) -> Config:
+    return load_config(
+        None,
+        [*TINY, "env.num_dynamic_obstacles=0", "eval.num_envs=4", "eval.max_steps=60", *overrides],
+        environ={},
+    )
+
+
+def test_a_hops_stage_evaluated_on_the_crossing_is_a_target_stage() -> None:
+    """Hops differ from the last stage only in keys NavRL's crossing layout never reads
+    (the spawn rule, the hold, a shorter episode than the evaluation's): they count. A
+    stage with fewer pillars, or any stage under the training layout, does not."""
+    last = '{name = "crossing"}'
+    fewer = '{name = "fewer", num_obstacles = 2, promote = {reach_goal = 0.6}}'
+    curriculum = f"env.curriculum=[{fewer}, {HOPS}, {last}]"
+    assert learning.target_stages(stages_config(curriculum, 'eval.layout="navrl"')) == {1, 2}
+    assert learning.target_stages(stages_config(curriculum, 'eval.layout="train"')) == {2}
+    assert learning.target_stages(stages_config('eval.layout="navrl"')) is None
+
+
+def test_target_stages_fly_the_same_evaluation() -> None:
+    """The claim behind `target_stages`, on the env itself: the evaluation env of the hops
+    stage and the last stage's give the same observations, step for step."""
+    cfg = stages_config(f'env.curriculum=[{HOPS}, {{name = "crossing"}}]', 'eval.layout="navrl"')
+    assert learning.target_stages(cfg) == {0, 1}
+    flights = []
+    for stage in (0, 1):
+        env = make_eval_env(cfg.model_copy(update={"env": cfg.env.stage_env(stage)}), "cpu")
+        torch.manual_seed(0)  # the random actions below
+        flights.append(env.rollout(40, break_when_any_done=False))
+    assert (flights[0] == flights[1]).all()
+    # and the check has teeth: a stage under the training layout flies other drones
+    train = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"layout": "train"})})
+    env = make_eval_env(train.model_copy(update={"env": cfg.env.stage_env(0)}), "cpu")
+    torch.manual_seed(0)
+    assert not (env.rollout(40, break_when_any_done=False) == flights[1]).all()

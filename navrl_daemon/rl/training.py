@@ -21,7 +21,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.envs import EnvBase
 
-from navrl_daemon.config import Config, PPOConfig, UpdatePath
+from navrl_daemon.config import Config, EnvConfig, PPOConfig, UpdatePath
 from navrl_daemon.env import check_backend, make_env
 from navrl_daemon.env.contract import step_record_bytes
 from navrl_daemon.env.navigation import collect_path
@@ -321,16 +321,8 @@ def make_eval_env(
     NavRL's whole crossing (below it, the evaluation stops early, episodes unfinished)."""
     if map_seed is None:
         map_seed = cfg.eval.map_seed if cfg.eval.map_seed >= 0 else cfg.run.seed
-    env_cfg = cfg.env.model_copy(
-        update={
-            "map_levels": [],
-            "num_maps": cfg.eval.num_maps or cfg.env.num_maps,
-            "max_episode_length": max(cfg.env.max_episode_length, cfg.eval.max_steps),
-            "reach_hold": 0,  # NavRL's evaluation: at the goal when the episode ends
-        }
-    )
     return make_env(
-        env_cfg,
+        eval_env_config(cfg),
         device=device,
         seed=map_seed,
         num_envs=cfg.eval.num_envs,
@@ -361,3 +353,33 @@ class Evaluations:
 
 def eval_steps(cfg: Config) -> int:
     return cfg.eval.max_steps or cfg.env.max_episode_length
+
+
+def eval_env_config(cfg: Config) -> EnvConfig:
+    """The env section as the evaluation flies it (see `make_eval_env`)."""
+    return cfg.env.model_copy(
+        update={
+            "map_levels": [],
+            "num_maps": cfg.eval.num_maps or cfg.env.num_maps,
+            "max_episode_length": max(cfg.env.max_episode_length, cfg.eval.max_steps),
+            "reach_hold": 0,  # NavRL's evaluation: at the goal when the episode ends
+        }
+    )
+
+
+# The training spawn rule's keys: the embedded env's "navrl" layout places every start
+# and goal itself (NavRL's crossing) and reads none of them.
+SPAWN_RULE_KEYS = ("spawn", "goal_distance", "crossing_share", "spawn_height")
+
+
+def evaluation_key(cfg: Config) -> dict[str, Any]:
+    """What an evaluation under `cfg` flies: its env (less the keys it never reads), eval
+    section, episode length and training maps' seed. Two configs with equal keys evaluate
+    the same drones on the same maps, e.g. a curriculum stage of local hops and the
+    crossing stage after it, both evaluated on NavRL's crossing."""
+    env = eval_env_config(cfg).model_dump(exclude={"curriculum"})
+    if cfg.eval.layout == "navrl" and cfg.env.backend == "navigation":
+        for key in SPAWN_RULE_KEYS:
+            env.pop(key)
+    steps = eval_steps(cfg)
+    return {"env": env, "eval": cfg.eval.model_dump(), "steps": steps, "seed": cfg.run.seed}
