@@ -216,6 +216,9 @@ sweep)
     long_hops_hold_lrlin)  # the same with every lr decaying linearly to 0.1x at 20 M frames
       recipe=(env.num_maps=16 "env.map_levels=$levels" ppo.lr_schedule=linear
         ppo.schedule_frames=20000000 "env.curriculum=[$LONG_HOPS_HOLD_STAGE, {name = \"navrl static\"}]") ;;
+    long_hops_hold_mb4_vclip)  # the hold in 4 minibatches, the critic's value clip off
+      recipe=(env.num_maps=16 "env.map_levels=$levels" ppo.minibatches=4 ppo.value_clip=1000000
+        "env.curriculum=[$LONG_HOPS_HOLD_STAGE, {name = \"navrl static\"}]") ;;
     *) log "unknown recipe $name"; exit 2 ;;
     esac
     log "start recipe $name (budget ${budget}s)"

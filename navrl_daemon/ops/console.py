@@ -93,15 +93,17 @@ def progress_table(s: dict[str, Any]) -> str:
     lines.append(_row("episodes", f"{episodes} finished{note}"))
     if episodes:
         reach, coll = s.get("train_reach_goal", 0.0), s.get("train_collision", 0.0)
-        # A reached episode ends by the time limit too (`truncated` counts it), and an
-        # episode that leaves the height band is neither a collision nor truncated: the
-        # training stats cannot tell that one apart, so "timed out" here is the rest.
-        timed_out = max(0.0, 1.0 - reach - coll)
+        # A reached episode ends by the time limit too (`truncated` counts it), so "timed
+        # out" is the rest: neither reached, collided nor out of bounds (left the height
+        # band; a summary without `train_out_of_bounds` counts those as timed out).
+        left = s.get("train_out_of_bounds")
+        timed_out = max(0.0, 1.0 - reach - coll - (left or 0.0))
         lines.append(
             _row(
                 "outcomes",
                 f"reached {reach:.3f}",
                 f"collided {coll:.3f}",
+                *([] if left is None else [f"out of bounds {left:.3f}"]),
                 f"timed out {timed_out:.3f}",
             )
         )

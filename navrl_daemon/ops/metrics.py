@@ -61,6 +61,7 @@ _EPISODE_STATS = {
     "collision": ("collision_ratio", "collision_ratio", "share that collided"),
     "return": ("return", "return", "mean return"),
     "episode_len": ("length_steps", "episode_length_steps", "mean length in steps"),
+    "out_of_bounds": ("out_of_bounds_ratio", "out_of_bounds_ratio", "share out of the height band"),
 }
 
 

@@ -17,6 +17,12 @@ from torchrl.envs import EnvBase
 from navrl_daemon.env.navigation import STAT_KEYS
 from navrl_daemon.rl.policy import NavRLPolicy
 
+# The outcomes EpisodeStats reports: the env's stats, then `out_of_bounds`, the share of
+# episodes that ended neither by a collision nor by the time limit (they left the height
+# band, navrl-task §1.9), which NavRL's stats count nowhere. Evaluations report it too.
+EPISODE_KEYS = (*STAT_KEYS, "out_of_bounds")
+_COLLISION, _TRUNCATED = STAT_KEYS.index("collision"), STAT_KEYS.index("truncated")
+
 
 @torch.no_grad()
 def first_step(
@@ -79,12 +85,14 @@ class EpisodeStats:
     """
 
     def __init__(self, device: torch.device | str) -> None:
-        self._sums = torch.zeros(len(STAT_KEYS), device=device, dtype=torch.float64)
+        self._sums = torch.zeros(len(EPISODE_KEYS), device=device, dtype=torch.float64)
         self._count = torch.zeros((), device=device, dtype=torch.float64)
 
     def add(self, rollout: TensorDictBase) -> None:
         done = rollout["next", "done"].squeeze(-1)
         stats = torch.stack([rollout["next", "stats", k].squeeze(-1) for k in STAT_KEYS], -1)
+        ended = (stats[..., _COLLISION] < 0.5) & (stats[..., _TRUNCATED] < 0.5)
+        stats = torch.cat((stats, ended.unsqueeze(-1).to(stats.dtype)), -1)
         self._sums += (stats * done.unsqueeze(-1)).sum(dim=tuple(range(done.dim()))).double()
         self._count += done.sum()
 
@@ -100,8 +108,10 @@ class EpisodeStats:
         return self._sums.clone(), self._count.clone()
 
     def load_sums(self, sums: torch.Tensor, count: torch.Tensor) -> None:
-        """Set the counters to saved `peek_sums()` values (resume)."""
-        self._sums.copy_(sums)
+        """Set the counters to saved `peek_sums()` values (resume). Sums saved before
+        `out_of_bounds` was counted lack its slot: it restarts from 0."""
+        self._sums.zero_()
+        self._sums[: sums.shape[0]] = sums
         self._count.copy_(count)
 
     def merge(self, sums_count: tuple[torch.Tensor, torch.Tensor]) -> None:
@@ -118,4 +128,4 @@ class EpisodeStats:
         means = (self._sums / count).tolist()
         self._sums.zero_()
         self._count.zero_()
-        return {"episodes": count, **dict(zip(STAT_KEYS, means, strict=True))}
+        return {"episodes": count, **dict(zip(EPISODE_KEYS, means, strict=True))}

@@ -164,6 +164,10 @@ def test_table_counts_episodes_and_flags_few() -> None:
     assert "0:12:30" in table and "2,612 frames/s" in table and "(2.0 %)" in table
     none = progress_table({**summary, "train_episodes": 0})
     assert "0 finished" in none and "reached" not in none
+    mixed = {**summary, "train_episodes": 20, "train_reach_goal": 0.5, "train_collision": 0.25}
+    table = progress_table({**mixed, "train_out_of_bounds": 0.15})
+    assert "out of bounds 0.150" in table and "timed out 0.100" in table
+    assert "timed out 0.250" in progress_table(mixed)  # a summary without the stat
 
 
 def test_json_lines_keep_every_summary_field() -> None:

@@ -139,19 +139,21 @@ def test_iteration_keeps_series_missing_from_the_losses() -> None:
 def test_episodes_evaluation_and_throughput() -> None:
     m = make_metrics()
     window = {"episodes": 5, "reach_goal": 0.4, "collision": 0.2, "return": 12.5}
-    m.episodes({**window, "episode_len": 180.0, "truncated": 0.4})
+    m.episodes({**window, "episode_len": 180.0, "truncated": 0.4, "out_of_bounds": 0.1})
     m.episodes({})  # nothing finished in the next window: the last means stay
     assert value(m, "navrl_episode_reach_goal_ratio") == 0.4
     assert value(m, "navrl_episode_collision_ratio") == 0.2
     assert value(m, "navrl_episode_return") == 12.5
     assert value(m, "navrl_episode_length_steps") == 180.0
+    assert value(m, "navrl_episode_out_of_bounds_ratio") == 0.1
 
     result = {"episodes": 4, "reach_goal": 0.75, "collision": 0.25, "return": 30.0}
-    m.evaluation({**result, "episode_len": 250.0, "unfinished": 0})
+    m.evaluation({**result, "episode_len": 250.0, "out_of_bounds": 0.0, "unfinished": 0})
     assert value(m, "navrl_eval_reach_goal_ratio") == 0.75
     assert value(m, "navrl_eval_collision_ratio") == 0.25
     assert value(m, "navrl_eval_return") == 30.0
     assert value(m, "navrl_eval_episode_length_steps") == 250.0
+    assert value(m, "navrl_eval_out_of_bounds_ratio") == 0.0
     assert value(m, "navrl_evaluations_total") == 1
 
     m.throughput(1234.5)

@@ -9,10 +9,10 @@ from navrl_daemon.stages.trainer import IterationRecord
 
 
 def record(iteration: int, losses: dict[str, float], rolled_back: bool = False) -> IterationRecord:
-    from navrl_daemon.rl.rollout import STAT_KEYS
+    from navrl_daemon.rl.rollout import EPISODE_KEYS
 
     episodes = (
-        torch.zeros(len(STAT_KEYS), dtype=torch.float64),
+        torch.zeros(len(EPISODE_KEYS), dtype=torch.float64),
         torch.zeros((), dtype=torch.float64),
     )
     return IterationRecord(
