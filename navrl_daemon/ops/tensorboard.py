@@ -30,6 +30,8 @@ _LOSSES = {
     "explained_var",
     "actor_grad_norm",
     "critic_grad_norm",
+    "value_shift",
+    "value_clipped",
 }
 _THROUGHPUT = {"frames_per_second", "policy_lag"}
 _NOT_SCALARS = {"frames", "time"}  # the step and the wall time of every point

@@ -273,8 +273,18 @@ class FastUpdate:
         with torch.no_grad():
             ok = found_inf == 0
             explained_var = ppo.explained_variance(value, mb.get("target"))
+            shift, clipped = ppo.value_moves(value, mb.get("state_value"), cfg.value_clip)
             stats = torch.stack(
-                [l_actor, l_critic, l_entropy, actor_norm, critic_norm, explained_var]
+                (
+                    l_actor,
+                    l_critic,
+                    l_entropy,
+                    actor_norm,
+                    critic_norm,
+                    explained_var,
+                    shift,
+                    clipped,
+                )
             )
             self.sums += torch.where(ok, stats, torch.zeros_like(stats))
             self.applied += ok.long()

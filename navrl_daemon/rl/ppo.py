@@ -28,6 +28,11 @@ STAT_NAMES = (
     "actor_grad_norm",
     "critic_grad_norm",
     "explained_var",
+    # How far the critic has moved from the rollout's values V_old (normalised units):
+    # the mean |V - V_old| before each step, and the share of rows beyond ppo.value_clip,
+    # which the clipped critic loss no longer pulls towards their targets.
+    "value_shift",
+    "value_clipped",
 )
 
 
@@ -96,6 +101,14 @@ def critic_loss(
 
 def entropy_loss(entropy: torch.Tensor, entropy_coef: float | torch.Tensor) -> torch.Tensor:
     return -entropy_coef * entropy.mean()
+
+
+def value_moves(
+    value: torch.Tensor, old_value: torch.Tensor, value_clip: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean |V - V_old|, share of rows with |V - V_old| > value_clip) of a minibatch."""
+    shift = (value.detach() - old_value).abs()
+    return shift.mean(), (shift > value_clip).float().mean()
 
 
 def explained_variance(value: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -349,8 +362,18 @@ def update(
         applied += 1
         with torch.no_grad():
             explained_var = explained_variance(value, mb.get("target"))
+            shift, clipped = value_moves(value, mb.get("state_value"), cfg.value_clip)
             sums += torch.stack(
-                [l_actor, l_critic, l_entropy, actor_norm, critic_norm, explained_var]
+                (
+                    l_actor,
+                    l_critic,
+                    l_entropy,
+                    actor_norm,
+                    critic_norm,
+                    explained_var,
+                    shift,
+                    clipped,
+                )
             )
             for name, term in aux.items():
                 aux_sums[name] = aux_sums.get(name, 0.0) + term.detach()

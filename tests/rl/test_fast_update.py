@@ -77,7 +77,10 @@ def _assert_close_stats(fast: dict[str, float], eager: dict[str, float]) -> None
     assert fast["minibatch_updates"] == eager["minibatch_updates"]
     assert fast["nonfinite_updates"] == eager["nonfinite_updates"]
     for name in ppo.STAT_NAMES:
-        assert fast[name] == pytest.approx(eager[name], rel=1e-4, abs=1e-5), name
+        # value_clipped counts rows beyond a threshold: within the paths' rounding a row
+        # may sit on either side of it (one row of a 12-row minibatch, over 8 steps: 0.01).
+        slack = 0.011 if name == "value_clipped" else 1e-5
+        assert fast[name] == pytest.approx(eager[name], rel=1e-4, abs=slack), name
 
 
 def _assert_close_weights(a: NavRLPolicy, b: NavRLPolicy) -> None:

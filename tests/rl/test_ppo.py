@@ -99,6 +99,33 @@ def test_minibatch_indices_drop_the_remainder():
 # ---------------------------------------------------------------------------- update
 
 
+def test_value_moves_measure_the_shift_and_the_rows_beyond_the_clip():
+    value = torch.tensor([[0.5], [-0.05], [0.25], [-0.3]], requires_grad=True)
+    old = torch.tensor([[0.0], [0.0], [0.3], [0.0]])
+    shift, clipped = ppo.value_moves(value, old, value_clip=0.1)
+    assert shift.item() == pytest.approx((0.5 + 0.05 + 0.05 + 0.3) / 4)
+    assert clipped.item() == 0.5  # 0.5 and -0.3 are beyond 0.1, either way
+
+
+def test_the_value_clip_holds_the_critic_back(make_batch):
+    """NavRL's critic loss (a max of the clipped and plain means) lets each row's value
+    move about `value_clip` from the rollout's before the clipped mean takes over: with a
+    tight clip the update's values stay nearer V_old than with the clip off, and the
+    update says how many rows it held back."""
+    torch.manual_seed(0)
+    base = NavRLPolicy()
+    batch = make_batch(base, num_envs=8, steps=6)
+    stats = {}
+    for clip in (0.01, 1e6):
+        cfg = PPOConfig(epochs=8, minibatches=2, value_clip=clip, actor_lr=2e-3)
+        policy = copy.deepcopy(base)
+        opts = ppo.make_optimizers(policy, cfg)
+        stats[clip] = ppo.update(policy, opts, batch, cfg, torch.Generator().manual_seed(0))
+    assert stats[1e6]["value_clipped"] == 0.0
+    assert stats[0.01]["value_clipped"] > 0.3
+    assert stats[0.01]["value_shift"] < 0.5 * stats[1e6]["value_shift"]
+
+
 def _snapshot(policy: NavRLPolicy) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in policy.state_dict().items()}
 
