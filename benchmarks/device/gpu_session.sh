@@ -183,7 +183,7 @@ sweep)
   # benchmarks/learning.py process, all side by side (at 256 envs one process leaves most of
   # the GPU idle: its update is launch-bound). RECIPES picks them (default: stages,
   # long_hops, long_hops_hold, long_hops_hold_mb4 and long_hops_hold_lrlin; levels, hops,
-  # hops_flat and hops_kl on request);
+  # hops_flat, hops_kl and long_hops_hold_mb4_vclip on request);
   # EXTRA: more KEY=VALUE overrides for every recipe (e.g. for a CPU smoke run). The results
   # come back as one sweep.tgz (learning.py writes 3 files per recipe).
   budget=${2:-330}
