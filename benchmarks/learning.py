@@ -14,9 +14,9 @@ curriculum's target), so the last two compare like with like.
 
 `goal` in the JSON is issue #13's verdict: the bar is NavRL's checkpoint on this eval
 (reach_goal at least, collision at most); `first_eval_at_bar` is the first evaluation of
-the target env that clears it, with its
-frames and wall seconds since launch; `met` says whether that, or the final export,
-cleared it within `--goal-s` seconds (default 480: the issue's 8 minutes of training).
+the target env that clears it, with its frames and wall seconds since launch; `met` says
+whether that, or the final export, cleared it within `--goal-s` seconds (default 480: the
+issue's 8 minutes of training).
 
 `frames_to_reach` (issue #23) gives, per bar b of `--reach-bars` (default 0.5 and 0.9),
 the first evaluation of the target env with reach_goal >= b and collision <= 1 - b, with
@@ -24,9 +24,9 @@ its frames and seconds (None: never). An evaluation is of the target env when it
 what the curriculum's last stage's evaluations fly (`env.target_stages` in the JSON):
 every one without a curriculum; with one, those at the last stage and at any stage whose
 evaluation is the same (e.g. local hops evaluated on NavRL's crossing, as the last stage
-is). `held_out` evaluates the final export, the untrained
-policy and NavRL's checkpoint on `--held-out-maps` maps drawn from `--held-out-seed`
-(default 1000): maps the run never trained on. The daemon's own `eval.held_out_seed`, when
+is). `held_out` evaluates the final export, the untrained policy and NavRL's checkpoint on
+`--held-out-maps` maps drawn from `--held-out-seed` (default 1000): maps the run never
+trained on. The daemon's own `eval.held_out_seed`, when
 set, adds `held_out_reach_goal` / `held_out_collision` to every curve point.
 
 The machine's load average goes into the JSON: on a shared CPU the curve per second

@@ -128,18 +128,23 @@ def test_a_hops_stage_evaluated_on_the_crossing_is_a_target_stage() -> None:
 
 
 def test_target_stages_fly_the_same_evaluation() -> None:
-    """The claim behind `target_stages`, on the env itself: the evaluation env of the hops
-    stage and the last stage's give the same observations, step for step."""
-    cfg = stages_config(f'env.curriculum=[{HOPS}, {{name = "crossing"}}]', 'eval.layout="navrl"')
-    assert learning.target_stages(cfg) == {0, 1}
+    """The claim behind `target_stages`, on the env itself: the evaluation envs of the
+    hops stage and the last stage give the same observations, step for step, and the
+    stage with fewer pillars (another key) does not. The drones fly into the field, so
+    their LiDAR sees the pillars."""
+    fewer = '{name = "fewer", num_obstacles = 2, promote = {reach_goal = 0.6}}'
+    curriculum = f'env.curriculum=[{fewer}, {HOPS}, {{name = "crossing"}}]'
+    cfg = stages_config(curriculum, 'eval.layout="navrl"', "env.spawn_margin=0.5")
+    assert learning.target_stages(cfg) == {1, 2}
+    ahead = torch.tensor([0.0, -1.5, 0.0]).expand(4, 1, 3)  # world velocity, to the goals
+
+    def fly(td):
+        return td.set(("agents", "action"), ahead.clone())
+
     flights = []
-    for stage in (0, 1):
+    for stage in (0, 1, 2):
         env = make_eval_env(cfg.model_copy(update={"env": cfg.env.stage_env(stage)}), "cpu")
-        torch.manual_seed(0)  # the random actions below
-        flights.append(env.rollout(40, break_when_any_done=False))
-    assert (flights[0] == flights[1]).all()
-    # and the check has teeth: a stage under the training layout flies other drones
-    train = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"layout": "train"})})
-    env = make_eval_env(train.model_copy(update={"env": cfg.env.stage_env(0)}), "cpu")
-    torch.manual_seed(0)
-    assert not (env.rollout(40, break_when_any_done=False) == flights[1]).all()
+        flights.append(env.rollout(120, policy=fly, break_when_any_done=False))
+    assert flights[2]["agents", "observation", "lidar"].amax() > 0  # pillars in sight
+    assert (flights[1] == flights[2]).all()
+    assert not (flights[0] == flights[2]).all()

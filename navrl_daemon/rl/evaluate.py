@@ -26,7 +26,7 @@ from torchrl.envs.utils import step_mdp
 from navrl_daemon.env.navigation import Z_MAX, Z_MIN, NavigationEnv, collect_path
 from navrl_daemon.rl.graphs import WARMUP_RUNS, Capture, Replay, SameObjects, cuda_capture
 from navrl_daemon.rl.policy import NavRLPolicy
-from navrl_daemon.rl.rollout import STAT_KEYS
+from navrl_daemon.rl.rollout import STAT_KEYS, out_of_bounds
 
 # How an evaluation episode ends, as `Trajectories.outcomes` names it.
 OUTCOMES = ("reached", "collided", "out of bounds", "timed out")
@@ -244,9 +244,7 @@ def _results(first: Tensor, last: Tensor, finished: Tensor) -> dict[str, float]:
     stats count nowhere."""
     stats = torch.where(finished[:, None], first, last)
     means = stats.mean(dim=0).tolist()
-    collided = stats[:, STAT_KEYS.index("collision")] > 0.5
-    truncated = stats[:, STAT_KEYS.index("truncated")] > 0.5
-    left = finished & ~collided & ~truncated
+    left = finished & out_of_bounds(stats)
     return {
         "episodes": first.shape[0],
         **dict(zip(STAT_KEYS, means, strict=True)),

@@ -272,19 +272,8 @@ class FastUpdate:
                 del opt.found_inf  # type: ignore[attr-defined]
         with torch.no_grad():
             ok = found_inf == 0
-            explained_var = ppo.explained_variance(value, mb.get("target"))
-            shift, clipped = ppo.value_moves(value, mb.get("state_value"), cfg.value_clip)
-            stats = torch.stack(
-                (
-                    l_actor,
-                    l_critic,
-                    l_entropy,
-                    actor_norm,
-                    critic_norm,
-                    explained_var,
-                    shift,
-                    clipped,
-                )
+            stats = ppo.step_stats(
+                mb, cfg, value, l_actor, l_critic, l_entropy, actor_norm, critic_norm
             )
             self.sums += torch.where(ok, stats, torch.zeros_like(stats))
             self.applied += ok.long()

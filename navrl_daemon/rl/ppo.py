@@ -111,6 +111,19 @@ def value_moves(
     return shift.mean(), (shift > value_clip).float().mean()
 
 
+def step_stats(
+    mb: TensorDictBase,
+    cfg: PPOConfig,
+    value: torch.Tensor,
+    *terms: torch.Tensor,
+) -> torch.Tensor:
+    """One step's STAT_NAMES, in order: its `terms` (the three losses and the two grad
+    norms), then what its values say of the critic (explained variance, value moves)."""
+    explained_var = explained_variance(value, mb.get("target"))
+    shift, clipped = value_moves(value, mb.get("state_value"), cfg.value_clip)
+    return torch.stack((*terms, explained_var, shift, clipped))
+
+
 def explained_variance(value: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return 1.0 - F.mse_loss(value, target) / target.var()
 
@@ -361,19 +374,8 @@ def update(
             opt.step()
         applied += 1
         with torch.no_grad():
-            explained_var = explained_variance(value, mb.get("target"))
-            shift, clipped = value_moves(value, mb.get("state_value"), cfg.value_clip)
-            sums += torch.stack(
-                (
-                    l_actor,
-                    l_critic,
-                    l_entropy,
-                    actor_norm,
-                    critic_norm,
-                    explained_var,
-                    shift,
-                    clipped,
-                )
+            sums += step_stats(
+                mb, cfg, value, l_actor, l_critic, l_entropy, actor_norm, critic_norm
             )
             for name, term in aux.items():
                 aux_sums[name] = aux_sums.get(name, 0.0) + term.detach()

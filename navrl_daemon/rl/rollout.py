@@ -24,6 +24,12 @@ EPISODE_KEYS = (*STAT_KEYS, "out_of_bounds")
 _COLLISION, _TRUNCATED = STAT_KEYS.index("collision"), STAT_KEYS.index("truncated")
 
 
+def out_of_bounds(stats: torch.Tensor) -> torch.Tensor:
+    """Per ended episode, from its stats [..., len(STAT_KEYS)]: neither a collision nor
+    the time limit ended it, so it left the height band."""
+    return (stats[..., _COLLISION] < 0.5) & (stats[..., _TRUNCATED] < 0.5)
+
+
 @torch.no_grad()
 def first_step(
     env: EnvBase,
@@ -91,8 +97,7 @@ class EpisodeStats:
     def add(self, rollout: TensorDictBase) -> None:
         done = rollout["next", "done"].squeeze(-1)
         stats = torch.stack([rollout["next", "stats", k].squeeze(-1) for k in STAT_KEYS], -1)
-        ended = (stats[..., _COLLISION] < 0.5) & (stats[..., _TRUNCATED] < 0.5)
-        stats = torch.cat((stats, ended.unsqueeze(-1).to(stats.dtype)), -1)
+        stats = torch.cat((stats, out_of_bounds(stats).unsqueeze(-1).to(stats.dtype)), -1)
         self._sums += (stats * done.unsqueeze(-1)).sum(dim=tuple(range(done.dim()))).double()
         self._count += done.sum()
 

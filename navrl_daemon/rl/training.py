@@ -373,13 +373,13 @@ SPAWN_RULE_KEYS = ("spawn", "goal_distance", "crossing_share", "spawn_height")
 
 
 def evaluation_key(cfg: Config) -> dict[str, Any]:
-    """What an evaluation under `cfg` flies: its env (less the keys it never reads), eval
-    section, episode length and training maps' seed. Two configs with equal keys evaluate
-    the same drones on the same maps, e.g. a curriculum stage of local hops and the
-    crossing stage after it, both evaluated on NavRL's crossing."""
+    """What an evaluation under `cfg` flies: its env (less the keys it never reads; its
+    episode length with `eval.max_steps` gives `eval_steps`), the eval section and the
+    training maps' seed. Two configs with equal keys evaluate the same drones on the same
+    maps, e.g. a curriculum stage of local hops and the crossing stage after it, both
+    evaluated on NavRL's crossing."""
     env = eval_env_config(cfg).model_dump(exclude={"curriculum"})
     if cfg.eval.layout == "navrl" and cfg.env.backend == "navigation":
         for key in SPAWN_RULE_KEYS:
             env.pop(key)
-    steps = eval_steps(cfg)
-    return {"env": env, "eval": cfg.eval.model_dump(), "steps": steps, "seed": cfg.run.seed}
+    return {"env": env, "eval": cfg.eval.model_dump(), "seed": cfg.run.seed}
