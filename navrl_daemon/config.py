@@ -82,6 +82,7 @@ class CurriculumStage(Section):
     spawn_height: list[float] | None = None
     max_episode_length: int | None = None
     reach_hold: int | None = None
+    crossing_share: float | None = None
     promote: PromotionRule | None = None
 
     @model_serializer(mode="wrap")
@@ -132,6 +133,9 @@ class EnvConfig(Section):
     # Ours, with spawn = "border": the share of episodes whose goal is on the side opposite
     # the start (they cross the field, as NavRL's evaluation does); the rest draw the goal's
     # side independently, as NavRL. 0: NavRL's rule (which crosses a quarter of the time).
+    # With spawn = "local": the share of episodes that cross the field from a border point
+    # to one on the opposite side (as with spawn = "crossing") instead of a hop in the
+    # field; 0: every episode is a hop.
     crossing_share: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
     # [min, max] horizontal start-to-goal distance of spawn = "local", m.
     goal_distance: Range = [2.0, 4.0]
@@ -222,9 +226,10 @@ class EnvConfig(Section):
                 f'reach_hold: ends episodes in the embedded env (backend "navigation"), '
                 f'got backend "{self.backend}"'
             )
-        if self.crossing_share > 0 and self.spawn != "border":
+        if self.crossing_share > 0 and self.spawn == "crossing":
             raise ValueError(
-                f'crossing_share: mixes crossings into spawn = "border", got spawn = "{self.spawn}"'
+                'crossing_share: mixes crossings into spawn = "border" or "local"; '
+                'spawn = "crossing" crosses every time'
             )
         return self
 

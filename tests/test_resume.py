@@ -95,6 +95,7 @@ def test_resume_from_an_interval_checkpoint_after_kill9_is_also_exact(
     [
         ("env.num_maps=2", "env.map_levels=[0,2,4]"),
         ("env.spawn=border", "env.spawn_margin=1.0", "env.crossing_share=0.5"),
+        ("env.map_levels=[0,2,4]", "env.spawn=local", "env.crossing_share=0.5"),
         # Goals within reach at the start: hold counts run and hops end at the goal.
         (
             "env.map_levels=[0,2,4]",
@@ -103,7 +104,7 @@ def test_resume_from_an_interval_checkpoint_after_kill9_is_also_exact(
             "env.reach_hold=3",
         ),
     ],
-    ids=["density-levels", "crossing-share", "reach-hold"],
+    ids=["density-levels", "crossing-share", "hops-and-crossings", "reach-hold"],
 )
 def test_resume_is_exact_with_density_levels_and_a_spawn_mix(
     tmp_path: Path, extra: tuple[str, ...]

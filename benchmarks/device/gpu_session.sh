@@ -70,6 +70,9 @@ LONG_HOPS_STAGE='{name = "long hops", spawn = "local", goal_distance = [4.0, 40.
 # Long hops that end once the drone has held its goal for 64 steps (env.reach_hold): no
 # hovering out the episode, so more flights per frame and levels that move at every hop.
 LONG_HOPS_HOLD_STAGE='{name = "long hops", spawn = "local", goal_distance = [4.0, 40.0], max_episode_length = 1400, reach_hold = 64, promote = {reach_goal = 0.6, collision = 0.35, evals = 2}}'
+# The same with a quarter of the episodes crossings of the field (env.crossing_share), in
+# episodes long enough for a crossing.
+CROSS_HOLD_STAGE='{name = "long hops", spawn = "local", goal_distance = [4.0, 40.0], max_episode_length = 2200, reach_hold = 64, crossing_share = 0.25, promote = {reach_goal = 0.6, collision = 0.35, evals = 2}}'
 case $MODE in
 throughput)
   # Issue #22: the CUDA tests (captured rollouts and evaluations, the lag-1 capture in
@@ -183,7 +186,7 @@ sweep)
   # benchmarks/learning.py process, all side by side (at 256 envs one process leaves most of
   # the GPU idle: its update is launch-bound). RECIPES picks them (default: stages,
   # long_hops, long_hops_hold, long_hops_hold_mb4 and long_hops_hold_lrlin; levels, hops,
-  # hops_flat, hops_kl and long_hops_hold_mb4_vclip on request);
+  # hops_flat, hops_kl, long_hops_hold_mb4_vclip and long_hops_hold_mb4_cross on request);
   # EXTRA: more KEY=VALUE overrides for every recipe (e.g. for a CPU smoke run). The results
   # come back as one sweep.tgz (learning.py writes 3 files per recipe).
   budget=${2:-330}
@@ -216,6 +219,9 @@ sweep)
     long_hops_hold_lrlin)  # the same with every lr decaying linearly to 0.1x at 20 M frames
       recipe=(env.num_maps=16 "env.map_levels=$levels" ppo.lr_schedule=linear
         ppo.schedule_frames=20000000 "env.curriculum=[$LONG_HOPS_HOLD_STAGE, {name = \"navrl static\"}]") ;;
+    long_hops_hold_mb4_cross)  # the hold in 4 minibatches, a quarter of the episodes crossings
+      recipe=(env.num_maps=16 "env.map_levels=$levels" ppo.minibatches=4
+        "env.curriculum=[$CROSS_HOLD_STAGE, {name = \"navrl static\"}]") ;;
     long_hops_hold_mb4_vclip)  # the hold in 4 minibatches, the critic's value clip off
       recipe=(env.num_maps=16 "env.map_levels=$levels" ppo.minibatches=4 ppo.value_clip=1000000
         "env.curriculum=[$LONG_HOPS_HOLD_STAGE, {name = \"navrl static\"}]") ;;

@@ -352,9 +352,23 @@ class NavigationEnv(EnvBase):
         if self.cfg.spawn == "border":
             return self._border_point(k), self._border_point(k)
         if self.cfg.spawn == "crossing":
-            side = self._random_side(k)
-            return self._border_point(k, side), self._border_point(k, side ^ 1)
+            return self._crossings(k)
+        if self.cfg.crossing_share > 0:  # a config constant: the same branch every time
+            return self._local_spawns_and_crossings(ids)
         return self._local_spawns(ids)
+
+    def _crossings(self, k: int) -> tuple[Tensor, Tensor]:
+        """Start on a random side of the square, goal on the opposite side."""
+        side = self._random_side(k)
+        return self._border_point(k, side), self._border_point(k, side ^ 1)
+
+    def _local_spawns_and_crossings(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+        """Hops in the field, of which a `crossing_share` of the episodes are crossings
+        instead (both are drawn for every env, so the draws do not depend on the mix)."""
+        start, goal = self._local_spawns(ids)
+        cross_start, cross_goal = self._crossings(ids.shape[0])
+        crossing = (self._rand(ids.shape[0]) < self.cfg.crossing_share)[:, None]
+        return torch.where(crossing, cross_start, start), torch.where(crossing, cross_goal, goal)
 
     def _navrl_layout(self, ids: Tensor) -> tuple[Tensor, Tensor]:
         """navrl-task §1.4 eval: drone i crosses the field from y=+S to y=-S, S = F/2 + margin."""

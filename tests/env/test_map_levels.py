@@ -148,6 +148,38 @@ def test_a_crossing_share_mixes_crossings_into_navrls_rule():
     assert 0.58 < crossing.float().mean() < 0.67
 
 
+def test_a_crossing_share_mixes_crossings_into_local_hops():
+    """With spawn = "local", a crossing_share of the episodes cross the field from a
+    border point to the opposite side; the rest are hops within the field."""
+    hops = ("env.spawn=local", "env.goal_distance=[2.0, 6.0]", "env.num_envs=4096")
+    env = NavigationEnv(small(*hops, "env.crossing_share=0.3").env, seed=1)
+    env.reset()
+    s = 20.0 / 2 + 4.0
+    start, goal = env.start[:, :2], env.goal[:, :2]
+    crossing = start.abs().amax(-1) == s
+    assert 0.27 < crossing.float().mean() < 0.33
+    c_start, c_goal = start[crossing], goal[crossing]
+    on_y = c_start[:, 1].abs() == s
+    assert torch.all(
+        torch.where(on_y, c_goal[:, 1] == -c_start[:, 1], c_goal[:, 0] == -c_start[:, 0])
+    )
+    h_start, h_goal = start[~crossing], goal[~crossing]
+    assert torch.all(h_start.abs() <= 10.0) and torch.all(h_goal.abs() <= 10.0)
+    assert torch.all((h_goal - h_start).norm(dim=-1) <= 6.0 + 1e-4)
+    # Episodes that end draw anew: the mix holds over resets too.
+    ended = env.start.clone()
+    env.reset()
+    assert not torch.equal(ended, env.start)
+    assert 0.27 < (env.start[:, :2].abs().amax(-1) == s).float().mean() < 0.33
+
+
+def test_a_curriculum_stage_sets_the_crossing_share():
+    stage = '{name = "hops", spawn = "local", crossing_share = 0.25, promote = {reach_goal = 0.5}}'
+    cfg = small(f'env.curriculum=[{stage}, {{name = "navrl"}}]')
+    assert cfg.env.stage_env(0).crossing_share == 0.25
+    assert cfg.env.stage_env(1).crossing_share == 0.0
+
+
 def test_the_evaluation_flies_the_whole_map_of_the_chosen_seed():
     cfg = small(f"env.map_levels={LEVELS}", "eval.num_maps=3")
     train = make_eval_env(cfg, "cpu")
@@ -174,7 +206,11 @@ def test_held_out_evaluations_are_reported_beside_the_main_ones():
         (["env.map_levels=[100,400]"], "map_levels: a level is a prefix"),
         (["env.map_levels=[-1,5]"], "env.map_levels"),
         (["env.crossing_share=1.5"], "env.crossing_share"),
-        (["env.crossing_share=0.5", "env.spawn=local"], "crossing_share: mixes crossings"),
+        (["env.crossing_share=0.5", "env.spawn=crossing"], "crossing_share: mixes crossings"),
+        (
+            ['env.curriculum=[{spawn = "crossing", crossing_share = 0.5}]'],
+            "crossing_share: mixes crossings",
+        ),
         (["eval.map_seed=-2"], "eval.map_seed"),
         (["eval.held_out_seed=-5"], "eval.held_out_seed"),
         (["eval.num_maps=-1"], "eval.num_maps"),

@@ -65,14 +65,22 @@ def assert_same(a: TensorDictBase, b: TensorDictBase, what: str) -> None:
         assert torch.equal(a.get(key), b.get(key)), (what, key)
 
 
-@pytest.mark.parametrize("levels", [[], [0, 10, 40]], ids=["whole_map", "map_levels"])
-def test_captured_rollouts_are_the_eager_ones_bit_for_bit(levels: list[int]) -> None:
+HOPS_AND_CROSSINGS = {"spawn": "local", "goal_distance": [1.0, 4.0], "crossing_share": 0.5}
+
+
+@pytest.mark.parametrize(
+    "env",
+    [{}, {"map_levels": [0, 10, 40]}, {"map_levels": [0, 10, 40], **HOPS_AND_CROSSINGS}],
+    ids=["whole_map", "map_levels", "hops_and_crossings"],
+)
+def test_captured_rollouts_are_the_eager_ones_bit_for_bit(env: dict) -> None:
     """Rollouts with crashes, time-outs, masked resets and obstacle re-aims; weights loaded
     between rollouts, a td handed in from a reset, and the env state reloaded: the
     captured step (3 warm-up runs, then one capture, then replays) writes the same
     buffers, leaves the same env and td, and draws the same random numbers as the loop.
     With density levels, the levels (and the LiDAR slot they pick) move alike too."""
-    cfg = small_config(map_levels=levels)
+    levels = env.get("map_levels", [])
+    cfg = small_config(**env)
     eager, captured = collector_pair(cfg, CapturedRollout(traced_capture))
     for c in (eager, captured):  # at the top: collisions move levels down
         c.env.level.fill_(len(c.env.level_counts) - 1)
