@@ -108,8 +108,13 @@ def test_sigterm_and_resume_keep_the_stage_and_its_progress(tmp_path: Path) -> N
     assert {e["curriculum_stage"] for e in named(resumed, "evaluation")} == {1}
     iteration, final = saved_curriculum(state)
     assert iteration == stopped_at + 3
-    # Three more passes (the last one perhaps after the final snapshot).
-    assert final["stage"] == 1 and final["streak"] - curriculum["streak"] in (2, 3)
+    # One more pass per evaluation of the resumed run (the last one perhaps after the final
+    # snapshot). Under load the evaluator may skip a version (its channel coalesces), so
+    # the three iterations give one to three evaluations.
+    after = [r for r in rows(state / "eval" / "results.jsonl") if r["iteration"] > stopped_at]
+    assert 1 <= len(after) <= 3 and {r["curriculum_stage"] for r in after} == {1}
+    assert final["stage"] == 1
+    assert final["streak"] - curriculum["streak"] in (len(after) - 1, len(after)), after
 
 
 def test_the_envs_density_levels_are_a_prometheus_gauge_per_level() -> None:
