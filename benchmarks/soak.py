@@ -99,7 +99,7 @@ class ProcessProbe:
     pid: int
 
     def sample(self) -> dict[str, Any]:
-        status = _status_fields(self.pid)
+        status = status_fields(self.pid)
         stat = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return {
             "rss_bytes": status["VmRSS"],
@@ -132,7 +132,8 @@ def _maps(pid: int) -> dict[str, int]:
     return {"rss_heap_bytes": heap, "rss_anon_maps_bytes": anon, "anon_maps": count}
 
 
-def _status_fields(pid: int) -> dict[str, int]:
+def status_fields(pid: int) -> dict[str, int]:
+    """/proc/PID/status: Threads as a count, every kB field in bytes."""
     out = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         name, _, value = line.partition(":")

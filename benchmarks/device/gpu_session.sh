@@ -72,7 +72,7 @@ LONG_HOPS_STAGE='{name = "long hops", spawn = "local", goal_distance = [4.0, 40.
 LONG_HOPS_HOLD_STAGE='{name = "long hops", spawn = "local", goal_distance = [4.0, 40.0], max_episode_length = 1400, reach_hold = 64, promote = {reach_goal = 0.6, collision = 0.35, evals = 2}}'
 # The same with a quarter of the episodes crossings of the field (env.crossing_share), in
 # episodes long enough for a crossing.
-CROSS_HOLD_STAGE='{name = "long hops", spawn = "local", goal_distance = [4.0, 40.0], max_episode_length = 2200, reach_hold = 64, crossing_share = 0.25, promote = {reach_goal = 0.6, collision = 0.35, evals = 2}}'
+CROSS_HOLD_STAGE=${LONG_HOPS_HOLD_STAGE/max_episode_length = 1400,/max_episode_length = 2200, crossing_share = 0.25,}
 case $MODE in
 throughput)
   # Issue #22: the CUDA tests (captured rollouts and evaluations, the lag-1 capture in
