@@ -186,9 +186,14 @@ sweep)
   # benchmarks/learning.py process, all side by side (at 256 envs one process leaves most of
   # the GPU idle: its update is launch-bound). RECIPES picks them (default: stages,
   # long_hops, long_hops_hold, long_hops_hold_mb4 and long_hops_hold_lrlin; levels, hops,
-  # hops_flat, hops_kl, long_hops_hold_mb4_vclip and long_hops_hold_mb4_cross on request);
-  # EXTRA: more KEY=VALUE overrides for every recipe (e.g. for a CPU smoke run). The results
-  # come back as one sweep.tgz (learning.py writes 3 files per recipe).
+  # hops_flat, hops_kl, long_hops_hold_mb4_vclip, long_hops_hold_mb4_cross and the learning
+  # rates of long_hops_hold_mb4_{lrlin,lrfast,lrlow} on request; NAME@SEED runs a recipe
+  # with run.seed = SEED, so one sweep can hold several seeds of it). EVAL_EVERY: iterations
+  # between evaluations (25). EXTRA: more KEY=VALUE overrides for every recipe (e.g. for a
+  # CPU smoke run). The results come back as one sweep.tgz (learning.py writes 3 files per
+  # recipe). The processes share the GPU by time slices: on an H200 six of them made
+  # ~13k frames/s each (2026-11-28, docs/learning.md; their rollouts ran op by op then, a
+  # capture failure fixed since), so fewer recipes get more frames each.
   budget=${2:-330}
   levels=${LEVELS:-[0, 50, 100, 175, 250, 350]}
   static=(run.device=$DEV env.num_envs=256 env.num_dynamic_obstacles=0 eval.num_envs=64
@@ -196,7 +201,9 @@ sweep)
   # shellcheck disable=SC2206  # EXTRA is meant to split into words
   extra=(${EXTRA:-})
   work=/tmp/sweep && rm -rf $work && mkdir -p $work
-  for name in ${RECIPES:-stages long_hops long_hops_hold long_hops_hold_mb4 long_hops_hold_lrlin}; do
+  for entry in ${RECIPES:-stages long_hops long_hops_hold long_hops_hold_mb4 long_hops_hold_lrlin}; do
+    name=${entry%@*} tag=$entry seeded=()  # NAME@SEED: the recipe with run.seed = SEED
+    if [ "$name" != "$entry" ]; then tag=${name}_s${entry#*@} seeded=("run.seed=${entry#*@}"); fi
     case $name in
     stages)  # issue #13's global stages, the CPU baseline of docs/learning.md
       recipe=("env.curriculum=[{name = \"100\", num_obstacles = 100, promote = {reach_goal = 0.6, collision = 0.3, evals = 2}}, {name = \"175\", num_obstacles = 175, promote = {reach_goal = 0.6, collision = 0.3, evals = 2}}, {name = \"250\", num_obstacles = 250, promote = {reach_goal = 0.6, collision = 0.35, evals = 2}}, {name = \"350\"}]") ;;
@@ -222,15 +229,26 @@ sweep)
     long_hops_hold_mb4_cross)  # the hold in 4 minibatches, a quarter of the episodes crossings
       recipe=(env.num_maps=16 "env.map_levels=$levels" ppo.minibatches=4
         "env.curriculum=[$CROSS_HOLD_STAGE, {name = \"navrl static\"}]") ;;
+    long_hops_hold_mb4_lrlin)  # the hold in 4 minibatches, every lr linear to 0.1x at 20 M frames
+      recipe=(env.num_maps=16 "env.map_levels=$levels" ppo.minibatches=4 ppo.lr_schedule=linear
+        ppo.schedule_frames=20000000 "env.curriculum=[$LONG_HOPS_HOLD_STAGE, {name = \"navrl static\"}]") ;;
+    long_hops_hold_mb4_lrfast)  # the same falling faster: to 0.05x at 10 M frames, then held
+      recipe=(env.num_maps=16 "env.map_levels=$levels" ppo.minibatches=4 ppo.lr_schedule=linear
+        ppo.schedule_frames=10000000 ppo.lr_final_fraction=0.05
+        "env.curriculum=[$LONG_HOPS_HOLD_STAGE, {name = \"navrl static\"}]") ;;
+    long_hops_hold_mb4_lrlow)  # the hold in 4 minibatches at a constant 0.4x of NavRL's lr
+      recipe=(env.num_maps=16 "env.map_levels=$levels" ppo.minibatches=4 ppo.actor_lr=2e-4
+        ppo.feature_extractor_lr=2e-4 "env.curriculum=[$LONG_HOPS_HOLD_STAGE, {name = \"navrl static\"}]") ;;
     long_hops_hold_mb4_vclip)  # the hold in 4 minibatches, the critic's value clip off
       recipe=(env.num_maps=16 "env.map_levels=$levels" ppo.minibatches=4 ppo.value_clip=1000000
         "env.curriculum=[$LONG_HOPS_HOLD_STAGE, {name = \"navrl static\"}]") ;;
     *) log "unknown recipe $name"; exit 2 ;;
     esac
-    log "start recipe $name (budget ${budget}s)"
+    log "start recipe $tag (budget ${budget}s)"
     timeout $(((budget + 150) * LIMIT_SCALE)) python3 benchmarks/learning.py --budget-s "$budget" \
-      --eval-every 25 --config $CONFIG --navrl-checkpoint carry/navrl_checkpoint.pt \
-      --out "$work/$name.json" "${static[@]}" "${recipe[@]}" "${extra[@]}" > "$work/$name.out" 2>&1 &
+      --eval-every "$EVAL_EVERY" --config $CONFIG --navrl-checkpoint carry/navrl_checkpoint.pt \
+      --out "$work/$tag.json" "${static[@]}" "${recipe[@]}" "${seeded[@]}" "${extra[@]}" \
+      > "$work/$tag.out" 2>&1 &
   done
   wait
   log "recipes ended: $(ls $work | tr '\n' ' ')"

@@ -111,6 +111,10 @@ LOCAL_SPAWN_TRIES = 32
 STAT_KEYS = ("return", "episode_len", "reach_goal", "collision", "truncated")
 _STATS = tuple(enumerate(STAT_KEYS))
 _REACH_GOAL, _COLLISION = STAT_KEYS.index("reach_goal"), STAT_KEYS.index("collision")
+# The two as one slice: indexing with a tuple would copy a host index tensor to the device
+# at every reset, which a CUDA graph capture refuses.
+_OUTCOMES = slice(_REACH_GOAL, _COLLISION + 1)
+assert _COLLISION == _REACH_GOAL + 1
 _EPISODE_LEN = STAT_KEYS.index("episode_len")
 OBS = ("agents", "observation")
 ACTION_KEY = ("agents", "action")
@@ -495,7 +499,7 @@ class NavigationEnv(EnvBase):
         ended = self.episode_stats[ids]
         flown = ended[:, _EPISODE_LEN] > 0  # not the first reset of a fresh env
         weight = (flown if where is None else flown & where).to(ended.dtype)
-        outcome = ended[:, (_REACH_GOAL, _COLLISION)] * weight[:, None]
+        outcome = ended[:, _OUTCOMES] * weight[:, None]
         level = self.level[ids]
         self.level_ends.index_add_(0, level, torch.cat((weight[:, None], outcome), -1))
         step = outcome[:, 0] - outcome[:, 1]

@@ -21,7 +21,7 @@ from navrl_daemon.rl.graphs import cuda_capture, traced_capture
 from navrl_daemon.rl.policy import NavRLPolicy, sample_beta
 from navrl_daemon.rl.rollout import collect
 from navrl_daemon.rl.training import Collector, make_policy
-from tests.host_reads import CountHostReads
+from tests.host_reads import CountHostReads, HostData
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
 
@@ -134,21 +134,33 @@ def test_a_new_env_or_policy_is_captured_again() -> None:
     assert rollout.captures == 3
 
 
-def test_a_captured_rollout_reads_nothing_on_the_host() -> None:
-    """Warm-up runs, capture and replays: no op hands a value to the host (a CUDA graph
-    could not hold one)."""
-    cfg = small_config()
+# The learning recipes' env (docs/learning.md): hops and crossings among density levels,
+# episodes that end once the goal is held.
+LEVELS_HOPS_HOLD = {"map_levels": [0, 10, 40], "reach_hold": 3, **HOPS_AND_CROSSINGS}
+
+
+@pytest.mark.parametrize("env", [{}, LEVELS_HOPS_HOLD], ids=["whole_map", "levels_hops_hold"])
+def test_a_captured_rollout_reads_nothing_on_the_host(env: dict) -> None:
+    """Warm-up runs, capture and replays: no op hands a value to the host, and no host
+    data is made into a tensor (`t[:, (2, 3)]`, `torch.tensor(...)`): a CUDA graph can hold
+    neither. The second is what failed the capture of the learning recipes on a GPU
+    (2026-11-28: the density levels' bookkeeping indexed with a tuple), invisible here
+    until this check."""
+    cfg = small_config(**env)
     torch.manual_seed(0)
     collector = Collector.build(cfg, make_policy(cfg, "cpu"), "cpu")
     collector.rollout = CapturedRollout(traced_capture)
+    collector.env.level.fill_(len(collector.env.level_counts) - 1)  # levels move at resets
     buffer = collector.new_buffer()
-    with CountHostReads() as reads:
+    with CountHostReads() as reads, HostData() as host:
         for _ in range(2):
-            collector.rollout(
+            collector.td = collector.rollout(
                 collector.env, collector.policy, collector.td, buffer, collector.sampler
             )
     assert reads.count == 0, reads.by_op
+    assert host.found == []
     assert collector.rollout.captures == 1
+    assert int(buffer["next", "done"].sum()) > 0  # the resets ran inside the rollouts
 
 
 def test_a_failed_capture_falls_back_to_eager_rollouts_when_asked() -> None:
@@ -267,10 +279,12 @@ def test_cuda_collection_survives_a_capture_in_another_thread(path: str) -> None
 
 
 @CUDA
-def test_cuda_graph_rollouts_match_eager_ones() -> None:
+@pytest.mark.parametrize("env", [{}, LEVELS_HOPS_HOLD], ids=["whole_map", "levels_hops_hold"])
+def test_cuda_graph_rollouts_match_eager_ones(env: dict) -> None:
     """On the GPU the replays draw what the eager steps draw; kernels may round
-    differently inside a graph, so the first rollout is compared to float tolerance."""
-    cfg = small_config("cuda")
+    differently inside a graph, so the first rollout is compared to float tolerance. With
+    the learning recipes' env too (its capture failed on a GPU before 2026-11-28)."""
+    cfg = small_config("cuda", **env)
     eager, captured = collector_pair(
         cfg, CapturedRollout(cuda_capture(torch.device("cuda"))), device="cuda"
     )

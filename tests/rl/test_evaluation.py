@@ -11,11 +11,12 @@ from navrl_daemon.config import Config, load_config
 from navrl_daemon.rl.evaluate import Evaluation, evaluate, evaluate_recorded
 from navrl_daemon.rl.graphs import traced_capture
 from navrl_daemon.rl.training import make_eval_env, make_policy
+from tests.host_reads import HostData
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
 
 
-def eval_config(device: str = "cpu", **env) -> Config:
+def eval_config(device: str = "cpu", layout: str = "navrl", **env) -> Config:
     overrides = {
         "num_envs": 16,
         "num_maps": 2,
@@ -29,7 +30,7 @@ def eval_config(device: str = "cpu", **env) -> Config:
     }
     return load_config(
         None,
-        [f"run.device={device}", "eval.num_envs=12", "eval.max_steps=70"]
+        [f"run.device={device}", "eval.num_envs=12", "eval.max_steps=70", f"eval.layout={layout}"]
         + [f"env.{k}={v!r}".replace("'", '"') for k, v in overrides.items()],
         environ={},
     )
@@ -59,6 +60,42 @@ def test_a_captured_evaluation_gives_the_op_by_op_numbers() -> None:
         assert captured(policy) == expected, round_
     assert captured.captures == 1
     assert expected["episodes"] == 12
+
+
+@pytest.mark.parametrize(
+    ("layout", "env"),
+    [
+        ("navrl", {}),
+        (
+            "train",
+            {
+                "map_levels": [0, 10, 40],
+                "reach_hold": 3,
+                "spawn": "local",
+                "goal_distance": [1.0, 4.0],
+                "crossing_share": 0.5,
+            },
+        ),
+    ],
+    ids=["navrl_layout", "train_layout_levels_hops_hold"],
+)
+def test_a_captured_evaluation_makes_no_host_data_into_tensors(layout: str, env: dict) -> None:
+    """What a CUDA graph refuses and the CPU's traced capture lets through: host data
+    (`t[:, (2, 3)]`, `torch.tensor(...)`) copied to the device inside the step (its
+    warm-up runs and capture; the env's reseed before them runs outside the graph)."""
+    cfg = eval_config(layout=layout, **env)
+    torch.manual_seed(0)
+    policy = make_policy(cfg, "cpu")
+    host = HostData()
+
+    def watched_capture(step, *, warmup_runs, generators):
+        with host:
+            return traced_capture(step, warmup_runs=warmup_runs, generators=generators)
+
+    captured = Evaluation(make_eval_env(cfg, "cpu"), seed=3, max_steps=70, capture=watched_capture)
+    result = captured(policy)
+    assert host.found == []
+    assert captured.captures == 1 and result["episodes"] == 12
 
 
 def test_the_captured_evaluation_goes_on_when_some_envs_never_finish() -> None:

@@ -37,6 +37,7 @@ class FakeCollector:
             self.policy.weight.zero_()  # the weights of version 0
         self.episodes = EpisodeStats("cpu")
         self.sampler = torch.Generator()  # where actions are drawn from (a checkpoint saves it)
+        self.capture_error: str | None = None  # why a captured rollout fell back, if it did
 
     def collect(self, buffer: TensorDict) -> float:
         self.env.rollouts += 1

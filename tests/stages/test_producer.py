@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import anyio
 import pytest
+import structlog
 import torch
 
 from navrl_daemon.runtime.channels import Channel, Overflow
@@ -163,3 +164,20 @@ def test_a_resumed_run_counts_on_from_its_start() -> None:
     run.go()
     assert [r.iteration for r in run.received] == [3, 4]
     assert [r.policy_version for r in run.received] == [3, 4]
+
+
+def test_a_failed_rollout_capture_is_logged_once_as_an_error() -> None:
+    """A GPU run whose rollout step could not be captured goes on op by op (2026-11-28:
+    six learning runs did so on an H200 with only a Python warning on stderr to say so)."""
+
+    def failed(run: Run) -> None:
+        run.collector.capture_error = "RuntimeError: Cannot copy between CPU and CUDA tensors"
+
+    run = Run(4, on_rollout=failed)
+    with structlog.testing.capture_logs() as logs:
+        run.go()
+    errors = [e for e in logs if e["log_level"] == "error"]
+    assert len(errors) == 1
+    assert "collecting op by op" in errors[0]["event"]
+    assert errors[0]["error"] == "RuntimeError: Cannot copy between CPU and CUDA tensors"
+    assert len(run.received) == 4
