@@ -189,7 +189,8 @@ sweep)
   # hops_flat, hops_kl, long_hops_hold_mb4_vclip, long_hops_hold_mb4_cross and the learning
   # rates of long_hops_hold_mb4_{lrlin,lrfast,lrlow} on request; NAME@SEED runs a recipe
   # with run.seed = SEED, so one sweep can hold several seeds of it). EVAL_EVERY: iterations
-  # between evaluations (25). EXTRA: more KEY=VALUE overrides for every recipe (e.g. for a
+  # between evaluations (25). FRAMES: each recipe also stops at this many frames (the CPU
+  # goal's 20 M). EXTRA: more KEY=VALUE overrides for every recipe (e.g. for a
   # CPU smoke run). The results come back as one sweep.tgz (learning.py writes 3 files per
   # recipe). The processes share the GPU by time slices: on an H200 six of them made
   # ~13k frames/s each (2026-11-28, docs/learning.md; their rollouts ran op by op then, a
@@ -246,7 +247,7 @@ sweep)
     esac
     log "start recipe $tag (budget ${budget}s)"
     timeout $(((budget + 150) * LIMIT_SCALE)) python3 benchmarks/learning.py --budget-s "$budget" \
-      --eval-every "$EVAL_EVERY" --config $CONFIG --navrl-checkpoint carry/navrl_checkpoint.pt \
+      ${FRAMES:+--frames "$FRAMES"} --eval-every "$EVAL_EVERY" --config $CONFIG --navrl-checkpoint carry/navrl_checkpoint.pt \
       --out "$work/$tag.json" "${static[@]}" "${recipe[@]}" "${seeded[@]}" "${extra[@]}" \
       > "$work/$tag.out" 2>&1 &
   done
