@@ -73,6 +73,11 @@ LONG_HOPS_HOLD_STAGE='{name = "long hops", spawn = "local", goal_distance = [4.0
 # The same with a quarter of the episodes crossings of the field (env.crossing_share), in
 # episodes long enough for a crossing.
 CROSS_HOLD_STAGE=${LONG_HOPS_HOLD_STAGE/max_episode_length = 1400,/max_episode_length = 2200, crossing_share = 0.25,}
+# Long hops with the hold until the crossing's reach is 0.3 in two evaluations in a row, then
+# crossings of the field only (env.spawn = "crossing", still at the envs' density levels):
+# the long cruise the hops lack (docs/learning.md, session 9).
+HOPS_TO_CROSS_STAGE=${LONG_HOPS_HOLD_STAGE/reach_goal = 0.6, collision = 0.35/reach_goal = 0.3, collision = 0.7}
+CROSSINGS_STAGE='{name = "crossings", spawn = "crossing", max_episode_length = 2200, reach_hold = 64, promote = {reach_goal = 0.6, collision = 0.35, evals = 2}}'
 case $MODE in
 throughput)
   # Issue #22: the CUDA tests (captured rollouts and evaluations, the lag-1 capture in
@@ -187,7 +192,8 @@ sweep)
   # the GPU idle: its update is launch-bound). RECIPES picks them (default: stages,
   # long_hops, long_hops_hold, long_hops_hold_mb4 and long_hops_hold_lrlin; levels, hops,
   # hops_flat, hops_kl, long_hops_hold_mb4_vclip, long_hops_hold_mb4_cross and the learning
-  # rates of long_hops_hold_mb4_{lrlin,lrfast,lrlow} on request; NAME@SEED runs a recipe
+  # rates of long_hops_hold_mb4_{lrlin,lrfast,lrlow} and long_hops_hold_mb4_then_cross (hops,
+  # then crossings of the field, with lrlin's schedule) on request; NAME@SEED runs a recipe
   # with run.seed = SEED, so one sweep can hold several seeds of it). EVAL_EVERY: iterations
   # between evaluations (25). FRAMES: each recipe also stops at this many frames (the CPU
   # goal's 20 M). EXTRA: more KEY=VALUE overrides for every recipe (e.g. for a
@@ -240,6 +246,10 @@ sweep)
     long_hops_hold_mb4_lrlow)  # the hold in 4 minibatches at a constant 0.4x of NavRL's lr
       recipe=(env.num_maps=16 "env.map_levels=$levels" ppo.minibatches=4 ppo.actor_lr=2e-4
         ppo.feature_extractor_lr=2e-4 "env.curriculum=[$LONG_HOPS_HOLD_STAGE, {name = \"navrl static\"}]") ;;
+    long_hops_hold_mb4_then_cross)  # the hold in 4 minibatches, then crossings only
+      recipe=(env.num_maps=16 "env.map_levels=$levels" ppo.minibatches=4 ppo.lr_schedule=linear
+        ppo.schedule_frames=20000000
+        "env.curriculum=[$HOPS_TO_CROSS_STAGE, $CROSSINGS_STAGE, {name = \"navrl static\"}]") ;;
     long_hops_hold_mb4_vclip)  # the hold in 4 minibatches, the critic's value clip off
       recipe=(env.num_maps=16 "env.map_levels=$levels" ppo.minibatches=4 ppo.value_clip=1000000
         "env.curriculum=[$LONG_HOPS_HOLD_STAGE, {name = \"navrl static\"}]") ;;
