@@ -27,6 +27,21 @@ def _add_process_fields(_logger: Any, _name: str, event: dict[str, Any]) -> dict
     return event
 
 
+class FirstError:
+    """An error that holds once it happens (a CUDA graph capture that fell back stays
+    fallen back), logged the first time `check` sees it, not at every check."""
+
+    def __init__(self, logger: Any, event: str) -> None:
+        self.logger = logger
+        self.event = event
+        self.logged = False
+
+    def check(self, error: str | None) -> None:
+        if error and not self.logged:
+            self.logged = True
+            self.logger.error(self.event, error=error)
+
+
 def configure_logging(cfg: LogConfig, *, stream: Any = None) -> None:
     stream = stream or BarAwareStderr()
     fmt = cfg.format

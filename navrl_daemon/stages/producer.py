@@ -33,6 +33,7 @@ import anyio
 import structlog
 import torch
 
+from navrl_daemon.ops.logging import FirstError
 from navrl_daemon.rl.snapshot import collector_state
 from navrl_daemon.rl.training import Collector
 from navrl_daemon.runtime.channels import Receiver, Sender
@@ -98,7 +99,13 @@ class RolloutProducer:
         # The collector state after the last rollout, once every rank has stopped (the
         # final checkpoint's; every rank's on rank 0).
         self.final_state: dict[str, Any] | None = None
-        self._capture_reported = False
+        # Once a rollout capture failed (`env.collect_path = auto`), every rollout is
+        # collected op by op: the same rollouts, several times slower on a GPU.
+        self._capture_failure = FirstError(
+            log,
+            "CUDA graph capture of the rollout step failed: collecting op by op "
+            "(the same rollouts, several times slower)",
+        )
 
     async def run(self) -> None:
         try:
@@ -135,7 +142,7 @@ class RolloutProducer:
             lease.release()
             raise
         seconds, state, ready, levels = collected
-        self._report_capture_failure()
+        self._capture_failure.check(self.collector.capture_error)
         if self.on_levels is not None and levels is not None:
             self.on_levels(*levels)
         if checkpointed:
@@ -151,19 +158,6 @@ class RolloutProducer:
             await self.archive.send(archive_lease[0])
         self.iteration += 1
         self.frames += self.cadence.frames_per_iteration
-
-    def _report_capture_failure(self) -> None:
-        """Once: the rollout step's CUDA graph capture failed (`env.collect_path = auto`),
-        so every rollout from now on is collected op by op, the same rollouts several
-        times slower on a GPU."""
-        error = self.collector.capture_error
-        if error and not self._capture_reported:
-            self._capture_reported = True
-            log.error(
-                "CUDA graph capture of the rollout step failed: collecting op by op "
-                "(the same rollouts, several times slower)",
-                error=error,
-            )
 
     def _levels(self) -> tuple[list[float], list[list[float]]]:
         env = self.collector.env

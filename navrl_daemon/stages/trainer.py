@@ -41,6 +41,7 @@ import anyio.lowlevel
 import structlog
 import torch
 
+from navrl_daemon.ops.logging import FirstError
 from navrl_daemon.rl.snapshot import learner_state
 from navrl_daemon.rl.training import Learner, NonFiniteTraining
 from navrl_daemon.runtime.channels import Receiver, Sender
@@ -126,7 +127,11 @@ class Trainer:
         self._rollbacks: dict[Path, int] = {}
         # Held while the weights change, so a flush never reads a half-stepped policy.
         self._weights_lock = threading.Lock()
-        self._capture_reported = False
+        self._capture_failure = FirstError(
+            log,
+            "CUDA graph capture failed: the PPO update goes on as ppo.update_path = "
+            "'fused' (the same maths, launched step by step)",
+        )
         self._path_logged = False
 
     async def run(self) -> None:
@@ -218,23 +223,13 @@ class Trainer:
                     abort=self.shutdown.abort,
                     release=release,
                 )
-                self._report_capture_failure()
+                self._capture_failure.check(self.learner.ppo_update.capture_error)
                 return losses
             except NonFiniteTraining as err:
                 rollback = self.rollback
                 if not rollback:
                     raise
                 return self._roll_back(rollback, err)
-
-    def _report_capture_failure(self) -> None:
-        error = self.learner.ppo_update.capture_error
-        if error and not self._capture_reported:
-            self._capture_reported = True
-            log.error(
-                "CUDA graph capture failed: the PPO update goes on as ppo.update_path = "
-                "'fused' (the same maths, launched step by step)",
-                error=error,
-            )
 
     def _roll_back(
         self, rollback: Callable[[Learner], Path], err: NonFiniteTraining

@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 import pytest
+import structlog
 import torch
 
 from navrl_daemon.runtime.channels import Channel
@@ -146,3 +147,16 @@ def test_flush_exports_the_trained_policy_and_never_an_untrained_one(tmp_path) -
     untrained = Run(0, checkpoint=0, evaluate=0, tmp=tmp_path / "new")
     untrained.go()
     assert not untrained.export.exists()
+
+
+def test_a_failed_update_capture_is_logged_once_as_an_error(tmp_path) -> None:
+    """The captured update fell back to `fused` at the first update: one error says so,
+    not one per update."""
+    run = Run(3, checkpoint=0, evaluate=0, tmp=tmp_path)
+    run.learner.ppo_update.capture_error = "RuntimeError: operation not permitted"
+    with structlog.testing.capture_logs() as logs:
+        run.go()
+    errors = [e for e in logs if e["log_level"] == "error"]
+    assert len(errors) == 1 and "CUDA graph capture failed" in errors[0]["event"]
+    assert errors[0]["error"] == "RuntimeError: operation not permitted"
+    assert run.learner.seen == [1.0, 2.0, 3.0]
