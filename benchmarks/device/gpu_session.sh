@@ -195,7 +195,7 @@ sweep)
   # rates of long_hops_hold_mb4_{lrlin,lrfast,lrlow} and long_hops_hold_mb4_then_cross (hops,
   # then crossings of the field, with lrlin's schedule) on request; NAME@SEED runs a recipe
   # with run.seed = SEED, so one sweep can hold several seeds of it). EVAL_EVERY: iterations
-  # between evaluations (25). FRAMES: each recipe also stops at this many frames (the CPU
+  # between evaluations (25; 3 with DEV=cpu). FRAMES: each recipe also stops at this many frames (the CPU
   # goal's 20 M). EXTRA: more KEY=VALUE overrides for every recipe (e.g. for a
   # CPU smoke run). The results come back as one sweep.tgz (learning.py writes 3 files per
   # recipe). The processes share the GPU by time slices: on an H200 six of them made
@@ -207,6 +207,10 @@ sweep)
     eval.max_steps=2200 eval.held_out_seed=1000)
   # shellcheck disable=SC2206  # EXTRA is meant to split into words
   extra=(${EXTRA:-})
+  mapped=(env.num_maps=16 "env.map_levels=$levels")  # 16 maps, per-env density levels
+  then_static=', {name = "navrl static"}]'  # a curriculum's last stage: NavRL's spawns
+  hold=("${mapped[@]}" "env.curriculum=[$LONG_HOPS_HOLD_STAGE$then_static")
+  lin20=(ppo.lr_schedule=linear ppo.schedule_frames=20000000)  # lrs to 0.1x at 20 M frames
   work=/tmp/sweep && rm -rf $work && mkdir -p $work
   for entry in ${RECIPES:-stages long_hops long_hops_hold long_hops_hold_mb4 long_hops_hold_lrlin}; do
     name=${entry%@*} tag=$entry seeded=()  # NAME@SEED: the recipe with run.seed = SEED
@@ -215,50 +219,41 @@ sweep)
     stages)  # issue #13's global stages, the CPU baseline of docs/learning.md
       recipe=("env.curriculum=[{name = \"100\", num_obstacles = 100, promote = {reach_goal = 0.6, collision = 0.3, evals = 2}}, {name = \"175\", num_obstacles = 175, promote = {reach_goal = 0.6, collision = 0.3, evals = 2}}, {name = \"250\", num_obstacles = 250, promote = {reach_goal = 0.6, collision = 0.35, evals = 2}}, {name = \"350\"}]") ;;
     levels)  # per-env density levels on 16 maps, NavRL's border spawns throughout
-      recipe=(env.num_maps=16 "env.map_levels=$levels") ;;
+      recipe=("${mapped[@]}") ;;
     hops)  # short local hops among the pillars with per-env levels, then NavRL's spawns
-      recipe=(env.num_maps=16 "env.map_levels=$levels" "env.curriculum=[$HOPS_STAGE, {name = \"navrl static\"}]") ;;
+      recipe=("${mapped[@]}" "env.curriculum=[$HOPS_STAGE$then_static") ;;
     hops_flat)  # the same hops at the whole map from the start (no levels)
-      recipe=(env.num_maps=16 "env.curriculum=[$HOPS_STAGE, {name = \"navrl static\"}]") ;;
+      recipe=(env.num_maps=16 "env.curriculum=[$HOPS_STAGE$then_static") ;;
     hops_kl)  # hops with levels, learning rates set by the KL rule (not in the default set)
-      recipe=(env.num_maps=16 "env.map_levels=$levels" 'ppo.lr_schedule="kl_adaptive"'
-        "env.curriculum=[$HOPS_STAGE, {name = \"navrl static\"}]") ;;
+      recipe=("${mapped[@]}" 'ppo.lr_schedule="kl_adaptive"' "env.curriculum=[$HOPS_STAGE$then_static") ;;
     long_hops)  # hops to goals 4-40 m away with levels, then NavRL's spawns
-      recipe=(env.num_maps=16 "env.map_levels=$levels" "env.curriculum=[$LONG_HOPS_STAGE, {name = \"navrl static\"}]") ;;
+      recipe=("${mapped[@]}" "env.curriculum=[$LONG_HOPS_STAGE$then_static") ;;
     long_hops_hold)  # long hops that end after 64 steps at the goal (env.reach_hold)
-      recipe=(env.num_maps=16 "env.map_levels=$levels" "env.curriculum=[$LONG_HOPS_HOLD_STAGE, {name = \"navrl static\"}]") ;;
+      recipe=("${hold[@]}") ;;
     long_hops_hold_mb4)  # the same in 4 minibatches of 2,048 frames (NavRL's minibatch size)
-      recipe=(env.num_maps=16 "env.map_levels=$levels" ppo.minibatches=4
-        "env.curriculum=[$LONG_HOPS_HOLD_STAGE, {name = \"navrl static\"}]") ;;
+      recipe=("${hold[@]}" ppo.minibatches=4) ;;
     long_hops_hold_lrlin)  # the same with every lr decaying linearly to 0.1x at 20 M frames
-      recipe=(env.num_maps=16 "env.map_levels=$levels" ppo.lr_schedule=linear
-        ppo.schedule_frames=20000000 "env.curriculum=[$LONG_HOPS_HOLD_STAGE, {name = \"navrl static\"}]") ;;
+      recipe=("${hold[@]}" "${lin20[@]}") ;;
     long_hops_hold_mb4_cross)  # the hold in 4 minibatches, a quarter of the episodes crossings
-      recipe=(env.num_maps=16 "env.map_levels=$levels" ppo.minibatches=4
-        "env.curriculum=[$CROSS_HOLD_STAGE, {name = \"navrl static\"}]") ;;
+      recipe=("${mapped[@]}" ppo.minibatches=4 "env.curriculum=[$CROSS_HOLD_STAGE$then_static") ;;
     long_hops_hold_mb4_lrlin)  # the hold in 4 minibatches, every lr linear to 0.1x at 20 M frames
-      recipe=(env.num_maps=16 "env.map_levels=$levels" ppo.minibatches=4 ppo.lr_schedule=linear
-        ppo.schedule_frames=20000000 "env.curriculum=[$LONG_HOPS_HOLD_STAGE, {name = \"navrl static\"}]") ;;
+      recipe=("${hold[@]}" ppo.minibatches=4 "${lin20[@]}") ;;
     long_hops_hold_mb4_lrfast)  # the same falling faster: to 0.05x at 10 M frames, then held
-      recipe=(env.num_maps=16 "env.map_levels=$levels" ppo.minibatches=4 ppo.lr_schedule=linear
-        ppo.schedule_frames=10000000 ppo.lr_final_fraction=0.05
-        "env.curriculum=[$LONG_HOPS_HOLD_STAGE, {name = \"navrl static\"}]") ;;
+      recipe=("${hold[@]}" ppo.minibatches=4 ppo.lr_schedule=linear ppo.schedule_frames=10000000
+        ppo.lr_final_fraction=0.05) ;;
     long_hops_hold_mb4_lrlow)  # the hold in 4 minibatches at a constant 0.4x of NavRL's lr
-      recipe=(env.num_maps=16 "env.map_levels=$levels" ppo.minibatches=4 ppo.actor_lr=2e-4
-        ppo.feature_extractor_lr=2e-4 "env.curriculum=[$LONG_HOPS_HOLD_STAGE, {name = \"navrl static\"}]") ;;
+      recipe=("${hold[@]}" ppo.minibatches=4 ppo.actor_lr=2e-4 ppo.feature_extractor_lr=2e-4) ;;
     long_hops_hold_mb4_then_cross)  # the hold in 4 minibatches, then crossings only
-      recipe=(env.num_maps=16 "env.map_levels=$levels" ppo.minibatches=4 ppo.lr_schedule=linear
-        ppo.schedule_frames=20000000
-        "env.curriculum=[$HOPS_TO_CROSS_STAGE, $CROSSINGS_STAGE, {name = \"navrl static\"}]") ;;
+      recipe=("${mapped[@]}" ppo.minibatches=4 "${lin20[@]}"
+        "env.curriculum=[$HOPS_TO_CROSS_STAGE, $CROSSINGS_STAGE$then_static") ;;
     long_hops_hold_mb4_vclip)  # the hold in 4 minibatches, the critic's value clip off
-      recipe=(env.num_maps=16 "env.map_levels=$levels" ppo.minibatches=4 ppo.value_clip=1000000
-        "env.curriculum=[$LONG_HOPS_HOLD_STAGE, {name = \"navrl static\"}]") ;;
+      recipe=("${hold[@]}" ppo.minibatches=4 ppo.value_clip=1000000) ;;
     *) log "unknown recipe $name"; exit 2 ;;
     esac
     log "start recipe $tag (budget ${budget}s)"
     timeout $(((budget + 150) * LIMIT_SCALE)) python3 benchmarks/learning.py --budget-s "$budget" \
-      ${FRAMES:+--frames "$FRAMES"} --eval-every "$EVAL_EVERY" --config $CONFIG --navrl-checkpoint carry/navrl_checkpoint.pt \
-      --out "$work/$tag.json" "${static[@]}" "${recipe[@]}" "${seeded[@]}" "${extra[@]}" \
+      ${FRAMES:+--frames "$FRAMES"} --eval-every "$EVAL_EVERY" --config $CONFIG \
+      --navrl-checkpoint carry/navrl_checkpoint.pt --out "$work/$tag.json" "${static[@]}" "${recipe[@]}" "${seeded[@]}" "${extra[@]}" \
       > "$work/$tag.out" 2>&1 &
   done
   wait
