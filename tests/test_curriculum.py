@@ -53,19 +53,24 @@ def rows(path: Path) -> list[dict]:
 
 def test_promotes_when_the_rule_is_met(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    events = run(state, EASY, "checkpoint.interval=2", f"run.total_frames={8 * 64}")
+    events = run(state, EASY, "checkpoint.interval=2", f"run.total_frames={16 * 64}")
     [promotion] = named(events, "curriculum promotion")
     assert (promotion["from_stage"], promotion["to_stage"], promotion["name"]) == (0, 1, "full")
-    assert promotion["iteration"] == 2  # the second evaluation
+    results = rows(state / "eval" / "results.jsonl")
+    # Promoted by the second evaluation. Which version that was depends on load: the
+    # evaluator's channel coalesces (a fresh-clone run, 2026-11-28: versions 1 and 5).
+    assert promotion["iteration"] == results[1]["iteration"]
     [applied] = named(events, "curriculum stage applied")
     # Applied before a later rollout (rollouts count from 0): the first after the decision.
-    assert applied["stage"] == 1 and applied["iteration"] >= 2
-    stages = [r["curriculum_stage"] for r in rows(state / "eval" / "results.jsonl")]
-    assert stages[:2] == [0, 0] and stages[-1] == 1 and stages == sorted(stages)
+    assert applied["stage"] == 1 and applied["iteration"] >= promotion["iteration"]
+    stages = [r["curriculum_stage"] for r in results]
+    assert stages[:2] == [0, 0] and stages == sorted(stages)
+    assert all(r["curriculum_stage"] == 1 for r in results[2:]), results
     iteration, saved = saved_curriculum(state)
     # The final snapshot may be taken before the evaluation of its own iteration is done.
-    assert saved.pop("last_eval") in (7, 8)
-    assert (iteration, saved) == (8, {"stage": 1, "streak": 0, "applied": 1})
+    last_eval = saved.pop("last_eval")
+    assert last_eval in {r["iteration"] for r in results} and last_eval >= promotion["iteration"]
+    assert (iteration, saved) == (16, {"stage": 1, "streak": 0, "applied": 1})
     history = rows(state / "history.jsonl")
     assert history[0]["curriculum_stage"] == 0 and history[-1]["curriculum_stage"] == 1
 
