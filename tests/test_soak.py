@@ -120,10 +120,11 @@ def test_threads_fds_and_children_do_not_grow(tmp_path: Path) -> None:
     assert written >= 20, written
     # Threads: the checkpoint, archive and anyio pools start workers on demand, up to
     # their caps, the first time calls overlap; under load that can first happen late,
-    # and anyio retires a worker idle for 10 s. So the count may rise by one between the
-    # halves' peaks; a leak adds one per event and rises by many.
+    # and anyio retires a worker idle for 10 s. So the count may rise by one per pool
+    # between the halves' peaks (by two in a CI run beside a learning run, 2026-11-28); a
+    # leak adds one per event: ten or more over a half that writes ten checkpoints.
     grown = max(s["threads"] for s in second) - max(s["threads"] for s in first)
-    assert grown <= 1, ("threads", [s["threads"] for s in samples])
+    assert grown <= 3, ("threads", [s["threads"] for s in samples])
     # Fds: a leak raises the floor; a file open at one sample (a checkpoint being written,
     # an event file being flushed) is not one, so compare the least counts of the two
     # halves. At ten samples a second each half sees moments with none of those open.

@@ -5,7 +5,11 @@ What a stop signal does depends on how far the process has come:
 - **starting** (from `install()`, while modules load, the config is read, the state dir
   locked): `StopRequested` is raised in the main thread, like KeyboardInterrupt. Nothing
   has been trained, so start-up is abandoned and the command exits 0. (Commands other
-  than `run` and `launch` stay in this phase: a stop ends them with 0 too.)
+  than `run` and `launch` stay in this phase: a stop ends them with 0 too.) Python drops
+  an exception raised where it cannot propagate (a weakref callback of the import
+  machinery, a `__del__`), so the stop is also remembered, and `queued()` raises it again
+  before the event loop starts: a stop is never lost. Python's "Exception ignored in ..."
+  traceback for the dropped one is not printed (`sys.unraisablehook`).
 - **queued** (inside `queued()`, i.e. while the event loop runs): the signal is queued and
   the supervisor takes it from `next()`. The first stops the pipeline cleanly (final
   checkpoint, export), a second aborts the work in flight. One that arrives while the
@@ -23,6 +27,7 @@ import contextlib
 import enum
 import signal
 import socket
+import sys
 from collections.abc import Iterator, Sequence
 from types import FrameType
 from typing import Any
@@ -53,6 +58,8 @@ class StopSignals:
         self.signals = tuple(signals)
         self.phase = Phase.IDLE
         self.received: list[str] = []  # every stop signal's name, in order of arrival
+        self._starting_stop: str | None = None  # the first stop raised while starting
+        self._previous_unraisable = sys.unraisablehook
         self._queue: collections.deque[str] = collections.deque()
         self._previous: dict[signal.Signals, Any] = {}
         self._previous_wakeup_fd = -1
@@ -70,13 +77,24 @@ class StopSignals:
         self._previous_wakeup_fd = signal.set_wakeup_fd(
             self._wake_w.fileno(), warn_on_full_buffer=False
         )
+        self._previous_unraisable = sys.unraisablehook
+        sys.unraisablehook = self._unraisable
         self.phase = Phase.STARTING
         return self
+
+    def _unraisable(self, unraisable: Any) -> None:
+        """A StopRequested that Python had to drop is remembered (`_handle`), not an error
+        to print; anything else goes to the hook before ours."""
+        if not isinstance(unraisable.exc_value, StopRequested):
+            self._previous_unraisable(unraisable)
 
     @contextlib.contextmanager
     def queued(self) -> Iterator[None]:
         """While inside, signals are queued for `next()` (the event loop's turn); after it,
-        they are ignored until the process ends."""
+        they are ignored until the process ends. Raises `StopRequested` instead of entering
+        if a stop arrived while starting (one whose exception was swallowed on its way)."""
+        if self.phase is Phase.STARTING and self._starting_stop is not None:
+            raise StopRequested(self._starting_stop)
         self.phase = Phase.QUEUED
         try:
             yield
@@ -98,6 +116,8 @@ class StopSignals:
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
         self._previous.clear()
+        if sys.unraisablehook == self._unraisable:
+            sys.unraisablehook = self._previous_unraisable
         self.phase = Phase.IDLE
         self._close_wake_pair()
 
@@ -122,6 +142,7 @@ class StopSignals:
         name = signal.Signals(signum).name
         self.received.append(name)
         if self.phase is Phase.STARTING:
+            self._starting_stop = self._starting_stop or name
             raise StopRequested(name)
         if self.phase is Phase.QUEUED:
             self._deliver(name)

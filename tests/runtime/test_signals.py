@@ -1,0 +1,67 @@
+"""runtime/signals.py: a stop while starting is never lost, even where Python swallows the
+exception it raises (CI, 2026-11-28: a SIGTERM landed in a weakref callback of the import
+machinery, "Exception ignored in: <function _get_module_lock.<locals>.cb>", and the daemon
+went on to train)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import weakref
+
+import anyio
+import pytest
+
+from navrl_daemon.runtime.signals import Phase, StopRequested, StopSignals
+
+
+class Anything:
+    pass
+
+
+def test_a_stop_swallowed_while_starting_is_raised_again_before_the_event_loop(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    signals = StopSignals().install()
+    try:
+        # A weakref callback, as in the import machinery: Python prints "Exception ignored
+        # in ..." for what the handler raises there, and goes on.
+        thing = Anything()
+        _ref = weakref.ref(thing, lambda _: os.kill(os.getpid(), signal.SIGTERM))
+        del thing
+        assert signals.received == ["SIGTERM"]
+        with pytest.raises(StopRequested) as stop, signals.queued():
+            pytest.fail("the event loop must not start after a stop")
+        assert stop.value.signal_name == "SIGTERM" and signals.phase is Phase.STARTING
+    finally:
+        signals.restore()
+    assert "Traceback" not in capsys.readouterr().err  # no "Exception ignored in ..."
+
+
+def test_other_unraisable_exceptions_still_reach_the_previous_hook() -> None:
+    seen: list[BaseException] = []
+    previous = sys.unraisablehook
+    sys.unraisablehook = lambda u: seen.append(u.exc_value)
+    signals = StopSignals().install()
+    try:
+        thing = Anything()
+        _ref = weakref.ref(thing, lambda _: 1 / 0)
+        del thing
+    finally:
+        signals.restore()
+        assert sys.unraisablehook != signals._unraisable
+        sys.unraisablehook = previous
+    assert [type(e) for e in seen] == [ZeroDivisionError]
+
+
+def test_without_a_stop_queued_is_entered_and_queues_later_ones() -> None:
+    signals = StopSignals().install()
+    try:
+        with signals.queued():
+            assert signals.phase is Phase.QUEUED
+            os.kill(os.getpid(), signal.SIGHUP)
+            assert anyio.run(signals.next) == "SIGHUP"
+        assert signals.phase is Phase.FINISHED
+    finally:
+        signals.restore()
