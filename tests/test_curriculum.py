@@ -58,7 +58,7 @@ def test_promotes_when_the_rule_is_met(tmp_path: Path) -> None:
     assert (promotion["from_stage"], promotion["to_stage"], promotion["name"]) == (0, 1, "full")
     results = rows(state / "eval" / "results.jsonl")
     # Promoted by the second evaluation. Which version that was depends on load: the
-    # evaluator's channel coalesces (a fresh-clone run, 2026-11-28: versions 1 and 5).
+    # evaluator's channel coalesces (a CI run, 2026-11-28, promoted at version 5, not 2).
     assert promotion["iteration"] == results[1]["iteration"]
     [applied] = named(events, "curriculum stage applied")
     # Applied before a later rollout (rollouts count from 0): the first after the decision.
