@@ -217,3 +217,32 @@ def test_the_daemon_starts_no_child_processes(tmp_path: Path) -> None:
     d.proc.send_signal(signal.SIGTERM)
     assert d.finish()[0] == 0
     assert children == []
+
+
+# An evaluation far longer than the shutdown timeout: 256 drones for up to 3,000 steps.
+LONG_EVAL = [
+    "eval.interval=2",
+    "eval.num_envs=256",
+    "eval.max_steps=3000",
+    "env.max_episode_length=3000",
+    "checkpoint.interval=1000",  # the only checkpoint is the final one
+    "run.shutdown_timeout_s=10",
+]
+
+
+def test_a_stop_during_a_long_evaluation_still_saves_everything(tmp_path: Path) -> None:
+    """The evaluation in flight ends at its next progress check (on CPU it holds the
+    compute thread the last update needs): final checkpoint, export, exit 0, in time."""
+    d = Daemon(tmp_path, *LONG_EVAL)
+    d.wait_for("evaluating")
+    time.sleep(1.0)
+    d.proc.send_signal(signal.SIGTERM)
+    code, seconds = d.finish()
+    names = d.names()
+    assert code == 0, names[-8:]
+    assert seconds < 10  # within run.shutdown_timeout_s
+    assert "evaluation stopped: shutting down" in names
+    assert "shutdown deadline passed: cancelling stages" not in names
+    final = [e for e in d.events if e["event"] == "checkpoint written" and e["final"]]
+    assert len(final) == 1
+    assert (tmp_path / "export" / "policy.pt").exists()

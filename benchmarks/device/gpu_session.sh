@@ -209,7 +209,9 @@ sweep)
   # between evaluations (25; 3 with DEV=cpu). FRAMES: each recipe also stops at this many frames (the CPU
   # goal's 20 M). EXTRA: more KEY=VALUE overrides for every recipe (e.g. for a
   # CPU smoke run). KEEP=DIR keeps each recipe's state dir as DIR/TAG (a new folder;
-  # checkpoints for diagnose.py, and learning.py --resume goes on with it). The results come back as one sweep.tgz (learning.py writes 3 files per
+  # checkpoints for diagnose.py); with RESUME=1 each recipe goes on with its run kept there
+  # (learning.py --resume: same recipe, overrides and FRAMES; the budget is this sitting's).
+  # The results come back as one sweep.tgz (learning.py writes 3 files per
   # recipe). The processes share the GPU by time slices: on an H200 six of them made
   # ~13k frames/s each (2026-11-28, docs/learning.md; their rollouts ran op by op then, a
   # capture failure fixed since), so fewer recipes get more frames each.
@@ -264,7 +266,7 @@ sweep)
     esac
     log "start recipe $tag (budget ${budget}s)"
     timeout $(((budget + MARGIN) * LIMIT_SCALE)) python3 benchmarks/learning.py --budget-s "$budget" \
-      ${FRAMES:+--frames "$FRAMES"} ${KEEP:+--keep-state "$KEEP/$tag"} --eval-every "$EVAL_EVERY" --config $CONFIG \
+      ${FRAMES:+--frames "$FRAMES"} ${KEEP:+--keep-state "$KEEP/$tag"} ${RESUME:+--resume} --eval-every "$EVAL_EVERY" --config $CONFIG \
       --navrl-checkpoint carry/navrl_checkpoint.pt --out "$work/$tag.json" "${static[@]}" "${recipe[@]}" "${seeded[@]}" "${extra[@]}" \
       > "$work/$tag.out" 2>&1 &
   done

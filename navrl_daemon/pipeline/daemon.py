@@ -61,7 +61,13 @@ from navrl_daemon.stages.cadence import Cadence, Position
 from navrl_daemon.stages.checkpoint_writer import CheckpointWriter
 from navrl_daemon.stages.coordinator import Coordinator, Found, SingleProcess, collector_for_rank
 from navrl_daemon.stages.curriculum import CurriculumFollower, NoCurriculum, promote
-from navrl_daemon.stages.evaluator import BestPolicy, Evaluator, StageEvaluation, eval_scores
+from navrl_daemon.stages.evaluator import (
+    BestPolicy,
+    Evaluate,
+    Evaluator,
+    StageEvaluation,
+    eval_scores,
+)
 from navrl_daemon.stages.messages import PolicyWeights, Rollout, Snapshot
 from navrl_daemon.stages.producer import RolloutProducer
 from navrl_daemon.stages.trainer import Checkpointing, IterationRecord, Trainer
@@ -392,9 +398,9 @@ def _state_dir_stages(
         to_eval: Channel[PolicyWeights] = Channel("evaluations", 1, Overflow.COALESCE)
         eval_sender = to_eval.sender()
         channels.append(to_eval)
-        evaluation: Callable[[Any], dict[str, Any]]
+        evaluation: Evaluate
         if curriculum is None:
-            evaluation: Callable[[Any], dict[str, Any]] = Evaluations(cfg, ctx.device)
+            evaluation = Evaluations(cfg, ctx.device)
         else:  # at the curriculum's current stage
             evaluation = StageEvaluation(cfg, curriculum, ctx.device)
         stages.append(

@@ -28,7 +28,7 @@ from navrl_daemon.env.navigation import collect_path
 from navrl_daemon.rl import fast_update, ppo, schedules
 from navrl_daemon.rl.captured_rollout import rollout_for
 from navrl_daemon.rl.data_parallel import DataParallel
-from navrl_daemon.rl.evaluate import Evaluation
+from navrl_daemon.rl.evaluate import Evaluation, Progress
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.rl.rollout import EpisodeStats, Rollout, collect, first_step, make_rollout_buffer
 
@@ -343,10 +343,10 @@ class Evaluations:
         held_out = cfg.eval.held_out_seed
         self.held_out = on(make_eval_env(cfg, device, map_seed=held_out)) if held_out >= 0 else None
 
-    def __call__(self, policy: NavRLPolicy) -> dict[str, Any]:
-        results = self.main(policy)
+    def __call__(self, policy: NavRLPolicy, *, progress: Progress | None = None) -> dict[str, Any]:
+        results = self.main(policy, progress)
         if self.held_out is not None:
-            other = self.held_out(policy)
+            other = self.held_out(policy, progress)
             results.update({f"held_out_{k}": v for k, v in other.items()})
         return results
 

@@ -7,8 +7,11 @@ Knows no RL and no particular stage. Lifecycle: starting → running → drainin
   output channels, so the pipeline drains upstream-first.
 - Second signal: `shutdown.abort` is set as well; compute in worker threads stops at the
   next minibatch or step boundary (never mid-write).
-- After every stage's `run` has returned (or the shutdown deadline has passed), each
-  stage's `flush(deadline)` runs, shielded, under what is left of the same deadline.
+- Stages get `shutdown_timeout_s` from the first stop to return; past it they are
+  cancelled (and the run ends with `StageFailed`: they were late).
+- Then every stage's `flush(deadline)` runs in turn, shielded, under the flushes' own deadline:
+  `shutdown_timeout_s` from the moment the stages ended. A late stage therefore never
+  costs the final checkpoint its time; a whole stop takes at most twice the timeout.
 - A stage that raises stops the daemon: the others are told to stop, flushes still run,
   and `run()` raises `StageFailed` naming the stage.
 """
@@ -164,9 +167,7 @@ class Supervisor:
             self._stages_scope.cancel()
 
     async def _flush_all(self) -> None:
-        deadline = (
-            self.shutdown.deadline if self.shutdown.stopping else time.monotonic() + self.timeout_s
-        )
+        deadline = time.monotonic() + self.timeout_s
         for stage in self.stages:
             left = deadline - time.monotonic()
             with anyio.CancelScope(shield=True), anyio.move_on_after(max(left, 0.0)) as scope:

@@ -9,6 +9,11 @@ with a `BestPolicy`, the weights of the best evaluation so far go to `export/bes
 result that cannot be written (disk full) is logged, counted and written with the next
 one: evaluation, like training, goes on.
 
+A stop ends an evaluation in flight at its next progress check (every `CHECK_EVERY` env
+steps): its result is dropped, and the compute thread (on CPU the trainer's) is free for
+the last update and the final checkpoint. A long evaluation (thousands of steps, NavRL's
+2,200) would otherwise hold the stop past `run.shutdown_timeout_s`.
+
 With a curriculum (env/curriculum.py) it evaluates at the curriculum's current stage
 (`StageEvaluation` rebuilds the eval env when the stage changes; `eval.layout` still
 chooses the spawn rule), and its `on_result` feeds every result to the curriculum
@@ -23,14 +28,14 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import structlog
 
 from navrl_daemon.config import Config
 from navrl_daemon.env.curriculum import Curriculum
-from navrl_daemon.rl.evaluate import eval_rank
+from navrl_daemon.rl.evaluate import Progress, eval_rank
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.rl.training import Evaluations
 from navrl_daemon.runtime.channels import Receiver, Sender
@@ -44,13 +49,25 @@ from navrl_daemon.storage.policy_file import save_policy_state
 log = structlog.get_logger("evaluator")
 
 
+class Evaluate(Protocol):
+    """An evaluation of `policy`; `progress` is told (steps, envs done) as it goes."""
+
+    def __call__(
+        self, policy: NavRLPolicy, *, progress: Progress | None = None
+    ) -> dict[str, Any]: ...
+
+
+class EvaluationStopped(Exception):
+    """Raised from the progress check of an evaluation in flight when the daemon stops."""
+
+
 class Evaluator:
     name = "evaluator"
 
     def __init__(
         self,
         policy: NavRLPolicy,
-        evaluate: Callable[[NavRLPolicy], dict[str, Any]],
+        evaluate: Evaluate,
         weights: Receiver[PolicyWeights],
         *,
         results_path: Path,
@@ -81,7 +98,12 @@ class Evaluator:
                 structlog.contextvars.bind_contextvars(
                     iteration=weights.version, policy_version=weights.version
                 )
-                record = await self.compute.run(self._evaluate, weights)
+                log.debug("evaluating")
+                try:
+                    record = await self.compute.run(self._evaluate, weights)
+                except EvaluationStopped as stopped:
+                    log.info("evaluation stopped: shutting down", after_steps=stopped.args[0])
+                    continue
                 await self._write(record)
                 log.info("evaluation", **record)
                 self.on_result(record)
@@ -112,7 +134,7 @@ class Evaluator:
     def _evaluate(self, weights: PolicyWeights) -> dict[str, Any]:
         self.policy.load_state_dict(weights.state)
         t0 = time.perf_counter()
-        results = self.evaluate(self.policy)
+        results = self.evaluate(self.policy, progress=self._check_stop)
         return {
             "iteration": weights.version,
             "frames": weights.frames,
@@ -121,6 +143,11 @@ class Evaluator:
             "seconds": round(time.perf_counter() - t0, 3),
             **results,
         }
+
+    def _check_stop(self, steps: int, _done: int) -> None:
+        """In the compute thread: `shutdown.stopping` reads a flag the loop sets."""
+        if self.shutdown.stopping:
+            raise EvaluationStopped(steps)
 
     async def flush(self, deadline: float) -> None:
         """Results are appended and fsynced as they are made; retry any still waiting."""
@@ -179,12 +206,12 @@ class StageEvaluation:
         self.device = device
         self._evaluations: tuple[int, Evaluations] | None = None  # stage, its evaluations
 
-    def __call__(self, policy: NavRLPolicy) -> dict[str, Any]:
+    def __call__(self, policy: NavRLPolicy, *, progress: Progress | None = None) -> dict[str, Any]:
         stage = self.curriculum.stage
         if self._evaluations is None or self._evaluations[0] != stage:
             cfg = self.cfg.model_copy(update={"env": self.curriculum.env_config(stage)})
             self._evaluations = (stage, Evaluations(cfg, self.device))
-        results = self._evaluations[1](policy)
+        results = self._evaluations[1](policy, progress=progress)
         return {**results, "curriculum_stage": stage}
 
 

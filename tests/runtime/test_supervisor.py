@@ -1,4 +1,5 @@
-"""Supervisor: lifecycle, flush under one deadline, a crashing stage, a responsive loop."""
+"""Supervisor: lifecycle, flushes under their own deadline, a crashing stage, a responsive
+loop."""
 
 from __future__ import annotations
 
@@ -132,6 +133,32 @@ async def test_stage_ignoring_stop_is_cut_at_the_deadline() -> None:
     with pytest.raises(StageFailed, match="did not stop within"):
         await sup.run()
     assert time.monotonic() - t0 < 3
+
+
+@pytest.mark.anyio
+async def test_a_late_stage_leaves_the_flushes_their_own_time() -> None:
+    """A stage past the deadline is cancelled; the flushes after it still get the whole
+    timeout (the final checkpoint is never written in zero seconds)."""
+
+    class Stubborn:
+        name = "stubborn"
+
+        async def run(self) -> None:
+            await anyio.sleep(60)
+
+        async def flush(self, deadline: float) -> None:
+            pass
+
+    shutdown = Shutdown()
+    saver = Looping("saver", shutdown, flush_s=0.6)  # takes most of the 1 s timeout
+    sup = Supervisor([Stubborn(), saver], shutdown_timeout_s=1.0, shutdown=shutdown)
+    sup.request_stop("test")
+    t0 = time.monotonic()
+    with pytest.raises(StageFailed, match="did not stop within"):
+        await sup.run()
+    assert saver.flushed_at is not None
+    assert 1.6 <= saver.flushed_at - t0 < 2.0  # the deadline, then its own 0.6 s
+    assert sup.late == ["(pipeline)"]  # the stubborn stage, not the flush
 
 
 @pytest.mark.anyio

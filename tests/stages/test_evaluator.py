@@ -3,13 +3,16 @@
 What it promises (stages/evaluator.py): each weights version it receives is evaluated
 with those weights loaded; every result is one line of eval/results.jsonl, logged, and
 handed to `on_result` and its output channel; while shutting down it drains without
-evaluating; a torn last line (kill -9) is skipped when the results are read back.
+evaluating, and an evaluation in flight stops at its next progress check; a torn last
+line (kill -9) is skipped when the results are read back.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,7 @@ import anyio
 import pytest
 import torch
 
+from navrl_daemon.rl.evaluate import Progress
 from navrl_daemon.runtime.channels import Channel
 from navrl_daemon.runtime.compute import ComputeThread
 from navrl_daemon.runtime.supervisor import Shutdown
@@ -29,8 +33,10 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-def weight_as_score(policy: torch.nn.Module) -> dict[str, Any]:
+def weight_as_score(policy: torch.nn.Module, *, progress: Progress | None) -> dict[str, Any]:
     """Scores that say which weights were loaded: reach_goal = the weight / 10."""
+    if progress is not None:
+        progress(16, 0)
     return {"reach_goal": float(policy.weight.detach()) / 10, "collision": 0.0}
 
 
@@ -96,6 +102,55 @@ def test_while_shutting_down_it_drains_without_evaluating(tmp_path) -> None:
     seen, _ = run_evaluator(path, [1, 2, 3, 4], stop_before=3)
     assert [r["iteration"] for r in seen] == [1, 2]
     assert [r["iteration"] for r in read_results(path)] == [1, 2]
+
+
+def test_a_stop_ends_the_evaluation_in_flight_at_its_next_check(tmp_path: Path) -> None:
+    """An evaluation that would step for 10 s (NavRL's 2,200 steps at a slow pace) ends
+    at the progress check after the stop; its result is dropped, the stage returns."""
+    shutdown = Shutdown()
+    compute = ComputeThread("test")
+    steps: list[int] = []
+    started = threading.Event()
+
+    def slow(policy: torch.nn.Module, *, progress: Progress | None = None) -> dict[str, Any]:
+        started.set()
+        for step in range(1, 1_001):
+            time.sleep(0.01)
+            steps.append(step)
+            if progress is not None and step % 16 == 0:
+                progress(step, 0)
+        return {"reach_goal": 1.0, "collision": 0.0}
+
+    weights: Channel[PolicyWeights] = Channel("evaluations", 2)
+    path = tmp_path / "results.jsonl"
+    evaluator = Evaluator(
+        torch.nn.Linear(1, 1, bias=False),  # type: ignore[arg-type]
+        slow,
+        weights.receiver(),
+        results_path=path,
+        shutdown=shutdown,
+        compute=compute,
+    )
+
+    async def main() -> float:
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(evaluator.run)
+                async with weights.sender() as sender:  # closed: the stage returns
+                    await sender.send(PolicyWeights(1, 32, {"weight": torch.ones(1, 1)}))
+                    assert await anyio.to_thread.run_sync(started.wait, 10)
+                    await anyio.sleep(0.3)
+                    t0 = time.monotonic()
+                    shutdown.request("test", 10)
+            return time.monotonic() - t0
+
+    try:
+        stopped_after = anyio.run(main)
+    finally:
+        compute.close()
+    assert stopped_after < 2  # not the 10 s the evaluation would have taken
+    assert 16 <= len(steps) < 200
+    assert list(read_results(path)) == []  # nothing written for the stopped evaluation
 
 
 def test_a_torn_last_line_is_skipped_when_results_are_read_back(tmp_path) -> None:
