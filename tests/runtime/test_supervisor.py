@@ -41,6 +41,18 @@ class Looping:
         self.flushed_at = time.monotonic()
 
 
+class Stubborn:
+    """Ignores the stop: runs for a minute."""
+
+    name = "stubborn"
+
+    async def run(self) -> None:
+        await anyio.sleep(60)
+
+    async def flush(self, deadline: float) -> None:
+        pass
+
+
 class Crashing:
     name = "crasher"
 
@@ -117,15 +129,6 @@ async def test_a_stage_that_finds_bad_data_mid_run_keeps_exit_65() -> None:
 
 @pytest.mark.anyio
 async def test_stage_ignoring_stop_is_cut_at_the_deadline() -> None:
-    class Stubborn:
-        name = "stubborn"
-
-        async def run(self) -> None:
-            await anyio.sleep(60)
-
-        async def flush(self, deadline: float) -> None:
-            pass
-
     shutdown = Shutdown()
     sup = Supervisor([Stubborn()], shutdown_timeout_s=0.3, shutdown=shutdown)
     sup.request_stop("test")
@@ -139,15 +142,6 @@ async def test_stage_ignoring_stop_is_cut_at_the_deadline() -> None:
 async def test_a_late_stage_leaves_the_flushes_their_own_time() -> None:
     """A stage past the deadline is cancelled; the flushes after it still get the whole
     timeout (the final checkpoint is never written in zero seconds)."""
-
-    class Stubborn:
-        name = "stubborn"
-
-        async def run(self) -> None:
-            await anyio.sleep(60)
-
-        async def flush(self, deadline: float) -> None:
-            pass
 
     shutdown = Shutdown()
     saver = Looping("saver", shutdown, flush_s=0.6)  # takes most of the 1 s timeout
