@@ -43,6 +43,13 @@ a later `--resume --keep-state DIR` with the same config and overrides lets the 
 resume it from its last checkpoint for another `--budget-s`. The curve is then the whole
 run's, its seconds the daemon's wall time summed over the sittings (`DIR.launches.jsonl`).
 
+A lever is measured against its control on the same frames by a fork: `--fork-from SRC
+--keep-state DST KEY=VALUE...` copies the kept run SRC (it may still be running) into the
+new folder DST, as of SRC's newest valid checkpoint (its evaluation and history rows past
+that iteration are dropped, SRC is left as it is), and resumes DST with the overrides
+given, e.g. SRC's recipe plus `ppo.epochs=8`. The daemon restores the envs' episodes where
+the env section is unchanged, and starts new ones where it is not.
+
 Run: `.venv/bin/python benchmarks/learning.py --budget-s 600 [--config F] [KEY=VALUE ...]`
 (GPU: `--config config/navrl.toml run.device=cuda`).
 """
@@ -51,8 +58,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -153,6 +162,44 @@ def evaluate_policy(
     return {**_round(result), "seconds": round(time.perf_counter() - t0, 2)}
 
 
+def fork_state(src: Path, dst: Path) -> int:
+    """Copy the kept state dir `src` to the new folder `dst` as of `src`'s newest valid
+    checkpoint, for a resume there with other overrides; that checkpoint's iteration.
+
+    `src` may belong to a running daemon: its lock and address are not copied, a
+    checkpoint written during the copy fails its checks in `dst` and the one before it is
+    taken, and rows logged past the checkpoint (evaluations, history) are dropped, so the
+    fork's curve is the source's up to the fork and its own after it. The launches file
+    beside `src` is copied beside `dst` with it (the curve's seconds)."""
+    if not src.is_dir():
+        raise ValueError(f"--fork-from {src}: not a kept state dir")
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("lock", "daemon.json"))
+    found = CheckpointDir(dst / "checkpoints").newest_valid()
+    if found is None:
+        shutil.rmtree(dst)
+        raise ValueError(f"--fork-from {src}: no valid checkpoint to fork from")
+    at = found[1].iteration
+    for name in ("eval/results.jsonl", "history.jsonl"):
+        path = dst / name
+        if path.exists():
+            lines = path.read_text().splitlines()
+            kept = [line for line in lines if _row_iteration(line) <= at]
+            path.write_text("".join(line + "\n" for line in kept))
+    launches = src.with_name(src.name + ".launches.jsonl")
+    if launches.exists():
+        shutil.copy(launches, dst.with_name(dst.name + ".launches.jsonl"))
+    return at
+
+
+def _row_iteration(line: str) -> float:
+    """A JSON-lines row's iteration; a torn or foreign row counts as past any fork point."""
+    try:
+        row = json.loads(line)
+        return float(row["iteration"])
+    except (ValueError, KeyError, TypeError):
+        return math.inf
+
+
 def training_seconds(t: float, launches: list[tuple[float, float]]) -> float:
     """Wall seconds the daemon ran before time `t`, over all launches (start, stop) of the
     run (one unless it was resumed)."""
@@ -217,11 +264,28 @@ def main() -> None:
         help="go on with the run kept in --keep-state (the daemon resumes from its last "
         "checkpoint; same config and overrides): a long CPU run in several sittings",
     )
+    p.add_argument(
+        "--fork-from",
+        type=Path,
+        metavar="SRC",
+        help="copy the kept run SRC into --keep-state DST (a new folder) as of SRC's newest "
+        "checkpoint and go on there with these overrides: a lever against its control",
+    )
     p.add_argument("overrides", nargs="*", help="KEY=VALUE config overrides")
     args = p.parse_args()
+    if args.fork_from is not None:
+        if args.resume:
+            p.error("--fork-from resumes the copy itself: leave out --resume")
+        if args.keep_state is None or args.keep_state.exists():
+            p.error("--fork-from SRC copies SRC into --keep-state DST: name a new folder")
     if args.resume and (args.keep_state is None or not args.keep_state.is_dir()):
         p.error("--resume goes on with the run in --keep-state DIR: name an existing one")
-    if not args.resume and args.keep_state is not None and args.keep_state.exists():
+    if (
+        not args.resume
+        and args.fork_from is None
+        and args.keep_state is not None
+        and args.keep_state.exists()
+    ):
         p.error(f"--keep-state {args.keep_state} exists: name a new folder (or --resume it)")
     launches_file = (
         args.keep_state.with_name(args.keep_state.name + ".launches.jsonl")
@@ -230,6 +294,12 @@ def main() -> None:
     )
     overrides = [*args.overrides, f"eval.interval={args.eval_every}", "metrics.port=0"]
     cfg = load_config(args.config, overrides, environ={})  # a bad config fails here, not later
+    if args.fork_from is not None:
+        try:
+            at = fork_state(args.fork_from, args.keep_state)
+        except ValueError as err:
+            p.error(str(err))
+        print(f"forked {args.fork_from} at iteration {at} into {args.keep_state}", flush=True)
     if cfg.run.torch_threads:  # the evaluations here run as the daemon's do
         torch.set_num_threads(cfg.run.torch_threads)
     load_before = load_average()
