@@ -238,3 +238,33 @@ def test_a_stage_of_short_episodes_is_evaluated_for_eval_max_steps() -> None:
         lengths[max_steps] = result["episode_len"]
     assert lengths[0] == 10.0  # the untrained policy hovers to the stage's time-out
     assert lengths[25] == 25.0
+
+
+def test_a_stage_evaluation_tells_progress_on_both_map_sets() -> None:
+    """The evaluator's stop check rides on `progress` (stages/evaluator.py): it reaches the
+    training maps' and the held-out maps' evaluations, and an exception it raises ends
+    the evaluation there."""
+    from navrl_daemon.rl.evaluate import CHECK_EVERY
+    from navrl_daemon.rl.training import make_policy
+    from navrl_daemon.stages.evaluator import StageEvaluation
+
+    stages = 'env.curriculum=[{name = "a", promote = {reach_goal = 0.5}}, {}]'
+    cfg = config(stages, "eval.max_steps=64", "eval.num_envs=4", "eval.held_out_seed=1000")
+    cfg = cfg.model_copy(update={"env": cfg.env.model_copy(update={"max_episode_length": 64})})
+    evaluation = StageEvaluation(cfg, Curriculum(cfg.env), "cpu")
+    torch.manual_seed(0)
+    policy = make_policy(cfg, "cpu")
+    told: list[int] = []
+    evaluation(policy, progress=lambda steps, _done: told.append(steps))
+    # The untrained policy hovers to the time-out: each evaluation checks 64/16 times.
+    assert told == [16, 32, 48, 64] * 2
+
+    class Stop(Exception):
+        pass
+
+    def stop(steps: int, _done: int) -> None:
+        raise Stop(steps)
+
+    with pytest.raises(Stop) as stopped:
+        evaluation(policy, progress=stop)
+    assert stopped.value.args == (CHECK_EVERY,)
