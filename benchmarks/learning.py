@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import shutil
@@ -78,6 +77,7 @@ from navrl_daemon.rl.evaluate import evaluate
 from navrl_daemon.rl.training import eval_steps, evaluation_key, make_eval_env, make_policy
 from navrl_daemon.stages.evaluator import read_results
 from navrl_daemon.storage.checkpoint import CheckpointDir
+from navrl_daemon.storage.history import DAEMON_FILE, HISTORY_FILE, cut_rows
 from navrl_daemon.storage.policy_file import check_policy_layout, load_any_policy_state
 
 REPO = Path(__file__).resolve().parents[1]
@@ -173,31 +173,18 @@ def fork_state(src: Path, dst: Path) -> int:
     beside `src` is copied beside `dst` with it (the curve's seconds)."""
     if not src.is_dir():
         raise ValueError(f"--fork-from {src}: not a kept state dir")
-    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("lock", "daemon.json"))
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("lock", DAEMON_FILE))
     found = CheckpointDir(dst / "checkpoints").newest_valid()
     if found is None:
         shutil.rmtree(dst)
         raise ValueError(f"--fork-from {src}: no valid checkpoint to fork from")
     at = found[1].iteration
-    for name in ("eval/results.jsonl", "history.jsonl"):
-        path = dst / name
-        if path.exists():
-            lines = path.read_text().splitlines()
-            kept = [line for line in lines if _row_iteration(line) <= at]
-            path.write_text("".join(line + "\n" for line in kept))
+    for name in ("eval/results.jsonl", HISTORY_FILE):
+        cut_rows(dst / name, at)
     launches = src.with_name(src.name + ".launches.jsonl")
     if launches.exists():
         shutil.copy(launches, dst.with_name(dst.name + ".launches.jsonl"))
     return at
-
-
-def _row_iteration(line: str) -> float:
-    """A JSON-lines row's iteration; a torn or foreign row counts as past any fork point."""
-    try:
-        row = json.loads(line)
-        return float(row["iteration"])
-    except (ValueError, KeyError, TypeError):
-        return math.inf
 
 
 def training_seconds(t: float, launches: list[tuple[float, float]]) -> float:
@@ -280,12 +267,7 @@ def main() -> None:
             p.error("--fork-from SRC copies SRC into --keep-state DST: name a new folder")
     if args.resume and (args.keep_state is None or not args.keep_state.is_dir()):
         p.error("--resume goes on with the run in --keep-state DIR: name an existing one")
-    if (
-        not args.resume
-        and args.fork_from is None
-        and args.keep_state is not None
-        and args.keep_state.exists()
-    ):
+    if not args.resume and args.keep_state is not None and args.keep_state.exists():
         p.error(f"--keep-state {args.keep_state} exists: name a new folder (or --resume it)")
     launches_file = (
         args.keep_state.with_name(args.keep_state.name + ".launches.jsonl")

@@ -57,8 +57,7 @@ class StopSignals:
     def __init__(self, signals: Sequence[signal.Signals] = STOP_SIGNALS) -> None:
         self.signals = tuple(signals)
         self.phase = Phase.IDLE
-        self.received: list[str] = []  # every stop signal's name, in order of arrival
-        self._starting_stop: str | None = None  # the first stop raised while starting
+        self.received: list[str] = []  # every stop signal's name since install(), in order
         self._previous_unraisable = sys.unraisablehook
         self._queue: collections.deque[str] = collections.deque()
         self._previous: dict[signal.Signals, Any] = {}
@@ -79,11 +78,12 @@ class StopSignals:
         )
         self._previous_unraisable = sys.unraisablehook
         sys.unraisablehook = self._unraisable
+        self.received.clear()
         self.phase = Phase.STARTING
         return self
 
     def _unraisable(self, unraisable: Any) -> None:
-        """A StopRequested that Python had to drop is remembered (`_handle`), not an error
+        """A StopRequested that Python had to drop is remembered (`received`), not an error
         to print; anything else goes to the hook before ours."""
         if not isinstance(unraisable.exc_value, StopRequested):
             self._previous_unraisable(unraisable)
@@ -93,8 +93,8 @@ class StopSignals:
         """While inside, signals are queued for `next()` (the event loop's turn); after it,
         they are ignored until the process ends. Raises `StopRequested` instead of entering
         if a stop arrived while starting (one whose exception was swallowed on its way)."""
-        if self.phase is Phase.STARTING and self._starting_stop is not None:
-            raise StopRequested(self._starting_stop)
+        if self.phase is Phase.STARTING and self.received:  # each one arrived while starting
+            raise StopRequested(self.received[0])
         self.phase = Phase.QUEUED
         try:
             yield
@@ -142,7 +142,6 @@ class StopSignals:
         name = signal.Signals(signum).name
         self.received.append(name)
         if self.phase is Phase.STARTING:
-            self._starting_stop = self._starting_stop or name
             raise StopRequested(name)
         if self.phase is Phase.QUEUED:
             self._deliver(name)

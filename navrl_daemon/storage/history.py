@@ -118,20 +118,26 @@ class HistoryFile(JsonLinesFile):
 
     def cut(self, iteration: int) -> int:
         """Keep the rows up to `iteration` (the checkpoint a run starts from: later rows are
-        about to be redone) and drop unreadable lines; returns how many lines went. The file
-        is replaced atomically, and only when something goes."""
-        if not self.path.exists():
-            return 0
-        lines = self.path.read_text(encoding="utf-8", errors="replace").splitlines()
-        kept = []
-        for line in lines:
-            try:
-                row = json.loads(line)
-                keep = isinstance(row, dict) and int(row["iteration"]) <= iteration
-            except (ValueError, KeyError, TypeError):
-                keep = False  # a torn last line after kill -9, or a corrupt one
-            if keep:
-                kept.append(line)
-        if len(kept) < len(lines) or (lines and not self.path.read_bytes().endswith(b"\n")):
-            write_atomic(self.path, "".join(line + "\n" for line in kept).encode())
-        return len(lines) - len(kept)
+        about to be redone) and drop unreadable lines (`cut_rows`)."""
+        return cut_rows(self.path, iteration)
+
+
+def cut_rows(path: Path, iteration: int) -> int:
+    """Keep the rows of the JSON-lines file `path` up to `iteration` and drop unreadable
+    lines; returns how many lines went. The file is replaced atomically, and only when
+    something goes."""
+    if not path.exists():
+        return 0
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    kept = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+            keep = isinstance(row, dict) and int(row["iteration"]) <= iteration
+        except (ValueError, KeyError, TypeError):
+            keep = False  # a torn last line after kill -9, or a corrupt one
+        if keep:
+            kept.append(line)
+    if len(kept) < len(lines) or (lines and not path.read_bytes().endswith(b"\n")):
+        write_atomic(path, "".join(line + "\n" for line in kept).encode())
+    return len(lines) - len(kept)

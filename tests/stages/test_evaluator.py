@@ -24,7 +24,13 @@ from navrl_daemon.rl.evaluate import Progress
 from navrl_daemon.runtime.channels import Channel
 from navrl_daemon.runtime.compute import ComputeThread
 from navrl_daemon.runtime.supervisor import Shutdown
-from navrl_daemon.stages.evaluator import BestPolicy, Evaluator, eval_scores, read_results
+from navrl_daemon.stages.evaluator import (
+    BestPolicy,
+    Evaluate,
+    Evaluator,
+    eval_scores,
+    read_results,
+)
 from navrl_daemon.stages.messages import PolicyWeights
 
 
@@ -33,11 +39,31 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-def weight_as_score(policy: torch.nn.Module, *, progress: Progress | None) -> dict[str, Any]:
+def weight_as_score(policy: torch.nn.Module, *, progress: Progress | None = None) -> dict[str, Any]:
     """Scores that say which weights were loaded: reach_goal = the weight / 10."""
     if progress is not None:
         progress(16, 0)
     return {"reach_goal": float(policy.weight.detach()) / 10, "collision": 0.0}
+
+
+def one_weight_evaluator(
+    evaluate: Evaluate,
+    weights: Channel[PolicyWeights],
+    path: Path,
+    shutdown: Shutdown,
+    compute: ComputeThread,
+    **more: Any,
+) -> Evaluator:
+    """An Evaluator of a policy with one weight (`weight_as_score` reads it)."""
+    return Evaluator(
+        torch.nn.Linear(1, 1, bias=False),  # type: ignore[arg-type]
+        evaluate,
+        weights.receiver(),
+        results_path=path,
+        shutdown=shutdown,
+        compute=compute,
+        **more,
+    )
 
 
 def run_evaluator(
@@ -54,13 +80,12 @@ def run_evaluator(
         if stop_before is not None and record["iteration"] == stop_before - 1:
             shutdown.request("test", 10)
 
-    evaluator = Evaluator(
-        torch.nn.Linear(1, 1, bias=False),  # type: ignore[arg-type]
+    evaluator = one_weight_evaluator(
         weight_as_score,
-        weights.receiver(),
-        results_path=path,
-        shutdown=shutdown,
-        compute=compute,
+        weights,
+        path,
+        shutdown,
+        compute,
         results=results.sender(),
         on_result=on_result,
     )
@@ -123,14 +148,7 @@ def test_a_stop_ends_the_evaluation_in_flight_at_its_next_check(tmp_path: Path) 
 
     weights: Channel[PolicyWeights] = Channel("evaluations", 2)
     path = tmp_path / "results.jsonl"
-    evaluator = Evaluator(
-        torch.nn.Linear(1, 1, bias=False),  # type: ignore[arg-type]
-        slow,
-        weights.receiver(),
-        results_path=path,
-        shutdown=shutdown,
-        compute=compute,
-    )
+    evaluator = one_weight_evaluator(slow, weights, path, shutdown, compute)
 
     async def main() -> float:
         with anyio.fail_after(30):
