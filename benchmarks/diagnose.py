@@ -63,6 +63,7 @@ def eval_env(cfg: Config, spec: tuple[int, int | None], layout: str, seed: int, 
         update={
             "num_obstacles": whole,
             "map_levels": [] if prefix is None else [prefix],
+            "min_level": 0,
             "num_maps": maps,
             "curriculum": [],
         }

@@ -83,6 +83,7 @@ class CurriculumStage(Section):
     max_episode_length: int | None = None
     reach_hold: int | None = None
     crossing_share: float | None = None
+    min_level: int | None = None
     promote: PromotionRule | None = None
 
     @model_serializer(mode="wrap")
@@ -170,6 +171,11 @@ class EnvConfig(Section):
     # level 0; after an episode that reached its goal it moves up one level, after a
     # collision down one (env/navigation.py). Evaluations fly the whole map.
     map_levels: list[NonNegInt] = []
+    # Ours, with map_levels: the lowest level (an index into map_levels) an env may be at.
+    # Envs below it move up to it (at the start, at a new curriculum stage, on a resume);
+    # a collision there keeps the env there. The last index puts every env on its whole
+    # map. 0: levels go all the way down.
+    min_level: NonNegInt = 0
 
     @field_validator("options")
     @classmethod
@@ -220,6 +226,12 @@ class EnvConfig(Section):
             raise ValueError(
                 f"map_levels: a level is a prefix of the map's num_obstacles = "
                 f"{self.num_obstacles} pillars, got {levels[-1]}"
+            )
+        if self.min_level and self.min_level >= len(levels):
+            raise ValueError(
+                f"min_level: an index into map_levels (0 to {max(len(levels) - 1, 0)}), "
+                f"got {self.min_level}"
+                + ("" if levels else "; without map_levels there is one level, 0")
             )
         if self.reach_hold and self.backend != "navigation":
             raise ValueError(

@@ -127,6 +127,40 @@ def test_sigterm_and_resume_keep_the_stage_and_its_progress(tmp_path: Path) -> N
     assert final["streak"] - curriculum["streak"] in (len(after) - 1, len(after)), after
 
 
+def test_a_resume_with_other_env_keys_goes_on_at_the_stage_in_new_episodes(
+    tmp_path: Path,
+) -> None:
+    """An env key outside env.curriculum changed between runs (here the spawn margin):
+    the episodes start anew, but the run goes on at the stage it had reached, with its
+    streak, instead of back at stage 0. Changed stages start the curriculum over."""
+    state = tmp_path / "state"
+    run(state, COUNTING, "checkpoint.interval=2", f"run.total_frames={6 * 64}")
+    stopped_at, saved = saved_curriculum(state)
+    assert (saved["stage"], saved["applied"]) == (1, 1)
+
+    frames = f"run.total_frames={(stopped_at + 3) * 64}"
+    resumed = run(state, COUNTING, "env.spawn_margin=3.0", frames)
+    [start] = named(resumed, "resumed from checkpoint")
+    assert (start["iteration"], start["env_restored"]) == (stopped_at, False)
+    assert named(resumed, "env config or seed changed since the checkpoint: new episodes start")
+    [curriculum] = named(resumed, "curriculum resumed")
+    assert (curriculum["stage"], curriculum["applied"], curriculum["name"]) == (1, 0, "middle")
+    evaluated = [r for r in rows(state / "eval" / "results.jsonl") if r["iteration"] <= stopped_at]
+    assert curriculum["streak"] == sum(r["curriculum_stage"] == 1 for r in evaluated)
+    [applied] = named(resumed, "curriculum stage applied")  # before its first rollout
+    assert (applied["stage"], applied["iteration"]) == (1, stopped_at)
+    assert {e["curriculum_stage"] for e in named(resumed, "evaluation")} == {1}
+    assert not named(resumed, "curriculum promotion")
+
+    other = COUNTING.replace("'middle'", "'denser'").replace(
+        "num_obstacles = 2", "num_obstacles = 3"
+    )
+    frames = f"run.total_frames={(stopped_at + 4) * 64}"
+    over = run(state, other, "env.spawn_margin=3.0", frames)
+    assert not named(over, "curriculum resumed")
+    assert [e["to_stage"] for e in named(over, "curriculum promotion")][:1] == [1]  # anew
+
+
 def test_the_envs_density_levels_are_a_prometheus_gauge_per_level() -> None:
     m = Metrics(version="0", torch_version="0", device="cpu")
     m.level_shares([0, 50, 350], [0.5, 0.375, 0.125])

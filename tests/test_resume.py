@@ -96,6 +96,7 @@ def test_resume_from_an_interval_checkpoint_after_kill9_is_also_exact(
         ("env.num_maps=2", "env.map_levels=[0,2,4]"),
         ("env.spawn=border", "env.spawn_margin=1.0", "env.crossing_share=0.5"),
         ("env.map_levels=[0,2,4]", "env.spawn=local", "env.crossing_share=0.5"),
+        ("env.map_levels=[0,2,4]", "env.min_level=1"),
         # Goals within reach at the start: hold counts run and hops end at the goal.
         (
             "env.map_levels=[0,2,4]",
@@ -104,7 +105,7 @@ def test_resume_from_an_interval_checkpoint_after_kill9_is_also_exact(
             "env.reach_hold=3",
         ),
     ],
-    ids=["density-levels", "crossing-share", "hops-and-crossings", "reach-hold"],
+    ids=["density-levels", "crossing-share", "hops-and-crossings", "min-level", "reach-hold"],
 )
 def test_resume_is_exact_with_density_levels_and_a_spawn_mix(
     tmp_path: Path, extra: tuple[str, ...]
@@ -290,15 +291,15 @@ def test_a_checkpoint_from_before_the_newer_env_keys_still_restores_the_env(
     tmp_path: Path,
 ) -> None:
     """Checkpoints written before `env.curriculum`, `env.reset_mode`, `env.map_levels`,
-    `env.crossing_share`, `env.collect_path` and `env.reach_hold` existed lack the keys (and
-    the env state its hold counts); with today's
-    defaults (what they ran on the CPU) the episodes go on."""
+    `env.crossing_share`, `env.collect_path`, `env.reach_hold` and `env.min_level` existed
+    lack the keys (and the env state its hold counts); with today's defaults (what they ran
+    on the CPU) the episodes go on."""
     state = tmp_path / "state"
     run(state, "run.total_frames=64")
     path = state / "checkpoints" / "ckpt-000000001.nrc"
     header, snap = load_checkpoint(path)
     keys = ("curriculum", "reset_mode", "map_levels", "crossing_share", "collect_path")
-    for key in (*keys, "reach_hold"):
+    for key in (*keys, "reach_hold", "min_level"):
         del snap["config"]["env"][key]
     del snap["collector"]["env"]["held"]
     path.write_bytes(

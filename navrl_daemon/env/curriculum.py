@@ -90,12 +90,14 @@ class Curriculum:
 
         With `env.map_levels`, each env keeps the density level it reached in `previous`
         (the stage's env before), so a promotion changes the stage's keys without sending
-        every env back to the sparsest level."""
+        every env back to the sparsest level; envs below the stage's `min_level` move up
+        to it."""
         env = make_env(self.env_config(stage), device=device, seed=seed, **kwargs)
         levels = getattr(previous, "level", None)
         here = getattr(env, "level", None)
         if self.env.map_levels and levels is not None and getattr(here, "shape", 0) == levels.shape:
-            env.level.copy_(levels)  # type: ignore[attr-defined]
+            floor = self.env_config(stage).min_level  # the new stage's may be higher
+            env.level.copy_(levels.clamp_min(floor))  # type: ignore[attr-defined]
         return env
 
     def observe(self, result: Mapping[str, Any]) -> Promotion | None:

@@ -43,7 +43,9 @@ k = map_levels[level]; the LiDAR grid holds one slot per (map, level). An env's 
 changes only when a new episode starts there: up one after an episode that reached its
 goal, down one after a collision, unchanged after a time-out (per env, as legged robots'
 terrain curricula do), so the share of envs at the denser levels rises with success and
-nothing jumps at once. Without levels every env flies its whole map (NavRL). The move
+nothing jumps at once. `env.min_level` is a floor: an env below it (a fresh one, one kept
+from a stage or a checkpoint with a lower floor) is moved up to it, and a collision there
+keeps it there. Without levels every env flies its whole map (NavRL). The move
 is arithmetic on the ended episode's stats written in place (no host read, no branch on a
 value), so a captured step moves levels as the eager one does.
 
@@ -145,6 +147,7 @@ class NavigationEnv(EnvBase):
         self.map_id = torch.arange(n, device=self.device) % self.num_maps
         # Pillar counts of the density levels; one level (the whole map) without map_levels.
         self.level_counts = list(cfg.map_levels) or [cfg.num_obstacles]
+        self.min_level = cfg.min_level
 
         map_gen = torch.Generator().manual_seed(seed)
         self.pillars = generate_pillars(cfg.num_obstacles, cfg.field_size, map_gen, self.num_maps)
@@ -223,6 +226,7 @@ class NavigationEnv(EnvBase):
             values[name] = value
         for name, value in values.items():
             getattr(self, name).copy_(value)
+        self.level.clamp_(min=self.min_level)  # a state saved with a lower floor (or none)
         for i, k in _STATS:
             self.episode_stats[:, i].copy_(state[f"stats.{k}"])
         prefix = "dynamic."
@@ -503,7 +507,7 @@ class NavigationEnv(EnvBase):
         level = self.level[ids]
         self.level_ends.index_add_(0, level, torch.cat((weight[:, None], outcome), -1))
         step = outcome[:, 0] - outcome[:, 1]
-        moved = (level + step.to(self.level.dtype)).clamp(0, top)
+        moved = (level + step.to(self.level.dtype)).clamp(self.min_level, top)
         self.level.index_copy_(0, ids, moved)
 
     def level_shares(self) -> list[float]:
@@ -644,7 +648,7 @@ class NavigationEnv(EnvBase):
         self.yaw = torch.zeros(n, device=dev)
         self.height_range = torch.zeros(n, 2, device=dev)
         self.step_count = torch.zeros(n, dtype=torch.long, device=dev)
-        self.level = torch.zeros(n, dtype=torch.long, device=dev)
+        self.level = torch.full((n,), self.min_level, dtype=torch.long, device=dev)
         # Steps in a row within REACH_RADIUS of the goal (env.reach_hold).
         self.held = torch.zeros(n, dtype=torch.long, device=dev)
         # Per level: episodes ended there, reached, collided, since level_outcomes() read

@@ -308,7 +308,7 @@ def _resume(
     path, header, state = found
     state = {**state, "collector": collector_for_rank(state.get("collector"), ctx.world)}
     resumed = resume.restore(ctx.cfg, path, header, state, learner, collector, curriculum)
-    if curriculum is not None and resumed.env_restored:
+    if curriculum is not None and resumed.curriculum_restored:
         resume.replay_evaluations(curriculum, ctx.state_dir / "eval" / "results.jsonl", resumed)
     collector.policy.load_state_dict(learner.policy.state_dict())
     log.info(

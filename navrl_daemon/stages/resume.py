@@ -6,7 +6,9 @@ it is a warm start imported from a NavRL policy, the collector (env state, runni
 TensorDict, episode stats, process RNGs). The collector half is restored only when the
 env config and seed are the ones it was saved with; otherwise new episodes start.
 With a curriculum, the collector state also holds its progress: the training env is
-rebuilt at the stage it was saved at before the env state is put back.
+rebuilt at the stage it was saved at before the env state is put back. When only env keys
+outside `env.curriculum` (or the seed) changed, the progress is still kept: the run goes on
+at its stage, in new episodes.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ class Resumed:
     frames: int
     kind: str
     env_restored: bool
+    # The curriculum's progress came from the checkpoint (with the env, or without it
+    # when only env keys outside env.curriculum changed).
+    curriculum_restored: bool = False
 
 
 def library_versions() -> dict[str, str]:
@@ -204,9 +209,10 @@ def restore(
     saved = state.get("config", {})
     collected = state.get("collector")
     # Checkpoints from before env.curriculum / env.reset_mode / env.map_levels /
-    # env.crossing_share / env.collect_path / env.reach_hold existed lack those keys (they
-    # ran what the defaults give on the CPU: no curriculum, indexed resets, no density
-    # levels, NavRL's border spawns, steps op by op, reaching never ends an episode).
+    # env.crossing_share / env.collect_path / env.reach_hold / env.min_level existed lack
+    # those keys (they ran what the defaults give on the CPU: no curriculum, indexed
+    # resets, no density levels, NavRL's border spawns, steps op by op, reaching never ends
+    # an episode, levels all the way down).
     before = {
         "curriculum": [],
         "reset_mode": "auto",
@@ -214,11 +220,11 @@ def restore(
         "crossing_share": 0.0,
         "collect_path": "auto",
         "reach_hold": 0,
+        "min_level": 0,
     }
     saved_env = {**before, **saved.get("env", {})}
-    same_env = saved_env == cfg.env.model_dump() and (
-        saved.get("run", {}).get("seed") == cfg.run.seed
-    )
+    env_now = cfg.env.model_dump()
+    same_env = saved_env == env_now and (saved.get("run", {}).get("seed") == cfg.run.seed)
     if collected is not None and same_env:
         try:
             if curriculum is not None and "curriculum" in collected:
@@ -231,7 +237,15 @@ def restore(
             log.warning("env state not restored: new episodes start", reason=str(err))
     elif collected is not None:
         log.warning("env config or seed changed since the checkpoint: new episodes start")
-    return Resumed(path, header.iteration, header.frames, kind, env_restored)
+    progress = None if collected is None else collected.get("curriculum")
+    kept = curriculum is not None and progress is not None
+    if kept and not env_restored and saved_env["curriculum"] == env_now["curriculum"]:
+        # The same stages, other env keys (or seed): the run goes on at the stage it had
+        # reached, in new episodes. The training env is still stage 0's, so the producer
+        # builds the stage's env before its first rollout.
+        curriculum.load_state_dict({**progress, "applied": 0})  # type: ignore[union-attr,dict-item]
+        return Resumed(path, header.iteration, header.frames, kind, False, True)
+    return Resumed(path, header.iteration, header.frames, kind, env_restored, kept and env_restored)
 
 
 def load_learner(directory: CheckpointDir, learner: Learner) -> Path:

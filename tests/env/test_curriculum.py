@@ -217,6 +217,17 @@ def test_a_promotion_keeps_each_envs_density_level() -> None:
     assert plain.level.tolist() == [0] * 8  # type: ignore[attr-defined]
 
 
+def test_a_stage_with_a_higher_min_level_moves_the_envs_below_it_up() -> None:
+    """A stage's min_level is a floor for the levels kept from the stage before: envs
+    below it move up to it, the others keep theirs."""
+    two = 'env.curriculum=[{name = "levels", promote = {reach_goal = 0.5}}, {min_level = 1}]'
+    c = Curriculum(config(two, "env.map_levels=[0,2,4]").env)
+    before = c.build_env(0, device="cpu", seed=0)
+    before.level = torch.tensor([0, 1, 2, 2, 1, 0, 2, 1])  # type: ignore[attr-defined]
+    after = c.build_env(1, device="cpu", seed=0, previous=before)
+    assert after.level.tolist() == [1, 1, 2, 2, 1, 1, 2, 1]  # type: ignore[attr-defined]
+
+
 def test_a_stage_of_short_episodes_is_evaluated_for_eval_max_steps() -> None:
     """A stage may train on short episodes; an `eval.max_steps` above them still evaluates
     episodes that long (NavRL's crossing needs its whole 2,200 steps). Without it, the

@@ -122,6 +122,28 @@ def test_levels_are_part_of_the_env_state_and_old_states_load():
     assert other.level.tolist() == [0] * 8
 
 
+def test_a_min_level_is_a_floor_for_new_envs_collisions_and_loaded_states():
+    """env.min_level: fresh envs start at it, a collision there keeps the env there (one
+    above it moves down to it), a reach still moves up, and a state saved with a lower
+    floor loads with its envs below the floor moved up to it."""
+    env = levels_env("env.min_level=2")
+    env.reset()
+    assert env.level.tolist() == [2] * 8
+    env.level = torch.tensor([2, 2, 3, 3, 2, 3, 2, 3])
+    _end_episodes(
+        env,
+        reach=[1, 0, 0, 1, 0, 0, 0, 0],
+        collision=[0, 1, 1, 0, 0, 0, 1, 1],
+    )
+    assert env.level.tolist() == [3, 2, 2, 3, 2, 3, 2, 2]
+    low = levels_env()
+    low.level = torch.tensor([0, 1, 2, 3, 3, 2, 1, 0])
+    env.load_state_dict_env(low.state_dict_env())
+    assert env.level.tolist() == [2, 2, 2, 3, 3, 2, 2, 2]
+    top = levels_env(f"env.min_level={len(LEVELS) - 1}")  # every env on its whole map
+    assert torch.equal(top.slot, top.map_id * len(LEVELS) + len(LEVELS) - 1)
+
+
 def test_without_levels_every_env_flies_its_whole_map():
     env = NavigationEnv(small().env, seed=3)
     assert env.level_counts == [60] and torch.equal(env.slot, env.map_id)
@@ -181,7 +203,7 @@ def test_a_curriculum_stage_sets_the_crossing_share():
 
 
 def test_the_evaluation_flies_the_whole_map_of_the_chosen_seed():
-    cfg = small(f"env.map_levels={LEVELS}", "eval.num_maps=3")
+    cfg = small(f"env.map_levels={LEVELS}", "env.min_level=2", "eval.num_maps=3")
     train = make_eval_env(cfg, "cpu")
     assert train.level_counts == [60] and train.num_maps == 3
     plain = NavigationEnv(small("env.num_maps=3").env, seed=0)  # run.seed's maps
@@ -205,6 +227,9 @@ def test_held_out_evaluations_are_reported_beside_the_main_ones():
         (["env.map_levels=[100,50]"], "map_levels: pillar counts in ascending order"),
         (["env.map_levels=[100,400]"], "map_levels: a level is a prefix"),
         (["env.map_levels=[-1,5]"], "env.map_levels"),
+        (["env.map_levels=[0,50]", "env.min_level=2"], "min_level: an index into map_levels"),
+        (["env.min_level=1"], "without map_levels there is one level"),
+        (["env.curriculum=[{min_level = 1}]"], "min_level: an index into map_levels"),
         (["env.crossing_share=1.5"], "env.crossing_share"),
         (["env.crossing_share=0.5", "env.spawn=crossing"], "crossing_share: mixes crossings"),
         (
