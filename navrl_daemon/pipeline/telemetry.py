@@ -28,7 +28,13 @@ from navrl_daemon.stages.cadence import Cadence
 from navrl_daemon.stages.progress import ProgressLog
 from navrl_daemon.stages.trainer import IterationRecord
 from navrl_daemon.storage.atomic import write_atomic
-from navrl_daemon.storage.history import DAEMON_FILE, HISTORY_FILE, HistoryFile
+from navrl_daemon.storage.history import (
+    DAEMON_FILE,
+    HISTORY_FILE,
+    RESULTS_FILE,
+    HistoryFile,
+    cut_rows,
+)
 from navrl_daemon.storage.run_config import record_run_config
 
 log = structlog.get_logger("daemon")
@@ -107,8 +113,9 @@ class Telemetry:
     def run_starts(self, state_dir: Path, iteration: int, frames: int) -> None:
         """The run starts after `iteration` (0, or the checkpoint it resumed from): its
         resolved config is recorded (only now, so a run refused at start-up leaves the last
-        run's), history rows after it are about to be redone, so they go; `status` learns the
-        endpoint. A file that cannot be written is logged; training goes on."""
+        run's), history rows and evaluations after it are about to be redone (after a kill
+        -9), so they go; `status` learns the endpoint. A file that cannot be written is
+        logged; training goes on."""
         try:  # an earlier run's config.toml, if different, is kept in configs/
             kept = record_run_config(state_dir, to_toml(self.cfg))
         except OSError as err:
@@ -127,6 +134,20 @@ class Telemetry:
             self.history = history
             if dropped:
                 log.info("history cut back to the checkpoint", iteration=iteration, dropped=dropped)
+        results = state_dir / RESULTS_FILE
+        try:  # evaluations of weights the crash lost; the resumed run evaluates them anew
+            dropped = cut_rows(results, iteration)
+        except OSError as err:
+            log.warning(
+                "evaluations past the checkpoint kept: cannot rewrite",
+                path=str(results),
+                error=str(err),
+            )
+        else:
+            if dropped:
+                log.info(
+                    "evaluations cut back to the checkpoint", iteration=iteration, dropped=dropped
+                )
         if self.cfg.log.tensorboard:
             self.tensorboard = open_tensorboard(state_dir, frames)
         self.metrics.watch_state_dir(str(state_dir))

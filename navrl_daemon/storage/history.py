@@ -20,6 +20,8 @@ from typing import Any
 from navrl_daemon.storage.atomic import append_line, write_atomic
 
 HISTORY_FILE = "history.jsonl"
+# One line per evaluation (stages/evaluator.py), relative to the state dir.
+RESULTS_FILE = "eval/results.jsonl"
 # Rows kept in memory while their file cannot be written (a few hours of evaluations).
 MAX_WAITING_ROWS = 10_000
 # Written by a running daemon: its pid and health endpoint URL (what `status` asks).

@@ -135,3 +135,36 @@ def test_history_after_kill_9_drops_the_rows_being_redone(tmp_path: Path) -> Non
     rows = history(state)
     assert [r["iteration"] for r in rows] == list(range(1, rows[-1]["iteration"] + 1))
     assert_tiles(rows)
+
+
+def test_evaluations_after_kill_9_drop_the_ones_being_redone(tmp_path: Path) -> None:
+    """Evaluations of iterations past the checkpoint a run resumes from judged weights
+    the crash lost; the resumed run evaluates those iterations anew, so each iteration
+    appears once in eval/results.jsonl."""
+    state = tmp_path / "state"
+    results = state / "eval" / "results.jsonl"
+    args = ("eval.interval=1", "checkpoint.interval=5", "run.total_frames=100000000")
+
+    first = Daemon(state, *args)
+    first.wait_for("checkpoint written")
+    first.wait_for("evaluation", 8)
+    first.proc.kill()
+    first.proc.wait(timeout=30)
+    lines = results.read_text().split("\n")
+    written = [json.loads(x)["iteration"] for x in lines[:-1]]  # the last may be torn
+
+    second = Daemon(state, *args)
+    second.wait_for("evaluation", 3)
+    second.proc.send_signal(signal.SIGTERM)
+    assert second.finish()[0] == 0
+    [resumed] = [e["iteration"] for e in second.events if e["event"] == "resumed from checkpoint"]
+    redone = [i for i in written if i > resumed]
+    assert redone, (written, resumed)  # the first run evaluated past its checkpoint
+    cut = next(e for e in second.events if e["event"] == "evaluations cut back to the checkpoint")
+    assert (cut["iteration"], cut["dropped"]) == (resumed, len(redone) + (lines[-1] != ""))
+
+    rows = [json.loads(x) for x in results.read_text().splitlines()]
+    iterations = [r["iteration"] for r in rows]
+    assert iterations[: len(written) - len(redone)] == [i for i in written if i <= resumed]
+    assert iterations == sorted(set(iterations))  # no iteration twice
+    assert iterations[-1] > resumed  # the resumed run's own evaluations follow
