@@ -132,7 +132,8 @@ def test_a_resume_with_other_env_keys_goes_on_at_the_stage_in_new_episodes(
 ) -> None:
     """An env key outside env.curriculum changed between runs (here the spawn margin):
     the episodes start anew, but the run goes on at the stage it had reached, with its
-    streak, instead of back at stage 0. Changed stages start the curriculum over."""
+    streak, instead of back at stage 0. So it does when a later stage changed; a change
+    to a stage it went through or is at starts the curriculum over."""
     state = tmp_path / "state"
     run(state, COUNTING, "checkpoint.interval=2", f"run.total_frames={6 * 64}")
     stopped_at, saved = saved_curriculum(state)
@@ -152,11 +153,21 @@ def test_a_resume_with_other_env_keys_goes_on_at_the_stage_in_new_episodes(
     assert {e["curriculum_stage"] for e in named(resumed, "evaluation")} == {1}
     assert not named(resumed, "curriculum promotion")
 
-    other = COUNTING.replace("'middle'", "'denser'").replace(
-        "num_obstacles = 2", "num_obstacles = 3"
-    )
-    frames = f"run.total_frames={(stopped_at + 4) * 64}"
-    over = run(state, other, "env.spawn_margin=3.0", frames)
+    # A later stage and the current one's promotion rule changed: still at stage 1, the
+    # streak counted anew (only the evaluations the final snapshot missed are replayed).
+    later = COUNTING.replace("{name = 'full'}", "{name = 'full', num_obstacles = 4}")
+    later = later.replace("evals = 1000", "evals = 999")
+    at, saved = saved_curriculum(state)
+    tail = run(state, later, f"run.total_frames={(at + 2) * 64}")
+    [curriculum] = named(tail, "curriculum resumed")
+    assert (curriculum["stage"], curriculum["name"]) == (1, "middle")
+    assert curriculum["streak"] < saved["streak"], (curriculum, saved)
+    assert not named(tail, "curriculum promotion")
+
+    # The stage it is at trains differently now: the curriculum starts over.
+    other = later.replace("num_obstacles = 2", "num_obstacles = 3")
+    at = saved_curriculum(state)[0]
+    over = run(state, other, f"run.total_frames={(at + 2) * 64}")
     assert not named(over, "curriculum resumed")
     assert [e["to_stage"] for e in named(over, "curriculum promotion")][:1] == [1]  # anew
 
@@ -175,3 +186,26 @@ def test_the_stage_is_a_prometheus_gauge() -> None:
     m.curriculum_stage(2)
     assert m.registry.get_sample_value("navrl_curriculum_stage") == 2.0
     assert not math.isnan(m.registry.get_sample_value("navrl_curriculum_stage"))
+
+
+def test_progress_is_kept_while_the_stages_reached_train_the_same() -> None:
+    from navrl_daemon.stages.resume import progress_kept
+
+    rule = {"reach_goal": 0.5, "collision": 1.0, "evals": 2}
+    saved = [
+        {"name": "a", "num_obstacles": 0, "promote": rule},
+        {"name": "b", "num_obstacles": 2, "promote": rule},
+        {"name": "c"},
+    ]
+    progress = {"stage": 1, "streak": 1, "last_eval": 7, "applied": 1}
+    kept = {"stage": 1, "streak": 1, "last_eval": 7, "applied": 0}
+    assert progress_kept(saved, saved, progress) == kept
+    renamed = [{**s, "name": s["name"].upper()} for s in saved]
+    assert progress_kept(saved, renamed, progress) == kept
+    later = [*saved[:2], {"name": "c", "num_obstacles": 5}]
+    assert progress_kept(saved, later, progress) == kept
+    stricter = [saved[0], {**saved[1], "promote": {**rule, "evals": 3}}, saved[2]]
+    assert progress_kept(saved, stricter, progress) == {**kept, "streak": 0}
+    passed = [{**saved[0], "num_obstacles": 1}, *saved[1:]]
+    assert progress_kept(saved, passed, progress) is None
+    assert progress_kept(saved, saved[:1], progress) is None  # shortened below the stage

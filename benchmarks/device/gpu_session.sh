@@ -82,6 +82,11 @@ CROSS_HOLD_STAGE=${LONG_HOPS_HOLD_STAGE/max_episode_length = 1400,/max_episode_l
 # the long cruise the hops lack (docs/learning.md, session 9).
 HOPS_TO_CROSS_STAGE=${LONG_HOPS_HOLD_STAGE/reach_goal = 0.6, collision = 0.35/reach_goal = 0.3, collision = 0.7}
 CROSSINGS_STAGE='{name = "crossings", spawn = "crossing", max_episode_length = 2200, reach_hold = 64, promote = {reach_goal = 0.6, collision = 0.35, evals = 2}}'
+# The crossings until the crossing's reach is 0.5 twice, then crossings with every env on its
+# whole map (env.min_level at the top level: NavRL's density only) to the end: no stage of
+# NavRL's border spawns, after which the crossing fell in three runs (docs/learning.md,
+# session 12: the fork at the plateau that trained at 350 pillars only).
+CROSSINGS_TO_TOP_STAGE=${CROSSINGS_STAGE/reach_goal = 0.6, collision = 0.35/reach_goal = 0.5, collision = 0.5}
 case $MODE in
 throughput)
   # Issue #22: the CUDA tests (captured rollouts and evaluations, the lag-1 capture in
@@ -203,8 +208,9 @@ sweep)
   # the GPU idle: its update is launch-bound). RECIPES picks them (default: stages,
   # long_hops, long_hops_hold, long_hops_hold_mb4 and long_hops_hold_lrlin; levels, hops,
   # hops_flat, hops_kl, long_hops_hold_mb4_vclip, long_hops_hold_mb4_cross and the learning
-  # rates of long_hops_hold_mb4_{lrlin,lrfast,lrlow} and long_hops_hold_mb4_then_cross (hops,
-  # then crossings of the field, with lrlin's schedule) on request; NAME@SEED runs a recipe
+  # rates of long_hops_hold_mb4_{lrlin,lrfast,lrlow}, long_hops_hold_mb4_then_cross (hops,
+  # then crossings of the field, with lrlin's schedule) and long_hops_hold_mb4_then_cross_top
+  # (the same, then crossings with every env at 350 pillars) on request; NAME@SEED runs a recipe
   # with run.seed = SEED, so one sweep can hold several seeds of it). EVAL_EVERY: iterations
   # between evaluations (25; 3 with DEV=cpu). FRAMES: each recipe also stops at this many frames (the CPU
   # goal's 20 M). EXTRA: more KEY=VALUE overrides for every recipe (e.g. for a
@@ -260,6 +266,11 @@ sweep)
     long_hops_hold_mb4_then_cross)  # the hold in 4 minibatches, then crossings only
       recipe=("${mapped[@]}" ppo.minibatches=4 "${lin20[@]}"
         "env.curriculum=[$HOPS_TO_CROSS_STAGE, $CROSSINGS_STAGE$then_static") ;;
+    long_hops_hold_mb4_then_cross_top)  # then_cross, and from the crossing's 0.5 on crossings
+      # with every env at 350 pillars (the top level) to the end
+      top="min_level = $(($(tr -cd , <<<"$levels" | wc -c)))"  # the last index of $levels
+      recipe=("${mapped[@]}" ppo.minibatches=4 "${lin20[@]}"
+        "env.curriculum=[$HOPS_TO_CROSS_STAGE, $CROSSINGS_TO_TOP_STAGE, {name = \"crossings at the top\", spawn = \"crossing\", max_episode_length = 2200, reach_hold = 64, $top}]") ;;
     long_hops_hold_mb4_vclip)  # the hold in 4 minibatches, the critic's value clip off
       recipe=("${hold[@]}" ppo.minibatches=4 ppo.value_clip=1000000) ;;
     *) log "unknown recipe $name"; exit 2 ;;

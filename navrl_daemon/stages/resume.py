@@ -6,9 +6,9 @@ it is a warm start imported from a NavRL policy, the collector (env state, runni
 TensorDict, episode stats, process RNGs). The collector half is restored only when the
 env config and seed are the ones it was saved with; otherwise new episodes start.
 With a curriculum, the collector state also holds its progress: the training env is
-rebuilt at the stage it was saved at before the env state is put back. When only env keys
-outside `env.curriculum` (or the seed) changed, the progress is still kept: the run goes on
-at its stage, in new episodes.
+rebuilt at the stage it was saved at before the env state is put back. When the env section
+or the seed changed but the stages up to the one reached still train the same
+(`progress_kept`), the progress is kept: the run goes on at its stage, in new episodes.
 """
 
 from __future__ import annotations
@@ -238,14 +238,36 @@ def restore(
     elif collected is not None:
         log.warning("env config or seed changed since the checkpoint: new episodes start")
     progress = None if collected is None else collected.get("curriculum")
-    kept = curriculum is not None and progress is not None
-    if kept and not env_restored and saved_env["curriculum"] == env_now["curriculum"]:
-        # The same stages, other env keys (or seed): the run goes on at the stage it had
-        # reached, in new episodes. The training env is still stage 0's, so the producer
-        # builds the stage's env before its first rollout.
-        curriculum.load_state_dict({**progress, "applied": 0})  # type: ignore[union-attr,dict-item]
-        return Resumed(path, header.iteration, header.frames, kind, False, True)
-    return Resumed(path, header.iteration, header.frames, kind, env_restored, kept and env_restored)
+    if curriculum is None or progress is None:
+        return Resumed(path, header.iteration, header.frames, kind, env_restored)
+    if env_restored:
+        return Resumed(path, header.iteration, header.frames, kind, True, True)
+    kept = progress_kept(saved_env["curriculum"], env_now["curriculum"], progress)
+    if kept is not None:
+        # The run goes on at the stage it had reached, in new episodes. The training env is
+        # still stage 0's, so the producer builds the stage's env before its first rollout.
+        curriculum.load_state_dict(kept)
+    return Resumed(path, header.iteration, header.frames, kind, False, kept is not None)
+
+
+def progress_kept(
+    saved: list[dict[str, Any]], now: list[dict[str, Any]], progress: dict[str, int]
+) -> dict[str, int] | None:
+    """A checkpoint's curriculum progress for a run whose env section changed: kept when
+    the stages up to the one reached still train the same (names and promotion rules
+    aside), so other env keys, later stages or the current stage's rule may change; the
+    streak restarts when that rule changed. None (stage 0 anew) when a stage the run went
+    through, or the one it is at, trains differently now."""
+    stage = int(progress["stage"])
+    if stage >= len(now) or _training(saved[: stage + 1]) != _training(now[: stage + 1]):
+        return None
+    same_rule = saved[stage].get("promote") == now[stage].get("promote")
+    return {**progress, "streak": int(progress["streak"]) if same_rule else 0, "applied": 0}
+
+
+def _training(stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What each stage trains on: its env keys, without its name and promotion rule."""
+    return [{k: v for k, v in s.items() if k not in ("name", "promote")} for s in stages]
 
 
 def load_learner(directory: CheckpointDir, learner: Learner) -> Path:
