@@ -244,8 +244,8 @@ def restore(
         return Resumed(path, header.iteration, header.frames, kind, True, True)
     kept = progress_kept(saved_env["curriculum"], env_now["curriculum"], progress)
     if kept is not None:
-        # The run goes on at the stage it had reached, in new episodes. The training env is
-        # still stage 0's, so the producer builds the stage's env before its first rollout.
+        # The run goes on at the stage it had reached, in new episodes: with `applied` 0 the
+        # producer builds a fresh env of that stage before its first rollout.
         curriculum.load_state_dict(kept)
     return Resumed(path, header.iteration, header.frames, kind, False, kept is not None)
 
