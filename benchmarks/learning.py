@@ -77,7 +77,7 @@ from navrl_daemon.rl.evaluate import evaluate
 from navrl_daemon.rl.training import eval_steps, evaluation_key, make_eval_env, make_policy
 from navrl_daemon.stages.evaluator import read_results
 from navrl_daemon.storage.checkpoint import CheckpointDir
-from navrl_daemon.storage.history import DAEMON_FILE, HISTORY_FILE, cut_rows
+from navrl_daemon.storage.history import DAEMON_FILE, HISTORY_FILE, RESULTS_FILE, cut_rows
 from navrl_daemon.storage.policy_file import check_policy_layout, load_any_policy_state
 
 REPO = Path(__file__).resolve().parents[1]
@@ -179,7 +179,7 @@ def fork_state(src: Path, dst: Path) -> int:
         shutil.rmtree(dst)
         raise ValueError(f"--fork-from {src}: no valid checkpoint to fork from")
     at = found[1].iteration
-    for name in ("eval/results.jsonl", HISTORY_FILE):
+    for name in (RESULTS_FILE, HISTORY_FILE):
         cut_rows(dst / name, at)
     launches = src.with_name(src.name + ".launches.jsonl")
     if launches.exists():
@@ -294,7 +294,7 @@ def main() -> None:
         log_copy = args.out.with_suffix(".daemon.log")
         log_copy.parent.mkdir(parents=True, exist_ok=True)
         log_copy.write_text(Path(budget.pop("log")).read_text())
-        rows = list(read_results(state / "eval" / "results.jsonl"))
+        rows = list(read_results(state / RESULTS_FILE))
         launched = budget.pop("launched")
         launches = [(launched, launched + budget["wall_s"])]
         if launches_file is not None:

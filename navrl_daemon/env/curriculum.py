@@ -96,8 +96,7 @@ class Curriculum:
         levels = getattr(previous, "level", None)
         here = getattr(env, "level", None)
         if self.env.map_levels and levels is not None and getattr(here, "shape", 0) == levels.shape:
-            floor = self.env_config(stage).min_level  # the new stage's may be higher
-            env.level.copy_(levels.clamp_min(floor))  # type: ignore[attr-defined]
+            env.level.copy_(levels.clamp_min(env.min_level))  # type: ignore[attr-defined]
         return env
 
     def observe(self, result: Mapping[str, Any]) -> Promotion | None:

@@ -73,6 +73,7 @@ from navrl_daemon.stages.producer import RolloutProducer
 from navrl_daemon.stages.trainer import Checkpointing, IterationRecord, Trainer
 from navrl_daemon.storage.checkpoint import CheckpointDir
 from navrl_daemon.storage.compressed_rollout import CompressedMinibatches
+from navrl_daemon.storage.history import RESULTS_FILE
 from navrl_daemon.storage.staging import SnapshotStaging
 from navrl_daemon.storage.state_dir import check_writable
 
@@ -309,7 +310,7 @@ def _resume(
     state = {**state, "collector": collector_for_rank(state.get("collector"), ctx.world)}
     resumed = resume.restore(ctx.cfg, path, header, state, learner, collector, curriculum)
     if curriculum is not None and resumed.curriculum_restored:
-        resume.replay_evaluations(curriculum, ctx.state_dir / "eval" / "results.jsonl", resumed)
+        resume.replay_evaluations(curriculum, ctx.state_dir / RESULTS_FILE, resumed)
     collector.policy.load_state_dict(learner.policy.state_dict())
     log.info(
         "resumed from checkpoint",
@@ -348,7 +349,7 @@ def _state_dir_stages(
 ) -> StateDirStages:
     """Archiver, evaluator and checkpoint writer, with their channels."""
     cfg, telemetry = ctx.cfg, ctx.telemetry
-    results = ctx.state_dir / "eval" / "results.jsonl"
+    results = ctx.state_dir / RESULTS_FILE
     stages: list[Stage] = []
     channels: list[Channel[Any]] = []
     archive_sender = None

@@ -55,6 +55,7 @@ from navrl_daemon.stages.trainer import Checkpointing, Trainer
 from navrl_daemon.storage.checkpoint import CheckpointDir
 from navrl_daemon.storage.datasets import MultimodalDataset
 from navrl_daemon.storage.episode_store import ArchiveReader
+from navrl_daemon.storage.history import RESULTS_FILE
 from navrl_daemon.storage.staging import SnapshotStaging
 
 log = structlog.get_logger("daemon")
@@ -142,7 +143,7 @@ def _bc_stages(ctx: RunContext, data: MultimodalDataset | ArchiveReader, t0: flo
         meta={"seed": cfg.run.seed, "device": str(device), "threads": torch.get_num_threads()},
         on_written=telemetry.checkpoint_written,
         on_failed=metrics.checkpoint_failed,
-        scores=eval_scores(state_dir / "eval" / "results.jsonl"),
+        scores=eval_scores(state_dir / RESULTS_FILE),
     )
     stages: list[Stage] = [prefetcher]
     eval_sender = None
@@ -163,7 +164,7 @@ def _bc_stages(ctx: RunContext, data: MultimodalDataset | ArchiveReader, t0: flo
                     evaluate, eval_env, seed=cfg.eval.seed, max_steps=eval_steps(cfg)
                 ),
                 to_eval.receiver(),
-                results_path=state_dir / "eval" / "results.jsonl",
+                results_path=state_dir / RESULTS_FILE,
                 shutdown=shutdown,
                 compute=threads.evaluator,
                 on_result=on_eval,

@@ -39,6 +39,7 @@ from navrl_daemon.storage.run_config import record_run_config
 
 log = structlog.get_logger("daemon")
 
+
 # The (stage, phase) timings exported from the start, before their first observation.
 STAGE_PHASES = (
     ("producer", "collect"),
@@ -124,30 +125,10 @@ class Telemetry:
             if kept is not None:
                 log.info("the earlier run's config kept", path=str(kept))
         history = HistoryFile(state_dir / HISTORY_FILE)
-        try:
-            dropped = history.cut(iteration)
-        except OSError as err:
-            log.warning(
-                "no training history: cannot rewrite it", path=str(history.path), error=str(err)
-            )
-        else:
+        if cut_back(history.path, iteration, "history", "no training history"):
             self.history = history
-            if dropped:
-                log.info("history cut back to the checkpoint", iteration=iteration, dropped=dropped)
-        results = state_dir / RESULTS_FILE
-        try:  # evaluations of weights the crash lost; the resumed run evaluates them anew
-            dropped = cut_rows(results, iteration)
-        except OSError as err:
-            log.warning(
-                "evaluations past the checkpoint kept: cannot rewrite",
-                path=str(results),
-                error=str(err),
-            )
-        else:
-            if dropped:
-                log.info(
-                    "evaluations cut back to the checkpoint", iteration=iteration, dropped=dropped
-                )
+        # Evaluations of weights a kill -9 lost: the resumed run evaluates them anew.
+        cut_back(state_dir / RESULTS_FILE, iteration, "evaluations", "evaluations past it kept")
         if self.cfg.log.tensorboard:
             self.tensorboard = open_tensorboard(state_dir, frames)
         self.metrics.watch_state_dir(str(state_dir))
@@ -317,3 +298,16 @@ def _outcome(episodes: float, reached: float, collided: float) -> dict[str, floa
         "reach_goal": round(reached / n, 4) if n else None,
         "collision": round(collided / n, 4) if n else None,
     }
+
+
+def cut_back(path: Path, iteration: int, what: str, otherwise: str) -> bool:
+    """Drop the rows of the JSON-lines file `path` past `iteration` (`cut_rows`), logged as
+    `what` cut back; False, logged as `otherwise`, when the file cannot be rewritten."""
+    try:
+        dropped = cut_rows(path, iteration)
+    except OSError as err:
+        log.warning(f"{otherwise}: cannot rewrite it", path=str(path), error=str(err))
+        return False
+    if dropped:
+        log.info(f"{what} cut back to the checkpoint", iteration=iteration, dropped=dropped)
+    return True

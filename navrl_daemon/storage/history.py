@@ -118,15 +118,11 @@ class HistoryFile(JsonLinesFile):
     def __init__(self, path: Path) -> None:
         super().__init__(path, fsync=False)
 
-    def cut(self, iteration: int) -> int:
-        """Keep the rows up to `iteration` (the checkpoint a run starts from: later rows are
-        about to be redone) and drop unreadable lines (`cut_rows`)."""
-        return cut_rows(self.path, iteration)
-
 
 def cut_rows(path: Path, iteration: int) -> int:
-    """Keep the rows of the JSON-lines file `path` up to `iteration` and drop unreadable
-    lines; returns how many lines went. The file is replaced atomically, and only when
+    """Keep the rows of the JSON-lines file `path` up to `iteration` (the checkpoint a run
+    starts from: later rows are about to be redone) and drop unreadable lines; returns how
+    many lines went. The file is replaced atomically, and only when
     something goes."""
     if not path.exists():
         return 0

@@ -7,7 +7,7 @@ import json
 import signal
 from pathlib import Path
 
-from navrl_daemon.storage.history import HistoryFile, read_jsonl
+from navrl_daemon.storage.history import HistoryFile, cut_rows, read_jsonl
 from tests.daemon_process import Daemon
 
 
@@ -41,7 +41,7 @@ def test_read_jsonl_names_bad_lines_and_keeps_the_others(tmp_path: Path) -> None
 def test_cut_keeps_rows_up_to_the_checkpoint(tmp_path: Path) -> None:
     path = tmp_path / "history.jsonl"
     path.write_text(rows_text(2, 4, 6, 8) + '{"iteration": 10, "fr')  # kill -9 mid-line
-    assert HistoryFile(path).cut(5) == 3  # rows 6 and 8, and the torn line
+    assert cut_rows(path, 5) == 3  # rows 6 and 8, and the torn line
     assert path.read_text() == rows_text(2, 4)
     HistoryFile(path).append({"iteration": 6, "frames": 384})
     assert [r["iteration"] for r in read_jsonl(path).rows] == [2, 4, 6]
@@ -51,9 +51,9 @@ def test_cut_leaves_a_consistent_file_alone(tmp_path: Path) -> None:
     path = tmp_path / "history.jsonl"
     path.write_text(rows_text(1, 2, 3))
     inode = path.stat().st_ino
-    assert HistoryFile(path).cut(3) == 0
+    assert cut_rows(path, 3) == 0
     assert path.stat().st_ino == inode  # not rewritten
-    assert HistoryFile(tmp_path / "none.jsonl").cut(0) == 0
+    assert cut_rows(tmp_path / "none.jsonl", 0) == 0
     assert not (tmp_path / "none.jsonl").exists()
 
 
