@@ -84,6 +84,7 @@ class CurriculumStage(Section):
     reach_hold: int | None = None
     crossing_share: float | None = None
     min_level: int | None = None
+    safety_weight: float | None = None
     promote: PromotionRule | None = None
 
     @model_serializer(mode="wrap")
@@ -146,6 +147,10 @@ class EnvConfig(Section):
     action_limit: PosFloat = 2.0
     # NavRL's later reward fix; false reproduces the code of the published checkpoint.
     smoothness_penalty: bool = True
+    # Ours: the weight of the reward's safety terms (the mean log clearance over the LiDAR
+    # beams, and over the observed moving obstacles). 1.0: NavRL. Larger values pay more
+    # for distance from pillars; 0 drops the terms. Evaluations never read rewards.
+    safety_weight: Annotated[float, Field(ge=0.0, le=100.0)] = 1.0
     # Simulation step, s.
     dt: Annotated[float, Field(gt=0.0, le=1.0)] = 0.016
     # First-order velocity tracking that stands in for Isaac's Lee controller (1/2.2 s).

@@ -97,6 +97,7 @@ def test_resume_from_an_interval_checkpoint_after_kill9_is_also_exact(
         ("env.spawn=border", "env.spawn_margin=1.0", "env.crossing_share=0.5"),
         ("env.map_levels=[0,2,4]", "env.spawn=local", "env.crossing_share=0.5"),
         ("env.map_levels=[0,2,4]", "env.min_level=1"),
+        ("env.safety_weight=3.0",),
         # Goals within reach at the start: hold counts run and hops end at the goal.
         (
             "env.map_levels=[0,2,4]",
@@ -105,14 +106,21 @@ def test_resume_from_an_interval_checkpoint_after_kill9_is_also_exact(
             "env.reach_hold=3",
         ),
     ],
-    ids=["density-levels", "crossing-share", "hops-and-crossings", "min-level", "reach-hold"],
+    ids=[
+        "density-levels",
+        "crossing-share",
+        "hops-and-crossings",
+        "min-level",
+        "safety-weight",
+        "reach-hold",
+    ],
 )
 def test_resume_is_exact_with_density_levels_and_a_spawn_mix(
     tmp_path: Path, extra: tuple[str, ...]
 ) -> None:
-    """Per-env density levels (env.map_levels), the spawn mix (env.crossing_share) and
-    hops ended at the goal (env.reach_hold) keep the resume exact: the levels and the
-    hold counts travel in the env state."""
+    """Per-env density levels (env.map_levels), the spawn mix (env.crossing_share), hops
+    ended at the goal (env.reach_hold) and a reward weight (env.safety_weight) keep the
+    resume exact: the levels and the hold counts travel in the env state."""
     common = ("checkpoint.interval=2", *extra)
     run(tmp_path / "a", *common, "run.total_frames=640")
     (tmp_path / "a" / "checkpoints" / "ckpt-000000010.nrc").unlink()  # as if killed at 9
@@ -124,6 +132,34 @@ def test_resume_is_exact_with_density_levels_and_a_spawn_mix(
     assert all(torch.equal(a[k], b[k]) for k in a)
     _, snap = load_checkpoint(tmp_path / "b" / "checkpoints" / "ckpt-000000014.nrc")
     assert snap["collector"]["env"]["level"].shape == (8,)
+
+
+def test_an_env_change_keeps_the_envs_density_levels_while_they_mean_the_same(
+    tmp_path: Path,
+) -> None:
+    """A resume with another env key (here the reward's weight) starts new episodes at the
+    density levels the checkpoint's envs had reached, not all at the sparsest one; with
+    other `map_levels` the levels start over."""
+    levels = (
+        "env.num_envs=16",
+        "env.map_levels=[0,2,4]",
+        "env.max_episode_length=6",  # short episodes: levels move within the run
+        "env.goal_distance=[0.1, 0.3]",  # goals within reach at the start: some move up
+    )
+    state = tmp_path / "state"
+    run(state, *levels, "run.total_frames=1280", "checkpoint.interval=5")
+    _, snap = load_checkpoint(state / "checkpoints" / "ckpt-000000010.nrc")
+    saved = snap["collector"]["env"]["level"]
+    want = (torch.bincount(saved, minlength=3) / saved.numel()).tolist()
+    assert want[0] < 1.0, "no env left level 0: the test shows nothing"
+    resumed = run(state, *levels, "env.safety_weight=2.0", "run.total_frames=1408")
+    start = next(e for e in resumed if e["event"] == "resumed from checkpoint")
+    assert (start["iteration"], start["env_restored"]) == (10, False)
+    kept = next(e for e in resumed if e["event"] == "density levels kept")
+    assert kept["level_shares"] == pytest.approx(want, abs=1e-4)
+    other = tuple(x.replace("[0,2,4]", "[0,3,4]") for x in levels)
+    again = run(state, *other, "env.safety_weight=2.0", "run.total_frames=1536")
+    assert not [e for e in again if e["event"] == "density levels kept"]
 
 
 def test_kill9_at_random_moments_always_resumes_from_a_valid_checkpoint(tmp_path: Path) -> None:
@@ -291,15 +327,15 @@ def test_a_checkpoint_from_before_the_newer_env_keys_still_restores_the_env(
     tmp_path: Path,
 ) -> None:
     """Checkpoints written before `env.curriculum`, `env.reset_mode`, `env.map_levels`,
-    `env.crossing_share`, `env.collect_path`, `env.reach_hold` and `env.min_level` existed
-    lack the keys (and the env state its hold counts); with today's defaults (what they ran
-    on the CPU) the episodes go on."""
+    `env.crossing_share`, `env.collect_path`, `env.reach_hold`, `env.min_level` and
+    `env.safety_weight` existed lack the keys (and the env state its hold counts); with
+    today's defaults (what they ran on the CPU) the episodes go on."""
     state = tmp_path / "state"
     run(state, "run.total_frames=64")
     path = state / "checkpoints" / "ckpt-000000001.nrc"
     header, snap = load_checkpoint(path)
     keys = ("curriculum", "reset_mode", "map_levels", "crossing_share", "collect_path")
-    for key in (*keys, "reach_hold", "min_level"):
+    for key in (*keys, "reach_hold", "min_level", "safety_weight"):
         del snap["config"]["env"][key]
     del snap["collector"]["env"]["held"]
     path.write_bytes(

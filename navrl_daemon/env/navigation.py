@@ -148,6 +148,7 @@ class NavigationEnv(EnvBase):
         # Pillar counts of the density levels; one level (the whole map) without map_levels.
         self.level_counts = list(cfg.map_levels) or [cfg.num_obstacles]
         self.min_level = cfg.min_level
+        self.safety_weight = cfg.safety_weight  # ours; NavRL: 1.0
 
         map_gen = torch.Generator().manual_seed(seed)
         self.pillars = generate_pillars(cfg.num_obstacles, cfg.field_size, map_gen, self.num_maps)
@@ -534,9 +535,11 @@ class NavigationEnv(EnvBase):
         """navrl-task §1.8 per env [N]."""
         toward = to_goal / dist.clamp_min(1e-6)[:, None]
         reward = (self.vel * toward).sum(-1) + SURVIVAL_BONUS
-        reward = reward + torch.log(self.scan.clamp(LOG_CLAMP_MIN, LIDAR_RANGE)).mean(-1)
+        w = self.safety_weight  # x * 1.0 is x: NavRL's reward bit for bit at the default
+        reward = reward + w * torch.log(self.scan.clamp(LOG_CLAMP_MIN, LIDAR_RANGE)).mean(-1)
         if dyn_clearance is not None:
-            reward = reward + torch.log(dyn_clearance.clamp(LOG_CLAMP_MIN, LIDAR_RANGE)).mean(-1)
+            clearance = torch.log(dyn_clearance.clamp(LOG_CLAMP_MIN, LIDAR_RANGE)).mean(-1)
+            reward = reward + w * clearance
         if self.cfg.smoothness_penalty:
             reward = reward - SMOOTHNESS_WEIGHT * (self.vel - self.prev_vel).norm(dim=-1)
         z = self.pos[:, 2]

@@ -364,6 +364,7 @@ def eval_env_config(cfg: Config) -> EnvConfig:
             "num_maps": cfg.eval.num_maps or cfg.env.num_maps,
             "max_episode_length": max(cfg.env.max_episode_length, cfg.eval.max_steps),
             "reach_hold": 0,  # NavRL's evaluation: at the goal when the episode ends
+            "safety_weight": 1.0,  # NavRL's reward: evaluation returns compare across runs
         }
     )
 

@@ -209,10 +209,10 @@ def restore(
     saved = state.get("config", {})
     collected = state.get("collector")
     # Checkpoints from before env.curriculum / env.reset_mode / env.map_levels /
-    # env.crossing_share / env.collect_path / env.reach_hold / env.min_level existed lack
-    # those keys (they ran what the defaults give on the CPU: no curriculum, indexed
-    # resets, no density levels, NavRL's border spawns, steps op by op, reaching never ends
-    # an episode, levels all the way down).
+    # env.crossing_share / env.collect_path / env.reach_hold / env.min_level /
+    # env.safety_weight existed lack those keys (they ran what the defaults give on the
+    # CPU: no curriculum, indexed resets, no density levels, NavRL's border spawns, steps
+    # op by op, reaching never ends an episode, levels all the way down, NavRL's reward).
     before = {
         "curriculum": [],
         "reset_mode": "auto",
@@ -221,6 +221,7 @@ def restore(
         "collect_path": "auto",
         "reach_hold": 0,
         "min_level": 0,
+        "safety_weight": 1.0,
     }
     saved_env = {**before, **saved.get("env", {})}
     env_now = cfg.env.model_dump()
@@ -237,6 +238,7 @@ def restore(
             log.warning("env state not restored: new episodes start", reason=str(err))
     elif collected is not None:
         log.warning("env config or seed changed since the checkpoint: new episodes start")
+        keep_levels(collector, collected, saved_env["map_levels"], env_now["map_levels"])
     progress = None if collected is None else collected.get("curriculum")
     if curriculum is None or progress is None:
         return Resumed(path, header.iteration, header.frames, kind, env_restored)
@@ -248,6 +250,24 @@ def restore(
         # producer builds a fresh env of that stage before its first rollout.
         curriculum.load_state_dict(kept)
     return Resumed(path, header.iteration, header.frames, kind, False, kept is not None)
+
+
+def keep_levels(
+    collector: Collector, collected: dict[str, Any], saved: list[int], now: list[int]
+) -> None:
+    """After an env change, the envs' density levels go on where the checkpoint had them
+    (new episodes start there), when they still name the same pillar counts (the same
+    `env.map_levels`) for as many envs; the env's `min_level` still applies. Otherwise
+    (levels changed, or none saved) every env starts at its floor, as in a new run."""
+    levels = collected.get("env", {}).get("level")
+    env = collector.env
+    here = getattr(env, "level", None)
+    if not now or saved != now or levels is None or here is None or here.shape != levels.shape:
+        return
+    here.copy_(levels.to(here.device).clamp_min(env.min_level))  # type: ignore[attr-defined]
+    collector.td = env.reset()  # the first episodes fly the kept levels too
+    shares = torch.bincount(here.cpu(), minlength=len(now)) / here.numel()
+    log.info("density levels kept", level_shares=[round(x, 4) for x in shares.tolist()])
 
 
 def progress_kept(
