@@ -7,11 +7,12 @@ import math
 import pytest
 import torch
 
-from navrl_daemon.config import EnvConfig, load_config
+from navrl_daemon.config import EnvConfig
 from navrl_daemon.env import NavigationEnv, make_env
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.rl.training import Evaluations, evaluation_key
 from tests.conftest import navrl_cli
+from tests.env.test_map_levels import small
 
 ACTION = ("agents", "action")
 REWARD = ("agents", "reward")
@@ -54,23 +55,6 @@ def test_the_weight_scales_the_clearance_terms_and_nothing_else(dynamic: bool):
     assert torch.all(safety < most) and torch.all(safety > 0)
     assert torch.all(safety[1:] < safety[:-1])  # nearer the pillar: less clearance paid
     assert torch.equal(r1, one_step_rewards(1.0, dynamic=dynamic))
-
-
-def small(*overrides: str):
-    return load_config(
-        None,
-        [
-            "run.device=cpu",
-            "env.num_envs=8",
-            "env.field_size=20.0",
-            "env.num_obstacles=40",
-            "env.num_dynamic_obstacles=0",
-            "env.max_episode_length=40",
-            "eval.num_envs=4",
-            *overrides,
-        ],
-        environ={},
-    )
 
 
 def test_evaluations_fly_navrl_reward_whatever_the_weight():
