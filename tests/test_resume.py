@@ -162,6 +162,31 @@ def test_an_env_change_keeps_the_envs_density_levels_while_they_mean_the_same(
     assert not [e for e in again if e["event"] == "density levels kept"]
 
 
+def test_levels_go_on_with_the_curriculum_stage_and_start_over_with_it(tmp_path: Path) -> None:
+    """With a curriculum the levels follow its progress: kept where the run goes on at
+    the stage it had reached, back at the floor where a changed stage starts it over."""
+
+    def curriculum(length: int) -> str:
+        never = "promote = {reach_goal = 1.0, collision = 0.0, evals = 99}"
+        return f'env.curriculum=[{{name = "a", max_episode_length = {length}, {never}}}, {{}}]'
+
+    levels = (
+        "env.num_envs=16",
+        "env.map_levels=[0,2,4]",
+        "env.goal_distance=[0.1, 0.3]",
+        "eval.interval=0",
+        "checkpoint.interval=5",
+    )
+    state = tmp_path / "state"
+    run(state, *levels, curriculum(6), "run.total_frames=1280")
+    on = run(state, *levels, curriculum(6), "env.safety_weight=2.0", "run.total_frames=1408")
+    assert [e["stage"] for e in on if e["event"] == "curriculum resumed"] == [0]
+    kept = next(e for e in on if e["event"] == "density levels kept")
+    assert kept["level_shares"][0] < 1.0  # some envs had left level 0: kept, not reset
+    over = run(state, *levels, curriculum(7), "env.safety_weight=2.0", "run.total_frames=1536")
+    assert not [e for e in over if e["event"] in ("curriculum resumed", "density levels kept")]
+
+
 def test_kill9_at_random_moments_always_resumes_from_a_valid_checkpoint(tmp_path: Path) -> None:
     counts = crash_and_resume(tmp_path / "state", 10, seed=1, plant_temp_at=4)
     assert counts["trials"] == 10

@@ -238,17 +238,22 @@ def restore(
             log.warning("env state not restored: new episodes start", reason=str(err))
     elif collected is not None:
         log.warning("env config or seed changed since the checkpoint: new episodes start")
-        keep_levels(collector, collected, saved_env["map_levels"], env_now["map_levels"])
     progress = None if collected is None else collected.get("curriculum")
+    kept = None
+    if curriculum is not None and progress is not None and not env_restored:
+        kept = progress_kept(saved_env["curriculum"], env_now["curriculum"], progress)
+        if kept is not None:
+            # The run goes on at the stage it had reached, in new episodes: with `applied`
+            # 0 the producer builds a fresh env of that stage before its first rollout.
+            curriculum.load_state_dict(kept)
+    if collected is not None and not same_env and (curriculum is None or kept is not None):
+        # Where the run goes on (no curriculum, or the stage it had reached), so do the
+        # envs' density levels; a curriculum that starts over starts them over too.
+        keep_levels(collector, collected, saved_env["map_levels"], env_now["map_levels"])
     if curriculum is None or progress is None:
         return Resumed(path, header.iteration, header.frames, kind, env_restored)
     if env_restored:
         return Resumed(path, header.iteration, header.frames, kind, True, True)
-    kept = progress_kept(saved_env["curriculum"], env_now["curriculum"], progress)
-    if kept is not None:
-        # The run goes on at the stage it had reached, in new episodes: with `applied` 0 the
-        # producer builds a fresh env of that stage before its first rollout.
-        curriculum.load_state_dict(kept)
     return Resumed(path, header.iteration, header.frames, kind, False, kept is not None)
 
 
@@ -258,7 +263,8 @@ def keep_levels(
     """After an env change, the envs' density levels go on where the checkpoint had them
     (new episodes start there), when they still name the same pillar counts (the same
     `env.map_levels`) for as many envs; the env's `min_level` still applies. Otherwise
-    (levels changed, or none saved) every env starts at its floor, as in a new run."""
+    (levels changed, or none saved) every env starts at its floor, as in a new run.
+    The caller calls it only where the run goes on (no curriculum, or its progress kept)."""
     levels = collected.get("env", {}).get("level")
     env = collector.env
     here = getattr(env, "level", None)
