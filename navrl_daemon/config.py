@@ -149,7 +149,7 @@ class EnvConfig(Section):
     smoothness_penalty: bool = True
     # Ours: the weight of the reward's safety terms (the mean log clearance over the LiDAR
     # beams, and over the observed moving obstacles). 1.0: NavRL. Larger values pay more
-    # for distance from pillars; 0 drops the terms. Evaluations never read rewards.
+    # for distance from pillars; 0 drops the terms. Evaluations fly NavRL's 1.0.
     safety_weight: Annotated[float, Field(ge=0.0, le=100.0)] = 1.0
     # Simulation step, s.
     dt: Annotated[float, Field(gt=0.0, le=1.0)] = 0.016
