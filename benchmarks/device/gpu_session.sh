@@ -210,7 +210,8 @@ sweep)
   # hops_flat, hops_kl, long_hops_hold_mb4_vclip, long_hops_hold_mb4_cross and the learning
   # rates of long_hops_hold_mb4_{lrlin,lrfast,lrlow}, long_hops_hold_mb4_then_cross (hops,
   # then crossings of the field, with lrlin's schedule) and long_hops_hold_mb4_then_cross_top
-  # (the same, then crossings with every env at 350 pillars) on request; NAME@SEED runs a recipe
+  # (the same, then crossings with every env at 350 pillars) and long_hops_hold_mb4_then_cross_clip2
+  # (then_cross with PPO's clip at 0.2) on request; NAME@SEED runs a recipe
   # with run.seed = SEED, so one sweep can hold several seeds of it). EVAL_EVERY: iterations
   # between evaluations (25; 3 with DEV=cpu). FRAMES: each recipe also stops at this many frames (the CPU
   # goal's 20 M). EXTRA: more KEY=VALUE overrides for every recipe (e.g. for a
@@ -271,6 +272,10 @@ sweep)
       top="min_level = $(($(tr -cd , <<<"$levels" | wc -c)))"  # the last index of $levels
       recipe=("${mapped[@]}" ppo.minibatches=4 "${lin20[@]}"
         "env.curriculum=[$HOPS_TO_CROSS_STAGE, $CROSSINGS_TO_TOP_STAGE, {name = \"crossings at the top\", spawn = \"crossing\", max_episode_length = 2200, reach_hold = 64, $top}]") ;;
+    long_hops_hold_mb4_then_cross_clip2)  # then_cross with PPO's ratio clip at 0.2 (NavRL
+      # 0.1): ahead late in both forks of session 13 (docs/learning.md), never from scratch
+      recipe=("${mapped[@]}" ppo.minibatches=4 "${lin20[@]}" ppo.clip_ratio=0.2
+        "env.curriculum=[$HOPS_TO_CROSS_STAGE, $CROSSINGS_STAGE$then_static") ;;
     long_hops_hold_mb4_vclip)  # the hold in 4 minibatches, the critic's value clip off
       recipe=("${hold[@]}" ppo.minibatches=4 ppo.value_clip=1000000) ;;
     *) log "unknown recipe $name"; exit 2 ;;
