@@ -535,11 +535,15 @@ class NavigationEnv(EnvBase):
         """navrl-task §1.8 per env [N]."""
         toward = to_goal / dist.clamp_min(1e-6)[:, None]
         reward = (self.vel * toward).sum(-1) + SURVIVAL_BONUS
-        w = self.safety_weight  # x * 1.0 is x: NavRL's reward bit for bit at the default
-        reward = reward + w * torch.log(self.scan.clamp(LOG_CLAMP_MIN, LIDAR_RANGE)).mean(-1)
+        # One add per term as before (no extra kernel in the step); x * 1.0 is x, so the
+        # default is NavRL's reward bit for bit.
+        w = self.safety_weight
+        reward = reward.add(
+            torch.log(self.scan.clamp(LOG_CLAMP_MIN, LIDAR_RANGE)).mean(-1), alpha=w
+        )
         if dyn_clearance is not None:
             clearance = torch.log(dyn_clearance.clamp(LOG_CLAMP_MIN, LIDAR_RANGE)).mean(-1)
-            reward = reward + w * clearance
+            reward = reward.add(clearance, alpha=w)
         if self.cfg.smoothness_penalty:
             reward = reward - SMOOTHNESS_WEIGHT * (self.vel - self.prev_vel).norm(dim=-1)
         z = self.pos[:, 2]

@@ -39,7 +39,6 @@ from navrl_daemon.storage.run_config import record_run_config
 
 log = structlog.get_logger("daemon")
 
-
 # The (stage, phase) timings exported from the start, before their first observation.
 STAGE_PHASES = (
     ("producer", "collect"),

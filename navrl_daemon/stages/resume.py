@@ -260,11 +260,10 @@ def restore(
 def keep_levels(
     collector: Collector, collected: dict[str, Any], saved: list[int], now: list[int]
 ) -> None:
-    """After an env change, the envs' density levels go on where the checkpoint had them
-    (new episodes start there), when they still name the same pillar counts (the same
-    `env.map_levels`) for as many envs; the env's `min_level` still applies. Otherwise
-    (levels changed, or none saved) every env starts at its floor, as in a new run.
-    The caller calls it only where the run goes on (no curriculum, or its progress kept)."""
+    """After an env change where the run goes on (no curriculum, or its progress kept):
+    new episodes start at the density levels the checkpoint's envs had reached, raised to
+    the env's `min_level`, when the levels still name the same pillar counts (`saved` ==
+    `now`, `env.map_levels`) for as many envs. Otherwise every env starts at its floor."""
     levels = collected.get("env", {}).get("level")
     env = collector.env
     here = getattr(env, "level", None)

@@ -46,15 +46,37 @@ def one_step_rewards(weight: float, *, dynamic: bool) -> torch.Tensor:
 @pytest.mark.parametrize("dynamic", [False, True], ids=["pillars", "moving-obstacles"])
 def test_the_weight_scales_the_clearance_terms_and_nothing_else(dynamic: bool):
     """r(w) = r(0) + w * safety: the weight's steps change the reward by equal amounts,
-    the terms are lower the nearer the pillar (all below ln 4 per beam), and 1.0 is
-    NavRL's reward as it was."""
+    and the terms are lower the nearer the pillar (all below ln 4 per beam)."""
     r0, r1, r3 = (one_step_rewards(w, dynamic=dynamic) for w in (0.0, 1.0, 3.0))
     safety = r1 - r0
     torch.testing.assert_close(r3 - r1, 2 * safety)
     most = math.log(4.0) * (2 if dynamic else 1)
     assert torch.all(safety < most) and torch.all(safety > 0)
     assert torch.all(safety[1:] < safety[:-1])  # nearer the pillar: less clearance paid
-    assert torch.equal(r1, one_step_rewards(1.0, dynamic=dynamic))
+
+
+def test_the_default_weight_is_navrl_reward_bit_for_bit():
+    """At 1.0 the reward is NavRL's sum of terms (navrl-task §1.8), each term added as it
+    is, not within rounding: the same states give the same floats."""
+    env = make_env(EnvConfig(num_envs=64, num_obstacles=40, field_size=10.0, spawn="local"))
+    g = torch.Generator().manual_seed(0)
+    td = env.reset()
+    for _ in range(5):  # somewhere among the pillars, moving
+        td.set(ACTION, torch.rand(64, 1, 3, generator=g))
+        td = env.step(td)["next"].clone()
+    to_goal = env.goal - env.pos
+    dist = to_goal.norm(dim=-1)
+    dyn = torch.rand(64, 5, generator=g) * 5
+    toward = to_goal / dist.clamp_min(1e-6)[:, None]
+    want = (env.vel * toward).sum(-1) + 1.0
+    want = want + torch.log(env.scan.clamp(1e-6, 4.0)).mean(-1)
+    want = want + torch.log(dyn.clamp(1e-6, 4.0)).mean(-1)
+    want = want - 0.1 * (env.vel - env.prev_vel).norm(dim=-1)
+    z = env.pos[:, 2]
+    above = (z - (env.height_range[:, 1] + 0.2)).clamp_min(0)
+    below = ((env.height_range[:, 0] - 0.2) - z).clamp_min(0)
+    want = want - 8.0 * (above * above + below * below)
+    assert torch.equal(env._reward(to_goal, dist, dyn), want)
 
 
 def test_evaluations_fly_navrl_reward_whatever_the_weight():
