@@ -38,6 +38,11 @@ lose the sitting: the JSON is still written from what is on disk (the evaluation
 `final` the newest valid checkpoint's policy when the daemon wrote no export), with
 `budget.error` holding the exit code and the log's tail; the exit status is then 1.
 
+A SIGTERM or SIGINT (Ctrl-C) to this script ends the sitting as the budget does: the
+daemon gets one SIGTERM and the JSON is written, with `budget.ended_by` naming the signal;
+a second one during the final evaluations ends the script at once. (Before, the script
+died and its daemon trained on alone, to `--frames`.)
+
 A run can go on in several sittings: `--keep-state DIR` keeps the daemon's state dir, and
 a later `--resume --keep-state DIR` with the same config and overrides lets the daemon
 resume it from its last checkpoint for another `--budget-s`. The curve is then the whole
@@ -57,6 +62,7 @@ Run: `.venv/bin/python benchmarks/learning.py --budget-s 600 [--config F] [KEY=V
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -66,6 +72,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -118,11 +125,19 @@ def train(
     if frames is not None:
         args.append(f"run.total_frames={frames}")
     t0 = time.time()
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(args, cwd=REPO, stderr=log, stdout=subprocess.DEVNULL)
-        while proc.poll() is None and time.time() - t0 < budget_s:
+    signals: list[int] = []
+    with log_path.open("w") as log, _stop_signals(signals):
+        # A session of its own: a Ctrl-C in the terminal reaches this script only, which
+        # passes one SIGTERM on (a second signal would cut the daemon's update short).
+        proc = subprocess.Popen(
+            args, cwd=REPO, stderr=log, stdout=subprocess.DEVNULL, start_new_session=True
+        )
+        while proc.poll() is None and time.time() - t0 < budget_s and not signals:
             time.sleep(0.2)
-        ended = "frames" if proc.poll() is not None else "budget"
+        if proc.poll() is not None:
+            ended = "frames"
+        else:
+            ended = signal.Signals(signals[0]).name if signals else "budget"
         stop_s = time.time() - t0
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -143,6 +158,20 @@ def train(
         tail = log_path.read_text()[-3000:]
         result["error"] = f"daemon exited with {code}:\n{tail}"
     return result
+
+
+@contextlib.contextmanager
+def _stop_signals(received: list[int]) -> Iterator[None]:
+    """While training: SIGTERM and SIGINT to this script are noted in `received` (the
+    caller stops its daemon cleanly and still writes the report) instead of killing the
+    script and leaving the daemon running on its own."""
+    stops = (signal.SIGTERM, signal.SIGINT)
+    before = {s: signal.signal(s, lambda signum, _frame: received.append(signum)) for s in stops}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
 
 
 def evaluate_policy(

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -41,7 +45,11 @@ def stop(*_):
     sys.stderr.write("trainer did not stop within run.shutdown_timeout_s = 60.0\\n")
     sys.stderr.flush()
     sys.exit(1)
-signal.signal(signal.SIGTERM, stop if mode == "fail" else signal.SIG_IGN)
+def clean(*_):
+    (state / "stopped").write_text("SIGTERM")
+    sys.exit(0)
+handlers = {"fail": stop, "clean": clean, "ignore": signal.SIG_IGN}
+signal.signal(signal.SIGTERM, handlers[mode])
 while True:
     time.sleep(0.05)
 """.replace("ROW_VALUE", repr(ROW))
@@ -76,6 +84,30 @@ def test_a_daemon_that_ignores_sigterm_is_killed_after_the_wait(
     budget = learning.train(Path("c.toml"), [], tmp_path / "s", 1.0, None, tmp_path / "d.log")
     assert budget["exit_code"] == -9
     assert budget["error"].startswith("daemon exited with -9")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_script_stops_its_daemon_and_ends_the_sitting(
+    stand_in, tmp_path: Path, signum: int
+) -> None:
+    """SIGTERM or Ctrl-C to learning.py ends the sitting as the budget would: the daemon
+    gets its SIGTERM and stops cleanly, and the caller gets the result to report. Before,
+    the script died and left its daemon training on its own."""
+    stand_in("clean")
+    state = tmp_path / "state"
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signum))
+    timer.start()
+    t0 = time.monotonic()
+    try:
+        budget = learning.train(Path("c.toml"), [], state, 120.0, None, tmp_path / "d.log")
+    finally:
+        timer.cancel()
+    assert budget["ended_by"] == signal.Signals(signum).name
+    assert budget["exit_code"] == 0 and "error" not in budget
+    assert (state / "stopped").read_text() == "SIGTERM"  # the daemon's own clean stop
+    assert time.monotonic() - t0 < 60
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
 
 
 def test_the_sitting_is_written_from_disk_with_the_newest_checkpoints_policy(
