@@ -324,6 +324,10 @@ class PPOConfig(Section):
     # Trained frames over which the schedules run, then hold their final value; fixed
     # rather than run.total_frames, so raising total_frames on a resume keeps the schedule.
     schedule_frames: PosInt = 1_200_000_000
+    # Train on every minibatch twice over: as collected and reflected left-right across the
+    # goal direction (rl/mirror.py), sharing advantages and targets; twice the update's
+    # work, no more frames. Off: NavRL's update.
+    mirror: bool = False
     # How the update runs, never what it computes (rl/fast_update.py, docs/throughput.md):
     # "eager" NavRL's loop; "fused" no host sync per minibatch, fused Adam; "cuda_graph"
     # the fused step captured as a CUDA graph; "auto" cuda_graph on CUDA, else eager.

@@ -98,6 +98,7 @@ def test_resume_from_an_interval_checkpoint_after_kill9_is_also_exact(
         ("env.map_levels=[0,2,4]", "env.spawn=local", "env.crossing_share=0.5"),
         ("env.map_levels=[0,2,4]", "env.min_level=1"),
         ("env.safety_weight=3.0",),
+        ("ppo.mirror=true", "env.map_levels=[0,2,4]"),
         # Goals within reach at the start: hold counts run and hops end at the goal.
         (
             "env.map_levels=[0,2,4]",
@@ -112,6 +113,7 @@ def test_resume_from_an_interval_checkpoint_after_kill9_is_also_exact(
         "hops-and-crossings",
         "min-level",
         "safety-weight",
+        "mirror",
         "reach-hold",
     ],
 )
@@ -119,8 +121,9 @@ def test_resume_is_exact_with_density_levels_and_a_spawn_mix(
     tmp_path: Path, extra: tuple[str, ...]
 ) -> None:
     """Per-env density levels (env.map_levels), the spawn mix (env.crossing_share), hops
-    ended at the goal (env.reach_hold) and a reward weight (env.safety_weight) keep the
-    resume exact: the levels and the hold counts travel in the env state."""
+    ended at the goal (env.reach_hold), a reward weight (env.safety_weight) and mirrored
+    minibatches (ppo.mirror) keep the resume exact: the levels and the hold counts travel
+    in the env state."""
     common = ("checkpoint.interval=2", *extra)
     run(tmp_path / "a", *common, "run.total_frames=640")
     (tmp_path / "a" / "checkpoints" / "ckpt-000000010.nrc").unlink()  # as if killed at 9

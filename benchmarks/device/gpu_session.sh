@@ -211,7 +211,8 @@ sweep)
   # rates of long_hops_hold_mb4_{lrlin,lrfast,lrlow}, long_hops_hold_mb4_then_cross (hops,
   # then crossings of the field, with lrlin's schedule) and long_hops_hold_mb4_then_cross_top
   # (the same, then crossings with every env at 350 pillars) and long_hops_hold_mb4_then_cross_clip2
-  # (then_cross with PPO's clip at 0.2) on request; NAME@SEED runs a recipe
+  # (then_cross with PPO's clip at 0.2) and long_hops_hold_mb4_then_cross_mirror (then_cross
+  # with ppo.mirror) on request; NAME@SEED runs a recipe
   # with run.seed = SEED, so one sweep can hold several seeds of it). EVAL_EVERY: iterations
   # between evaluations (25; 3 with DEV=cpu). FRAMES: each recipe also stops at this many frames (the CPU
   # goal's 20 M). EXTRA: more KEY=VALUE overrides for every recipe (e.g. for a
@@ -275,6 +276,10 @@ sweep)
     long_hops_hold_mb4_then_cross_clip2)  # then_cross with PPO's ratio clip at 0.2 (NavRL
       # 0.1): ahead late in both forks of session 13 (docs/learning.md), never from scratch
       recipe=("${mapped[@]}" ppo.minibatches=4 "${lin20[@]}" ppo.clip_ratio=0.2
+        "env.curriculum=[$HOPS_TO_CROSS_STAGE, $CROSSINGS_STAGE$then_static") ;;
+    long_hops_hold_mb4_then_cross_mirror)  # then_cross with every minibatch also trained
+      # reflected left-right across the goal direction (ppo.mirror; session 14's fork)
+      recipe=("${mapped[@]}" ppo.minibatches=4 "${lin20[@]}" ppo.mirror=true
         "env.curriculum=[$HOPS_TO_CROSS_STAGE, $CROSSINGS_STAGE$then_static") ;;
     long_hops_hold_mb4_vclip)  # the hold in 4 minibatches, the critic's value clip off
       recipe=("${hold[@]}" ppo.minibatches=4 ppo.value_clip=1000000) ;;

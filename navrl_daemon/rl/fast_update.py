@@ -362,7 +362,7 @@ class FastUpdate:
             if isinstance(t, torch.Tensor)
         )
         params = tuple(p.data_ptr() for p in self.policy.parameters())
-        baked = (cfg.clip_ratio, cfg.value_clip, cfg.huber_delta, cfg.max_grad_norm)
+        baked = (cfg.clip_ratio, cfg.value_clip, cfg.huber_delta, cfg.max_grad_norm, cfg.mirror)
         hyper = tuple(
             (g["betas"], g["eps"], g["weight_decay"], g["amsgrad"], g["maximize"])
             for opt in self.optimizers.values()

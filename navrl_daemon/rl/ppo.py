@@ -19,6 +19,7 @@ from torch.nn.utils import clip_grad_norm_
 from navrl_daemon.config import PPOConfig
 from navrl_daemon.rl.data_parallel import DataParallel
 from navrl_daemon.rl.gae import compute_gae
+from navrl_daemon.rl.mirror import with_mirror
 from navrl_daemon.rl.policy import ACTION_DIM, OBS_KEY, NavRLPolicy
 
 STAT_NAMES = (
@@ -298,14 +299,25 @@ def tensor_losses(
     cfg: PPOConfig,
     reducer: DataParallel | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`minibatch_losses` on plain tensors (what torch.compile traces: ppo.compile)."""
+    """`minibatch_losses` on plain tensors (what torch.compile traces: ppo.compile).
+
+    With `cfg.mirror` the losses are over the B rows and their reflections (rl/mirror.py),
+    2B rows that share advantages, targets, old values and behaviour log-probs; the values
+    returned are the B rows' own."""
+    rows = state.shape[0]
+    if cfg.mirror:
+        state, lidar, dynamic_obstacle, action, old_log_prob, advantage, old_value, target = (
+            with_mirror(
+                state, lidar, dynamic_obstacle, action, old_log_prob, advantage, old_value, target
+            )
+        )
     feature = policy.features(state, lidar, dynamic_obstacle)
     dist = policy.distribution(feature)
     value = policy.value(feature)
     l_actor = actor_loss(dist.log_prob(action), old_log_prob, advantage, cfg.clip_ratio)
     l_entropy = entropy_loss(dist.entropy(), entropy_coef)
     l_critic = critic_loss(value, old_value, target, cfg.value_clip, cfg.huber_delta, reducer)
-    return l_actor, l_critic, l_entropy, value
+    return l_actor, l_critic, l_entropy, value[:rows]
 
 
 def update(

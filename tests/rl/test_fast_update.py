@@ -89,15 +89,18 @@ def _assert_close_weights(a: NavRLPolicy, b: NavRLPolicy) -> None:
         torch.testing.assert_close(sa[key], sb[key], **TOL, msg=key)
 
 
+@pytest.mark.parametrize("mirror", [False, True], ids=["plain", "mirror"])
 @pytest.mark.parametrize(("device", "graphs"), PATHS)
-def test_one_update_matches_eager(make_batch, device, graphs):
+def test_one_update_matches_eager(make_batch, device, graphs, mirror):
+    """Also with ppo.mirror, whose reflected rows are built inside the captured step."""
+    cfg = SMALL.model_copy(update={"mirror": mirror})
     base, batch = _pair(make_batch, device)
     eager_policy, fast_policy = copy.deepcopy(base), copy.deepcopy(base)
-    eager_stats, eager_opts = _eager(eager_policy, batch, SMALL, seed=3)
+    eager_stats, eager_opts = _eager(eager_policy, batch, cfg, seed=3)
 
-    opts = ppo.make_optimizers(fast_policy, SMALL)
+    opts = ppo.make_optimizers(fast_policy, cfg)
     fast = FastUpdate(fast_policy, opts, torch.device(device), graphs)
-    stats = fast(batch, SMALL, torch.Generator(device).manual_seed(3))
+    stats = fast(batch, cfg, torch.Generator(device).manual_seed(3))
 
     _assert_close_stats(stats, eager_stats)
     _assert_close_weights(fast_policy, eager_policy)
@@ -294,16 +297,18 @@ def test_fused_update_reads_the_device_a_fixed_number_of_times(make_batch):
     assert fused[0] == fused[1] <= 3, fused
 
 
-def test_the_captured_step_reads_nothing_on_the_host(make_batch):
+@pytest.mark.parametrize("mirror", [False, True], ids=["plain", "mirror"])
+def test_the_captured_step_reads_nothing_on_the_host(make_batch, mirror):
     """What `cuda_graph` captures, run on the CPU: no op in it may read a device value
     (capture would fail on CUDA)."""
+    cfg = SMALL.model_copy(update={"mirror": mirror})
     base, batch = _pair(make_batch, "cpu")
-    opts = ppo.make_optimizers(base, SMALL)
+    opts = ppo.make_optimizers(base, cfg)
     fast = FastUpdate(base, opts, torch.device("cpu"), graphs=False)
-    advantages, targets = ppo.advantages_and_targets(base, batch, SMALL)
+    advantages, targets = ppo.advantages_and_targets(base, batch, cfg)
     flat = ppo.update_data(batch, advantages, targets).reshape(-1)
     with fast._fused_optimizers(), CountHostReads() as reads:
-        fast._step(flat[torch.arange(12)], SMALL, fast.entropy_coef)
+        fast._step(flat[torch.arange(12)], cfg, fast.entropy_coef)
     assert reads.count == 0
     assert int(fast.applied) == 1
 
