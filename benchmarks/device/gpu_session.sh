@@ -161,15 +161,18 @@ learning)
   # no global jump), moving obstacles in two curriculum stages; RECIPE=stages: issue #13's
   # six global stages; RECIPE=hops: local hops (4-16 m) with levels first (docs/learning.md),
   # then the moving obstacles; RECIPE=long_hops: the same with hops of 4-40 m;
-  # RECIPE=long_hops_hold (default, ahead of long_hops on two seeds): long hops ended after
+  # RECIPE=long_hops_hold (ahead of long_hops on two seeds): long hops ended after
   # 64 steps at the goal; RECIPE=hops_then_cross: those hops until NavRL's crossing is
   # reached by 0.3, then crossings of the field only at the envs' density levels (the
-  # best CPU fork so far, docs/learning.md session 9), then the moving obstacles.
+  # best CPU fork so far, docs/learning.md session 9), then the moving obstacles;
+  # RECIPE=hops_then_cross_mirror (default): the same with ppo.mirror, every minibatch also
+  # trained reflected across the goal direction (session 14 on the CPU: NavRL's crossing
+  # at 0.5-0.6 from 2.9 M frames, where hops_then_cross's static form reached that at ~9 M).
   # EXTRA: more KEY=VALUE overrides (e.g. for a CPU smoke run).
   budget=${2:-400}
   levels=${LEVELS:-[0, 50, 100, 175, 250, 350]}
   dynamic='{name = "slow dynamic", num_dynamic_obstacles = 40, dynamic_speed_range = [0.3, 0.8], promote = {reach_goal = 0.6, collision = 0.4, evals = 2}}, {name = "navrl"}'
-  case ${RECIPE:-long_hops_hold} in
+  case ${RECIPE:=hops_then_cross_mirror} in
   levels)
     curriculum="[{name = \"static\", num_dynamic_obstacles = 0, promote = {reach_goal = 0.6, collision = 0.35, evals = 2}}, $dynamic]"
     recipe=(env.num_maps=16 "env.map_levels=$levels")
@@ -183,13 +186,15 @@ learning)
     recipe=(env.num_maps=16 "env.map_levels=$levels" eval.max_steps=2200)
     ;;
   long_hops | long_hops_hold)  # hops of 4-40 m (held at the goal: long_hops_hold), as hops
-    stage=$LONG_HOPS_STAGE && [ "${RECIPE:-long_hops_hold}" = long_hops_hold ] && stage=$LONG_HOPS_HOLD_STAGE
+    stage=$LONG_HOPS_STAGE && [ "$RECIPE" = long_hops_hold ] && stage=$LONG_HOPS_HOLD_STAGE
     curriculum="[${stage%\}}, num_dynamic_obstacles = 0}, {name = \"static\", num_dynamic_obstacles = 0, promote = {reach_goal = 0.6, collision = 0.35, evals = 2}}, $dynamic]"
     recipe=(env.num_maps=16 "env.map_levels=$levels" eval.max_steps=2200)
     ;;
-  hops_then_cross)  # the hops to the crossing's 0.3, then crossings only, then moving obstacles
+  hops_then_cross | hops_then_cross_mirror)  # the hops to the crossing's 0.3, then
+    # crossings only, then moving obstacles (with ppo.mirror: hops_then_cross_mirror)
     curriculum="[${HOPS_TO_CROSS_STAGE%\}}, num_dynamic_obstacles = 0}, ${CROSSINGS_STAGE%\}}, num_dynamic_obstacles = 0}, $dynamic]"
     recipe=(env.num_maps=16 "env.map_levels=$levels" eval.max_steps=2200)
+    [ "$RECIPE" = hops_then_cross_mirror ] && recipe+=(ppo.mirror=true)
     ;;
   *) log "unknown RECIPE ${RECIPE}"; exit 2 ;;
   esac
