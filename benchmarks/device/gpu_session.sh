@@ -87,6 +87,8 @@ CROSSINGS_STAGE='{name = "crossings", spawn = "crossing", max_episode_length = 2
 # NavRL's border spawns, after which the crossing fell in three runs (docs/learning.md,
 # session 12: the fork at the plateau that trained at 350 pillars only).
 CROSSINGS_TO_TOP_STAGE=${CROSSINGS_STAGE/reach_goal = 0.6, collision = 0.35/reach_goal = 0.5, collision = 0.5}
+# The crossings as a curriculum's last stage (no promotion): crossings at the envs' levels to the end.
+CROSSINGS_LAST_STAGE=${CROSSINGS_STAGE/, promote = \{reach_goal = 0.6, collision = 0.35, evals = 2\}/}
 case $MODE in
 throughput)
   # Issue #22: the CUDA tests (captured rollouts and evaluations, the lag-1 capture in
@@ -217,7 +219,8 @@ sweep)
   # then crossings of the field, with lrlin's schedule) and long_hops_hold_mb4_then_cross_top
   # (the same, then crossings with every env at 350 pillars) and long_hops_hold_mb4_then_cross_clip2
   # (then_cross with PPO's clip at 0.2) and long_hops_hold_mb4_then_cross_mirror (then_cross
-  # with ppo.mirror) on request; NAME@SEED runs a recipe
+  # with ppo.mirror) and long_hops_hold_mb4_then_cross_mirror_stay (the same, crossings to the
+  # end) on request; NAME@SEED runs a recipe
   # with run.seed = SEED, so one sweep can hold several seeds of it). EVAL_EVERY: iterations
   # between evaluations (25; 3 with DEV=cpu). FRAMES: each recipe also stops at this many frames (the CPU
   # goal's 20 M). EXTRA: more KEY=VALUE overrides for every recipe (e.g. for a
@@ -286,6 +289,10 @@ sweep)
       # reflected left-right across the goal direction (ppo.mirror; session 14's fork)
       recipe=("${mapped[@]}" ppo.minibatches=4 "${lin20[@]}" ppo.mirror=true
         "env.curriculum=[$HOPS_TO_CROSS_STAGE, $CROSSINGS_STAGE$then_static") ;;
+    long_hops_hold_mb4_then_cross_mirror_stay)  # then_cross_mirror with crossings as the last
+      # stage: NavRL's spawns never come (every run promoted to them lost its crossing)
+      recipe=("${mapped[@]}" ppo.minibatches=4 "${lin20[@]}" ppo.mirror=true
+        "env.curriculum=[$HOPS_TO_CROSS_STAGE, $CROSSINGS_LAST_STAGE]") ;;
     long_hops_hold_mb4_vclip)  # the hold in 4 minibatches, the critic's value clip off
       recipe=("${hold[@]}" ppo.minibatches=4 ppo.value_clip=1000000) ;;
     *) log "unknown recipe $name"; exit 2 ;;
