@@ -81,14 +81,14 @@ CROSS_HOLD_STAGE=${LONG_HOPS_HOLD_STAGE/max_episode_length = 1400,/max_episode_l
 # crossings of the field only (env.spawn = "crossing", still at the envs' density levels):
 # the long cruise the hops lack (docs/learning.md, session 9).
 HOPS_TO_CROSS_STAGE=${LONG_HOPS_HOLD_STAGE/reach_goal = 0.6, collision = 0.35/reach_goal = 0.3, collision = 0.7}
-CROSSINGS_STAGE='{name = "crossings", spawn = "crossing", max_episode_length = 2200, reach_hold = 64, promote = {reach_goal = 0.6, collision = 0.35, evals = 2}}'
+# The crossings as a curriculum's last stage (no promotion): crossings at the envs' levels to the end.
+CROSSINGS_LAST_STAGE='{name = "crossings", spawn = "crossing", max_episode_length = 2200, reach_hold = 64}'
+CROSSINGS_STAGE="${CROSSINGS_LAST_STAGE%\}}, promote = {reach_goal = 0.6, collision = 0.35, evals = 2}}"
 # The crossings until the crossing's reach is 0.5 twice, then crossings with every env on its
 # whole map (env.min_level at the top level: NavRL's density only) to the end: no stage of
 # NavRL's border spawns, after which the crossing fell in three runs (docs/learning.md,
 # session 12: the fork at the plateau that trained at 350 pillars only).
 CROSSINGS_TO_TOP_STAGE=${CROSSINGS_STAGE/reach_goal = 0.6, collision = 0.35/reach_goal = 0.5, collision = 0.5}
-# The crossings as a curriculum's last stage (no promotion): crossings at the envs' levels to the end.
-CROSSINGS_LAST_STAGE=${CROSSINGS_STAGE/, promote = \{reach_goal = 0.6, collision = 0.35, evals = 2\}/}
 case $MODE in
 throughput)
   # Issue #22: the CUDA tests (captured rollouts and evaluations, the lag-1 capture in
@@ -290,7 +290,7 @@ sweep)
       recipe=("${mapped[@]}" ppo.minibatches=4 "${lin20[@]}" ppo.mirror=true
         "env.curriculum=[$HOPS_TO_CROSS_STAGE, $CROSSINGS_STAGE$then_static") ;;
     long_hops_hold_mb4_then_cross_mirror_stay)  # then_cross_mirror with crossings as the last
-      # stage: NavRL's spawns never come (every run promoted to them lost its crossing)
+      # stage: NavRL's spawns never come (four runs lost crossing reach after them)
       recipe=("${mapped[@]}" ppo.minibatches=4 "${lin20[@]}" ppo.mirror=true
         "env.curriculum=[$HOPS_TO_CROSS_STAGE, $CROSSINGS_LAST_STAGE]") ;;
     long_hops_hold_mb4_vclip)  # the hold in 4 minibatches, the critic's value clip off
