@@ -81,6 +81,7 @@ import torch
 from navrl_daemon.config import Config, load_config
 from navrl_daemon.ops.plots import Series, curves_plot, write_png
 from navrl_daemon.rl.evaluate import evaluate
+from navrl_daemon.rl.policy import navrl_layout
 from navrl_daemon.rl.training import eval_steps, evaluation_key, make_eval_env, make_policy
 from navrl_daemon.stages.evaluator import read_results
 from navrl_daemon.storage.checkpoint import CheckpointDir
@@ -184,7 +185,7 @@ def evaluate_policy(
     policy = make_policy(cfg, device)
     if state is not None:
         check_policy_layout(state, policy.state_dict(), Path("policy"))
-        policy.load_state_dict(state)
+        policy.load_state_dict(navrl_layout(state))  # acting reads the actor's path only
     env = make_eval_env(cfg, device, map_seed=map_seed)
     t0 = time.perf_counter()
     result = evaluate(env, policy, seed=cfg.eval.seed, max_steps=eval_steps(cfg))

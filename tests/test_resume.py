@@ -99,6 +99,7 @@ def test_resume_from_an_interval_checkpoint_after_kill9_is_also_exact(
         ("env.map_levels=[0,2,4]", "env.min_level=1"),
         ("env.safety_weight=3.0",),
         ("ppo.mirror=true", "env.map_levels=[0,2,4]"),
+        ("ppo.separate_critic=true",),
         # Goals within reach at the start: hold counts run and hops end at the goal.
         (
             "env.map_levels=[0,2,4]",
@@ -114,6 +115,7 @@ def test_resume_from_an_interval_checkpoint_after_kill9_is_also_exact(
         "min-level",
         "safety-weight",
         "mirror",
+        "separate-critic",
         "reach-hold",
     ],
 )
@@ -121,8 +123,9 @@ def test_resume_is_exact_with_density_levels_and_a_spawn_mix(
     tmp_path: Path, extra: tuple[str, ...]
 ) -> None:
     """Per-env density levels (env.map_levels), the spawn mix (env.crossing_share), hops
-    ended at the goal (env.reach_hold), a reward weight (env.safety_weight) and mirrored
-    minibatches (ppo.mirror) keep the resume exact: the levels and the hold counts travel
+    ended at the goal (env.reach_hold), a reward weight (env.safety_weight), mirrored
+    minibatches (ppo.mirror) and a critic of its own (ppo.separate_critic) keep the resume
+    exact: the levels and the hold counts travel
     in the env state."""
     common = ("checkpoint.interval=2", *extra)
     run(tmp_path / "a", *common, "run.total_frames=640")

@@ -183,6 +183,7 @@ def handle_verify(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def handle_export(cfg: Config, args: argparse.Namespace) -> int:
+    from navrl_daemon.rl.policy import navrl_layout
     from navrl_daemon.rl.training import make_policy
     from navrl_daemon.storage.policy_file import check_policy_layout, save_policy_state
 
@@ -203,7 +204,7 @@ def handle_export(cfg: Config, args: argparse.Namespace) -> int:
         from navrl_daemon.rl.deploy import DeployedActor
         from navrl_daemon.storage.deployment import export_actor
 
-        policy.load_state_dict(policy_state)
+        policy.load_state_dict(navrl_layout(policy_state))
         export_actor(DeployedActor(policy), args.format, out)
     print(f"exported {source} (iteration {header.iteration}) as {args.format} to {out}")
     return 0

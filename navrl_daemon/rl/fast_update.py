@@ -261,7 +261,7 @@ class FastUpdate:
         loss = l_actor + l_entropy + l_critic
         loss.backward()
         actor_norm = clip_grad_norm_(policy.actor.parameters(), cfg.max_grad_norm)
-        critic_norm = clip_grad_norm_(policy.critic.parameters(), cfg.max_grad_norm)
+        critic_norm = clip_grad_norm_(policy.critic_parameters(), cfg.max_grad_norm)
         bad = (~torch.isfinite(loss + actor_norm + critic_norm)).float()
         found_inf = torch.maximum(bad, self.force_skip)
         for opt in self.optimizers.values():

@@ -11,6 +11,9 @@ to the same 37 keys.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from tensordict import TensorDictBase
@@ -21,6 +24,8 @@ from navrl_daemon.rl.gae import GAE
 from navrl_daemon.rl.value_norm import ValueNorm
 
 FEATURE_DIM = 256
+SHARED_EXTRACTOR = "feature_extractor."
+CRITIC_EXTRACTOR = "critic_extractor."
 ACTION_DIM = 3
 OBS_KEY = ("agents", "observation")
 
@@ -85,8 +90,43 @@ def make_lidar_cnn() -> nn.Sequential:
     )
 
 
+def make_feature_extractor() -> Keyed:
+    """NavRL's feature extractor: LiDAR CNN, obstacle MLP, concatenation, trunk."""
+    return Keyed(
+        nn.ModuleList(
+            [
+                Keyed(make_lidar_cnn()),
+                # slot 0 is NavRL's Rearrange: 5 obstacles × 10 features → 50
+                Keyed(nn.Sequential(nn.Flatten(start_dim=-3), make_mlp(50, [128, 64]))),
+                Concat(),
+                Keyed(make_mlp(128 + 64 + 8, [FEATURE_DIM, FEATURE_DIM])),
+            ]
+        )
+    )
+
+
+def extract(
+    extractor: Keyed, state: torch.Tensor, lidar: torch.Tensor, dynamic_obstacle: torch.Tensor
+) -> torch.Tensor:
+    """`extractor`'s feature [B…,256] of the observation's parts (any leading batch dims)."""
+    lead = state.shape[:-1]
+    cnn, dynamic, concat, trunk = extractor.module
+    x = concat(
+        cnn(lidar.reshape(-1, *lidar.shape[-3:])),
+        dynamic(dynamic_obstacle.reshape(-1, *dynamic_obstacle.shape[-3:])),
+        state.reshape(-1, state.shape[-1]),
+    )
+    return trunk(x).reshape(*lead, FEATURE_DIM)
+
+
+def navrl_layout(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` without the own critic's extractor (ppo.separate_critic): NavRL's keys."""
+    return {k: v for k, v in state.items() if not k.startswith(CRITIC_EXTRACTOR)}
+
+
 class NavRLPolicy(nn.Module):
-    """Shared feature trunk, Beta actor and critic, plus ValueNorm and GAE buffers.
+    """Shared feature trunk (or, with `separate_critic`, one per head), Beta actor and
+    critic, plus ValueNorm and GAE buffers.
 
     Tensor-level methods (`features`, `distribution`, `value`) take any leading batch dims;
     `act` is the TensorDict boundary used by rollouts and evaluation.
@@ -105,20 +145,16 @@ class NavRLPolicy(nn.Module):
         "state_value",
     )
 
-    def __init__(self, action_limit: float = 2.0, gamma: float = 0.99, lmbda: float = 0.95) -> None:
+    def __init__(
+        self,
+        action_limit: float = 2.0,
+        gamma: float = 0.99,
+        lmbda: float = 0.95,
+        separate_critic: bool = False,
+    ) -> None:
         super().__init__()
         self.action_limit = action_limit
-        self.feature_extractor = Keyed(
-            nn.ModuleList(
-                [
-                    Keyed(make_lidar_cnn()),
-                    # slot 0 is NavRL's Rearrange: 5 obstacles × 10 features → 50
-                    Keyed(nn.Sequential(nn.Flatten(start_dim=-3), make_mlp(50, [128, 64]))),
-                    Concat(),
-                    Keyed(make_mlp(128 + 64 + 8, [FEATURE_DIM, FEATURE_DIM])),
-                ]
-            )
-        )
+        self.feature_extractor = make_feature_extractor()
         self.actor = Keyed(nn.ModuleList([Keyed(BetaHead())]))
         self.critic = Keyed(nn.Linear(FEATURE_DIM, 1))
         self.value_norm = ValueNorm()
@@ -127,6 +163,10 @@ class NavRLPolicy(nn.Module):
         for layer in (self.beta_head.alpha_layer, self.beta_head.beta_layer, self.critic.module):
             nn.init.orthogonal_(layer.weight, gain=0.01)
             nn.init.zeros_(layer.bias)
+        # ppo.separate_critic: the critic head reads a feature extractor of its own, so its
+        # loss never moves the actor's features. Built last: NavRL's layers draw the same
+        # initial weights either way.
+        self.critic_extractor = make_feature_extractor() if separate_critic else None
 
     @property
     def beta_head(self) -> BetaHead:
@@ -136,14 +176,26 @@ class NavRLPolicy(nn.Module):
         self, state: torch.Tensor, lidar: torch.Tensor, dynamic_obstacle: torch.Tensor
     ) -> torch.Tensor:
         """state [B…,8], lidar [B…,1,36,4], dynamic_obstacle [B…,1,5,10] → [B…,256]."""
-        lead = state.shape[:-1]
-        cnn, dynamic, concat, trunk = self.feature_extractor.module
-        x = concat(
-            cnn(lidar.reshape(-1, *lidar.shape[-3:])),
-            dynamic(dynamic_obstacle.reshape(-1, *dynamic_obstacle.shape[-3:])),
-            state.reshape(-1, state.shape[-1]),
-        )
-        return trunk(x).reshape(*lead, FEATURE_DIM)
+        return extract(self.feature_extractor, state, lidar, dynamic_obstacle)
+
+    def critic_features(
+        self,
+        state: torch.Tensor,
+        lidar: torch.Tensor,
+        dynamic_obstacle: torch.Tensor,
+        feature: torch.Tensor,
+    ) -> torch.Tensor:
+        """What the critic head reads: the actor's `feature` (NavRL's shared trunk), or
+        with ppo.separate_critic the critic's own extractor's feature of the same input."""
+        if self.critic_extractor is None:
+            return feature
+        return extract(self.critic_extractor, state, lidar, dynamic_obstacle)
+
+    def critic_parameters(self) -> list[nn.Parameter]:
+        """The critic's: its head, and its own extractor if it has one (what the critic's
+        gradient clip covers; NavRL leaves the shared trunk unclipped)."""
+        own = [] if self.critic_extractor is None else list(self.critic_extractor.parameters())
+        return [*self.critic.parameters(), *own]
 
     def distribution(self, feature: torch.Tensor) -> Independent:
         """The 3-axis Beta over normalised actions in (0,1)³.
@@ -162,6 +214,38 @@ class NavRLPolicy(nn.Module):
         """The trunk feature of `td`'s ("agents", "observation") entry."""
         obs = td.get(OBS_KEY)
         return self.features(obs.get("state"), obs.get("lidar"), obs.get("dynamic_obstacle"))
+
+    def state_value(self, td: TensorDictBase, feature: torch.Tensor | None = None) -> torch.Tensor:
+        """V of `td`'s observation ([B…,1], normalised units); `feature`: its actor
+        feature when already computed."""
+        obs = td.get(OBS_KEY)
+        parts = (obs.get("state"), obs.get("lidar"), obs.get("dynamic_obstacle"))
+        if self.critic_extractor is not None:
+            return self.value(extract(self.critic_extractor, *parts))
+        return self.value(self.features(*parts) if feature is None else feature)
+
+    def navrl_state_dict(self) -> dict[str, torch.Tensor]:
+        """The state_dict in NavRL's layout (the 37 keys of its checkpoint): without the
+        own critic's extractor (see `load_state_dict`)."""
+        return navrl_layout(self.state_dict())
+
+    def load_state_dict(
+        self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False
+    ) -> Any:
+        """nn.Module's, but a state_dict in NavRL's layout (no `critic_extractor.` keys:
+        NavRL's checkpoint, a run without ppo.separate_critic) loads into a policy with
+        its own critic too: that extractor starts as a copy of the shared one, whose
+        feature the critic head was trained on."""
+        if self.critic_extractor is not None and not any(
+            k.startswith(CRITIC_EXTRACTOR) for k in state_dict
+        ):
+            shared = {
+                CRITIC_EXTRACTOR + k.removeprefix(SHARED_EXTRACTOR): v
+                for k, v in state_dict.items()
+                if k.startswith(SHARED_EXTRACTOR)
+            }
+            state_dict = {**state_dict, **shared}
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     def to_world(self, action_normalized: torch.Tensor, direction: torch.Tensor) -> torch.Tensor:
         """a ∈ (0,1)³ [B…,3] → world velocity [B…,1,3]: v_goal = (2a−1)·L, then R_z(θ)·v_goal.
@@ -193,7 +277,7 @@ class NavRLPolicy(nn.Module):
         td.set(("agents", "action_normalized"), action)
         td.set(("agents", "action"), self.to_world(action, direction))
         td.set("sample_log_prob", dist.log_prob(action))
-        td.set("state_value", self.value(feature))
+        td.set("state_value", self.state_value(td, feature))
         return td
 
     def forward(self, td: TensorDictBase, deterministic: bool = False) -> TensorDictBase:

@@ -22,6 +22,9 @@ from navrl_daemon.rl.gae import compute_gae
 from navrl_daemon.rl.mirror import with_mirror
 from navrl_daemon.rl.policy import ACTION_DIM, OBS_KEY, NavRLPolicy
 
+# The optimiser of the critic's own extractor (ppo.separate_critic).
+CRITIC_EXTRACTOR_OPT = "critic_extractor"
+
 STAT_NAMES = (
     "actor_loss",
     "critic_loss",
@@ -38,24 +41,34 @@ STAT_NAMES = (
 
 
 def learning_rates(cfg: PPOConfig) -> dict[str, float]:
-    """Per optimiser; the critic reads the actor's lr, as NavRL's does."""
-    return {
+    """Per optimiser; the critic reads the actor's lr, as NavRL's does, and so does the
+    critic's own extractor (ppo.separate_critic)."""
+    lrs = {
         "feature_extractor": cfg.feature_extractor_lr,
         "actor": cfg.actor_lr,
         "critic": cfg.actor_lr,
     }
+    if cfg.separate_critic:
+        lrs[CRITIC_EXTRACTOR_OPT] = cfg.actor_lr
+    return lrs
 
 
 def make_optimizers(policy: NavRLPolicy, cfg: PPOConfig) -> dict[str, torch.optim.Adam]:
-    """Three Adams with default betas/eps, as NavRL."""
+    """Three Adams with default betas/eps, as NavRL; a fourth for the critic's own
+    extractor (ppo.separate_critic), which a checkpoint from before it may lack."""
     lrs = learning_rates(cfg)
-    return {
+    optimizers = {
         "feature_extractor": torch.optim.Adam(
             policy.feature_extractor.parameters(), lr=lrs["feature_extractor"]
         ),
         "actor": torch.optim.Adam(policy.actor.parameters(), lr=lrs["actor"]),
         "critic": torch.optim.Adam(policy.critic.parameters(), lr=lrs["critic"]),
     }
+    if policy.critic_extractor is not None:
+        optimizers[CRITIC_EXTRACTOR_OPT] = torch.optim.Adam(
+            policy.critic_extractor.parameters(), lr=lrs[CRITIC_EXTRACTOR_OPT]
+        )
+    return optimizers
 
 
 # ---------------------------------------------------------------------------- loss terms
@@ -147,7 +160,7 @@ def advantages_and_targets(
     update use the statistics of every rank's batch.
     """
     value_norm = policy.value_norm
-    next_value = policy.value(policy.observe(batch.get("next")))
+    next_value = policy.state_value(batch.get("next"))
     advantages, returns = compute_gae(
         reward=batch.get(("next", "agents", "reward")),
         terminated=batch.get(("next", "terminated")),
@@ -313,7 +326,7 @@ def tensor_losses(
         )
     feature = policy.features(state, lidar, dynamic_obstacle)
     dist = policy.distribution(feature)
-    value = policy.value(feature)
+    value = policy.value(policy.critic_features(state, lidar, dynamic_obstacle, feature))
     l_actor = actor_loss(dist.log_prob(action), old_log_prob, advantage, cfg.clip_ratio)
     l_entropy = entropy_loss(dist.entropy(), entropy_coef)
     l_critic = critic_loss(value, old_value, target, cfg.value_clip, cfg.huber_delta, reducer)
@@ -377,7 +390,7 @@ def update(
         if reducer is not None:
             reducer.average_gradients(params, loss)
         actor_norm = clip_grad_norm_(policy.actor.parameters(), cfg.max_grad_norm)
-        critic_norm = clip_grad_norm_(policy.critic.parameters(), cfg.max_grad_norm)
+        critic_norm = clip_grad_norm_(policy.critic_parameters(), cfg.max_grad_norm)
         # One host sync per minibatch: a skipped step must not move Adam's moments.
         if not bool(torch.isfinite(loss + actor_norm + critic_norm)):
             skipped += 1

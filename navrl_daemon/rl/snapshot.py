@@ -24,7 +24,8 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from navrl_daemon.host_copy import host_copy
-from navrl_daemon.rl.ppo import learning_rates
+from navrl_daemon.rl.policy import CRITIC_EXTRACTOR
+from navrl_daemon.rl.ppo import CRITIC_EXTRACTOR_OPT, learning_rates
 from navrl_daemon.rl.training import Collector, Learner
 
 SNAPSHOT_VERSION = 1
@@ -41,6 +42,17 @@ def learner_state(learner: Learner) -> dict[str, Any]:
     }
 
 
+def saved_optimizer(learner_state: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """The file's state of optimiser `name`. None for the critic's own extractor in a file
+    from a run without one (ppo.separate_critic turned on at a resume: the extractor
+    starts as a copy of the shared one, its optimiser afresh). KeyError otherwise."""
+    optimizers = learner_state["optimizers"]
+    own = any(k.startswith(CRITIC_EXTRACTOR) for k in learner_state["policy"])
+    if name == CRITIC_EXTRACTOR_OPT and name not in optimizers and not own:
+        return None
+    return optimizers[name]
+
+
 def restore_learner(learner: Learner, state: dict[str, Any], *, counters: bool = True) -> None:
     """Load policy, optimisers and minibatch RNG; `counters=False` keeps the version (a
     rollback continues numbering versions forward). Learning rates come from the config,
@@ -51,7 +63,12 @@ def restore_learner(learner: Learner, state: dict[str, Any], *, counters: bool =
     lrs = learning_rates(learner.cfg.ppo)
     adapted = learner.cfg.ppo.lr_schedule == "kl_adaptive"
     for name, opt in learner.optimizers.items():
-        opt.load_state_dict(state["optimizers"][name])
+        saved = saved_optimizer(state, name)
+        if saved is None:  # a new own critic: fresh moments, at the critic's rate
+            for group in opt.param_groups:
+                group["lr"] = learner.optimizers["critic"].param_groups[0]["lr"]
+            continue
+        opt.load_state_dict(saved)
         for group in opt.param_groups if not adapted else ():
             group["lr"] = lrs[name]
     learner.generator.set_state(state["generator"].cpu())

@@ -42,7 +42,10 @@ class NonFiniteTraining(RuntimeError):
 
 def make_policy(cfg: Config, device: torch.device | str) -> NavRLPolicy:
     return NavRLPolicy(
-        action_limit=cfg.env.action_limit, gamma=cfg.ppo.gamma, lmbda=cfg.ppo.lmbda
+        action_limit=cfg.env.action_limit,
+        gamma=cfg.ppo.gamma,
+        lmbda=cfg.ppo.lmbda,
+        separate_critic=cfg.ppo.separate_critic,
     ).to(device)
 
 

@@ -27,8 +27,14 @@ from navrl_daemon import __version__
 from navrl_daemon.config import Config
 from navrl_daemon.env.curriculum import Curriculum
 from navrl_daemon.errors import DataError
+from navrl_daemon.rl.policy import CRITIC_EXTRACTOR
 from navrl_daemon.rl.ppo import make_optimizers
-from navrl_daemon.rl.snapshot import SNAPSHOT_VERSION, restore_collector, restore_learner
+from navrl_daemon.rl.snapshot import (
+    SNAPSHOT_VERSION,
+    restore_collector,
+    restore_learner,
+    saved_optimizer,
+)
 from navrl_daemon.rl.training import Collector, Learner, make_policy
 from navrl_daemon.stages.curriculum import use_stage
 from navrl_daemon.stages.evaluator import read_results
@@ -118,12 +124,23 @@ class CheckpointFit:
                 self.policy.load_state_dict(state["learner"]["policy"])
             return
         learner = state["learner"]
+        if self.policy.critic_extractor is None and any(
+            k.startswith(CRITIC_EXTRACTOR) for k in learner["policy"]
+        ):
+            raise ValueError(
+                "its critic has a feature extractor of its own (ppo.separate_critic = "
+                "true) and this run's shares the actor's; set ppo.separate_critic = true "
+                "to go on from it"
+            )
         self.policy.load_state_dict(learner["policy"])  # keys and shapes
         if kind == WARM_START:
             return
         _require(learner, "learner", ("optimizers", "generator", "version"))
         for name, opt in self.optimizers.items():
-            opt.load_state_dict(learner["optimizers"][name])
+            saved = saved_optimizer(learner, name)
+            if saved is None:
+                continue
+            opt.load_state_dict(saved)
             for group in opt.param_groups:
                 for param in group["params"]:
                     for key, value in opt.state.get(param, {}).items():

@@ -10,12 +10,15 @@ from pathlib import Path
 import torch
 
 from navrl_daemon.errors import DataError
+from navrl_daemon.rl.policy import navrl_layout
 from navrl_daemon.storage.atomic import write_atomic
 
 
 def save_policy_state(path: Path, state: dict[str, torch.Tensor]) -> None:
+    """Write `state` in NavRL's layout: an own critic's extractor (ppo.separate_critic)
+    stays in the run's checkpoints, not in policy files."""
     buf = io.BytesIO()
-    torch.save({k: v.detach().cpu() for k, v in state.items()}, buf)
+    torch.save({k: v.detach().cpu() for k, v in navrl_layout(state).items()}, buf)
     write_atomic(path, buf.getvalue())
 
 
@@ -33,7 +36,9 @@ def load_policy_state(path: Path) -> dict[str, torch.Tensor]:
 
 
 def load_any_policy_state(path: Path) -> dict[str, torch.Tensor]:
-    """The policy of a NavRL-layout `.pt` file or of a `.nrc` checkpoint, told apart by magic."""
+    """The policy of a NavRL-layout `.pt` file or of a `.nrc` checkpoint, told apart by
+    magic, in NavRL's layout (a checkpoint's own critic extractor, ppo.separate_critic,
+    left out: what acting needs)."""
     from navrl_daemon.storage.checkpoint import MAGIC, load_checkpoint
 
     try:
@@ -50,13 +55,15 @@ def load_any_policy_state(path: Path) -> dict[str, torch.Tensor]:
         policy = state["learner"]["policy"]
     except (KeyError, TypeError):
         raise DataError(f"checkpoint {path}: holds no learner.policy") from None
-    return dict(policy)
+    return navrl_layout(policy)
 
 
 def check_policy_layout(
     state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], path: Path
 ) -> None:
-    """Refuse (exit 65) a state_dict whose keys or shapes differ from NavRL's layout."""
+    """Refuse (exit 65) a state_dict whose keys or shapes differ from NavRL's layout. The
+    own critic's extractor (ppo.separate_critic) is not part of it, in either."""
+    state, expected = navrl_layout(state), navrl_layout(expected)
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     wrong = sorted(k for k in expected if k in state and state[k].shape != expected[k].shape)

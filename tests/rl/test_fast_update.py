@@ -59,9 +59,9 @@ def _graph_standin_on_cpu(monkeypatch, request):
     monkeypatch.setattr(fast_update, "capture_graph", standin)
 
 
-def _pair(make_batch, device: str, seed: int = 0):
+def _pair(make_batch, device: str, seed: int = 0, separate_critic: bool = False):
     torch.manual_seed(seed)
-    base = NavRLPolicy()
+    base = NavRLPolicy(separate_critic=separate_critic)
     batch = make_batch(base, num_envs=8, steps=6, seed=seed).to(device)
     return base.to(device), batch
 
@@ -89,12 +89,17 @@ def _assert_close_weights(a: NavRLPolicy, b: NavRLPolicy) -> None:
         torch.testing.assert_close(sa[key], sb[key], **TOL, msg=key)
 
 
-@pytest.mark.parametrize("mirror", [False, True], ids=["plain", "mirror"])
+@pytest.mark.parametrize(
+    ("mirror", "separate"),
+    [(False, False), (True, False), (False, True)],
+    ids=["plain", "mirror", "separate-critic"],
+)
 @pytest.mark.parametrize(("device", "graphs"), PATHS)
-def test_one_update_matches_eager(make_batch, device, graphs, mirror):
-    """Also with ppo.mirror, whose reflected rows are built inside the captured step."""
-    cfg = SMALL.model_copy(update={"mirror": mirror})
-    base, batch = _pair(make_batch, device)
+def test_one_update_matches_eager(make_batch, device, graphs, mirror, separate):
+    """Also with ppo.mirror, whose reflected rows are built inside the captured step, and
+    with ppo.separate_critic (a fourth optimiser, the critic's clip over its extractor)."""
+    cfg = SMALL.model_copy(update={"mirror": mirror, "separate_critic": separate})
+    base, batch = _pair(make_batch, device, separate_critic=separate)
     eager_policy, fast_policy = copy.deepcopy(base), copy.deepcopy(base)
     eager_stats, eager_opts = _eager(eager_policy, batch, cfg, seed=3)
 
