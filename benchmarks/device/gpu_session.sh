@@ -81,6 +81,13 @@ CROSS_HOLD_STAGE=${LONG_HOPS_HOLD_STAGE/max_episode_length = 1400,/max_episode_l
 # crossings of the field only (env.spawn = "crossing", still at the envs' density levels):
 # the long cruise the hops lack (docs/learning.md, session 9).
 HOPS_TO_CROSS_STAGE=${LONG_HOPS_HOLD_STAGE/reach_goal = 0.6, collision = 0.35/reach_goal = 0.3, collision = 0.7}
+# The same hops until the crossing's reach is 0.5 (collision at most 0.5) twice: with
+# ppo.mirror the 0.3 came at ~2.5 M frames, before the hops had climbed the density levels
+# (docs/learning.md, sessions 15 and 16).
+HOPS_TO_HALF_STAGE=${LONG_HOPS_HOLD_STAGE/reach_goal = 0.6, collision = 0.35/reach_goal = 0.5, collision = 0.5}
+for stage in "$HOPS_TO_CROSS_STAGE" "$HOPS_TO_HALF_STAGE"; do  # a substitution that missed
+  [ "$stage" != "$LONG_HOPS_HOLD_STAGE" ] || { echo "gpu_session.sh: stage rule not replaced" >&2; exit 2; }
+done
 # The crossings as a curriculum's last stage (no promotion): crossings at the envs' levels to the end.
 CROSSINGS_LAST_STAGE='{name = "crossings", spawn = "crossing", max_episode_length = 2200, reach_hold = 64}'
 CROSSINGS_STAGE="${CROSSINGS_LAST_STAGE%\}}, promote = {reach_goal = 0.6, collision = 0.35, evals = 2}}"
@@ -220,7 +227,9 @@ sweep)
   # (the same, then crossings with every env at 350 pillars) and long_hops_hold_mb4_then_cross_clip2
   # (then_cross with PPO's clip at 0.2) and long_hops_hold_mb4_then_cross_mirror (then_cross
   # with ppo.mirror) and long_hops_hold_mb4_then_cross_mirror_stay (the same, crossings to the
-  # end) on request; NAME@SEED runs a recipe
+  # end) and long_hops_hold_mb4_bar5_then_cross_mirror_stay (the same, the hops to the
+  # crossing's 0.5) and long_hops_hold_mb4_bar5_then_cross_mirror_stay_sep (the same with
+  # ppo.separate_critic) on request; NAME@SEED runs a recipe
   # with run.seed = SEED, so one sweep can hold several seeds of it). EVAL_EVERY: iterations
   # between evaluations (25; 3 with DEV=cpu). FRAMES: each recipe also stops at this many frames (the CPU
   # goal's 20 M). EXTRA: more KEY=VALUE overrides for every recipe (e.g. for a
@@ -293,6 +302,14 @@ sweep)
       # stage: NavRL's spawns never come (four runs lost crossing reach after them)
       recipe=("${mapped[@]}" ppo.minibatches=4 "${lin20[@]}" ppo.mirror=true
         "env.curriculum=[$HOPS_TO_CROSS_STAGE, $CROSSINGS_LAST_STAGE]") ;;
+    long_hops_hold_mb4_bar5_then_cross_mirror_stay)  # then_cross_mirror_stay with the hops
+      # until the crossing's 0.5 (not 0.3)
+      recipe=("${mapped[@]}" ppo.minibatches=4 "${lin20[@]}" ppo.mirror=true
+        "env.curriculum=[$HOPS_TO_HALF_STAGE, $CROSSINGS_LAST_STAGE]") ;;
+    long_hops_hold_mb4_bar5_then_cross_mirror_stay_sep)  # the same with the critic on a
+      # feature extractor of its own (ppo.separate_critic)
+      recipe=("${mapped[@]}" ppo.minibatches=4 "${lin20[@]}" ppo.mirror=true ppo.separate_critic=true
+        "env.curriculum=[$HOPS_TO_HALF_STAGE, $CROSSINGS_LAST_STAGE]") ;;
     long_hops_hold_mb4_vclip)  # the hold in 4 minibatches, the critic's value clip off
       recipe=("${hold[@]}" ppo.minibatches=4 ppo.value_clip=1000000) ;;
     *) log "unknown recipe $name"; exit 2 ;;

@@ -65,6 +65,7 @@ def restore_learner(learner: Learner, state: dict[str, Any], *, counters: bool =
     for name, opt in learner.optimizers.items():
         saved = saved_optimizer(state, name)
         if saved is None:  # a new own critic: fresh moments, at the critic's rate
+            opt.state.clear()  # (a rollback to such a file drops the ones trained since)
             for group in opt.param_groups:
                 group["lr"] = learner.optimizers["critic"].param_groups[0]["lr"]
             continue
