@@ -331,8 +331,9 @@ class PPOConfig(Section):
     # The critic head reads a copy of the feature extractor of its own (LiDAR CNN, obstacle
     # MLP, trunk), trained by the critic's loss alone at the critic's lr and clipped with
     # it, so the value loss no longer moves the actor's features. A checkpoint without one
-    # (NavRL's, or a run before) starts it as a copy of the shared extractor. Exports keep
-    # NavRL's layout (the actor's path). Off: NavRL's shared trunk.
+    # (NavRL's, or a run before) starts it as a copy of the shared extractor; turned off,
+    # a state dir with one exits 78. Exports keep NavRL's layout (the actor's path). Off:
+    # NavRL's shared trunk.
     separate_critic: bool = False
     # How the update runs, never what it computes (rl/fast_update.py, docs/throughput.md):
     # "eager" NavRL's loop; "fused" no host sync per minibatch, fused Adam; "cuda_graph"

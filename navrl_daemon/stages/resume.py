@@ -26,7 +26,7 @@ import torch
 from navrl_daemon import __version__
 from navrl_daemon.config import Config
 from navrl_daemon.env.curriculum import Curriculum
-from navrl_daemon.errors import DataError
+from navrl_daemon.errors import ConfigError, DataError
 from navrl_daemon.rl.policy import CRITIC_EXTRACTOR
 from navrl_daemon.rl.ppo import make_optimizers
 from navrl_daemon.rl.snapshot import (
@@ -127,10 +127,12 @@ class CheckpointFit:
         if self.policy.critic_extractor is None and any(
             k.startswith(CRITIC_EXTRACTOR) for k in learner["policy"]
         ):
-            raise ValueError(
-                "its critic has a feature extractor of its own (ppo.separate_critic = "
-                "true) and this run's shares the actor's; set ppo.separate_critic = true "
-                "to go on from it"
+            # The config, not the file: falling back to an older checkpoint without one
+            # (and moving the newer aside) would quietly undo training.
+            raise ConfigError(
+                "the state dir's checkpoints give the critic a feature extractor of its "
+                "own (ppo.separate_critic = true) and this run's config shares the "
+                "actor's; set ppo.separate_critic = true to go on from them"
             )
         self.policy.load_state_dict(learner["policy"])  # keys and shapes
         if kind == WARM_START:

@@ -138,16 +138,18 @@ def test_a_run_turns_it_on_at_a_resume_and_exports_navrl_layout(tmp_path: Path):
     assert sorted(navrl_layout(policy)) == sorted(keys)
 
 
-def test_checkpoints_with_it_do_not_fit_a_run_without_it(tmp_path: Path):
-    """Turned off, a run's checkpoints with an own critic no longer fit its policy: exit
-    65 saying which setting they need, and the files stay where they were."""
+def test_turned_off_it_exits_78_and_never_falls_back_to_an_older_checkpoint(tmp_path: Path):
+    """Turned off after a resume turned it on, the newest checkpoints (with an own critic)
+    do not fit the config: exit 78 saying which setting they need, rather than going on
+    from the older checkpoint without one and moving the newer aside; no file moves."""
     state = tmp_path / "state"
-    run(state, "ppo.separate_critic=true", "checkpoint.interval=2", "run.total_frames=256")
+    run(state, "checkpoint.interval=2", "run.total_frames=256")
+    run(state, "ppo.separate_critic=true", "checkpoint.interval=2", "run.total_frames=512")
     files = sorted((state / "checkpoints").glob("*.nrc"))
-    assert files
-    proc = navrl_cli("run", "--state-dir", str(state), *TINY, "run.total_frames=512")
-    assert proc.returncode == 65, proc.stderr[-2000:]
-    assert "set ppo.separate_critic = true to go on from it" in proc.stderr
+    assert len(files) >= 3
+    proc = navrl_cli("run", "--state-dir", str(state), *TINY, "run.total_frames=768")
+    assert proc.returncode == 78, proc.stderr[-2000:]
+    assert "set ppo.separate_critic = true to go on from them" in proc.stderr
     assert sorted((state / "checkpoints").glob("*.nrc")) == files
     assert not [e for e in events(proc.stderr) if e["event"] == "resumed from checkpoint"]
 
