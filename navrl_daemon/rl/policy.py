@@ -124,6 +124,17 @@ def navrl_layout(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v for k, v in state.items() if not k.startswith(CRITIC_EXTRACTOR)}
 
 
+def has_own_critic(state: Mapping[str, Any]) -> bool:
+    """Whether a policy state_dict has the own critic's extractor (ppo.separate_critic)."""
+    return any(k.startswith(CRITIC_EXTRACTOR) for k in state)
+
+
+def observation(td: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The (state, lidar, dynamic_obstacle) of `td`'s ("agents", "observation") entry."""
+    obs = td.get(OBS_KEY)
+    return obs.get("state"), obs.get("lidar"), obs.get("dynamic_obstacle")
+
+
 class NavRLPolicy(nn.Module):
     """Shared feature trunk (or, with `separate_critic`, one per head), Beta actor and
     critic, plus ValueNorm and GAE buffers.
@@ -183,13 +194,14 @@ class NavRLPolicy(nn.Module):
         state: torch.Tensor,
         lidar: torch.Tensor,
         dynamic_obstacle: torch.Tensor,
-        feature: torch.Tensor,
+        feature: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """What the critic head reads: the actor's `feature` (NavRL's shared trunk), or
-        with ppo.separate_critic the critic's own extractor's feature of the same input."""
-        if self.critic_extractor is None:
-            return feature
-        return extract(self.critic_extractor, state, lidar, dynamic_obstacle)
+        """What the critic head reads: the actor's feature (NavRL's shared trunk; `feature`
+        when already computed), or with ppo.separate_critic the critic's own extractor's
+        feature of the same input."""
+        if self.critic_extractor is not None:
+            return extract(self.critic_extractor, state, lidar, dynamic_obstacle)
+        return self.features(state, lidar, dynamic_obstacle) if feature is None else feature
 
     def critic_parameters(self) -> list[nn.Parameter]:
         """The critic's: its head, and its own extractor if it has one (what the critic's
@@ -212,22 +224,11 @@ class NavRLPolicy(nn.Module):
 
     def observe(self, td: TensorDictBase) -> torch.Tensor:
         """The trunk feature of `td`'s ("agents", "observation") entry."""
-        obs = td.get(OBS_KEY)
-        return self.features(obs.get("state"), obs.get("lidar"), obs.get("dynamic_obstacle"))
+        return self.features(*observation(td))
 
-    def state_value(self, td: TensorDictBase, feature: torch.Tensor | None = None) -> torch.Tensor:
-        """V of `td`'s observation ([B…,1], normalised units); `feature`: its actor
-        feature when already computed."""
-        obs = td.get(OBS_KEY)
-        parts = (obs.get("state"), obs.get("lidar"), obs.get("dynamic_obstacle"))
-        if self.critic_extractor is not None:
-            return self.value(extract(self.critic_extractor, *parts))
-        return self.value(self.features(*parts) if feature is None else feature)
-
-    def navrl_state_dict(self) -> dict[str, torch.Tensor]:
-        """The state_dict in NavRL's layout (the 37 keys of its checkpoint): without the
-        own critic's extractor (see `load_state_dict`)."""
-        return navrl_layout(self.state_dict())
+    def state_value(self, td: TensorDictBase) -> torch.Tensor:
+        """V of `td`'s ("agents", "observation") entry, [B…,1], normalised units."""
+        return self.value(self.critic_features(*observation(td)))
 
     def load_state_dict(
         self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False
@@ -236,9 +237,7 @@ class NavRLPolicy(nn.Module):
         NavRL's checkpoint, a run without ppo.separate_critic) loads into a policy with
         its own critic too: that extractor starts as a copy of the shared one, whose
         feature the critic head was trained on."""
-        if self.critic_extractor is not None and not any(
-            k.startswith(CRITIC_EXTRACTOR) for k in state_dict
-        ):
+        if self.critic_extractor is not None and not has_own_critic(state_dict):
             shared = {
                 CRITIC_EXTRACTOR + k.removeprefix(SHARED_EXTRACTOR): v
                 for k, v in state_dict.items()
@@ -270,14 +269,15 @@ class NavRLPolicy(nn.Module):
         `generator` (None: torch's default one); deterministic ones the Beta mean α/(α+β)
         (ExplorationType.MEAN), as in NavRL's eval and ROS runners.
         """
-        feature = self.observe(td)
+        parts = observation(td)
+        feature = self.features(*parts)
         dist = self.distribution(feature)
         action = dist.mean if deterministic else sample_beta(dist, generator)
         direction = td.get((*OBS_KEY, "direction"))
         td.set(("agents", "action_normalized"), action)
         td.set(("agents", "action"), self.to_world(action, direction))
         td.set("sample_log_prob", dist.log_prob(action))
-        td.set("state_value", self.state_value(td, feature))
+        td.set("state_value", self.value(self.critic_features(*parts, feature)))
         return td
 
     def forward(self, td: TensorDictBase, deterministic: bool = False) -> TensorDictBase:

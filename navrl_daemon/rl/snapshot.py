@@ -24,7 +24,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from navrl_daemon.host_copy import host_copy
-from navrl_daemon.rl.policy import CRITIC_EXTRACTOR
+from navrl_daemon.rl.policy import has_own_critic
 from navrl_daemon.rl.ppo import CRITIC_EXTRACTOR_OPT, learning_rates
 from navrl_daemon.rl.training import Collector, Learner
 
@@ -47,7 +47,7 @@ def saved_optimizer(learner_state: dict[str, Any], name: str) -> dict[str, Any] 
     from a run without one (ppo.separate_critic turned on at a resume: the extractor
     starts as a copy of the shared one, its optimiser afresh). KeyError otherwise."""
     optimizers = learner_state["optimizers"]
-    own = any(k.startswith(CRITIC_EXTRACTOR) for k in learner_state["policy"])
+    own = has_own_critic(learner_state["policy"])
     if name == CRITIC_EXTRACTOR_OPT and name not in optimizers and not own:
         return None
     return optimizers[name]

@@ -27,7 +27,7 @@ from navrl_daemon import __version__
 from navrl_daemon.config import Config
 from navrl_daemon.env.curriculum import Curriculum
 from navrl_daemon.errors import ConfigError, DataError
-from navrl_daemon.rl.policy import CRITIC_EXTRACTOR
+from navrl_daemon.rl.policy import has_own_critic
 from navrl_daemon.rl.ppo import make_optimizers
 from navrl_daemon.rl.snapshot import (
     SNAPSHOT_VERSION,
@@ -124,9 +124,7 @@ class CheckpointFit:
                 self.policy.load_state_dict(state["learner"]["policy"])
             return
         learner = state["learner"]
-        if self.policy.critic_extractor is None and any(
-            k.startswith(CRITIC_EXTRACTOR) for k in learner["policy"]
-        ):
+        if self.policy.critic_extractor is None and has_own_critic(learner["policy"]):
             # The config, not the file: falling back to an older checkpoint without one
             # (and moving the newer aside) would quietly undo training.
             raise ConfigError(

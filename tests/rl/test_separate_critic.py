@@ -50,7 +50,7 @@ def test_navrl_layers_draw_the_same_initial_weights_with_or_without():
     shared = NavRLPolicy().state_dict()
     torch.manual_seed(0)
     separate = NavRLPolicy(separate_critic=True)
-    assert list(separate.navrl_state_dict()) == list(shared)
+    assert list(navrl_layout(separate.state_dict())) == list(shared)
     assert all(torch.equal(separate.state_dict()[k], v) for k, v in shared.items())
     assert any(k.startswith(CRITIC_EXTRACTOR) for k in separate.state_dict())
 
@@ -73,7 +73,7 @@ def test_the_value_loss_reaches_the_actor_features_only_when_shared(separate: bo
         assert not grads(policy.critic_extractor) and not grads(policy.critic)
 
 
-def test_one_update_moves_the_critics_extractor_apart_and_clips_it_with_the_critic():
+def test_one_update_moves_both_extractors_and_the_critics_clip_covers_its_own():
     torch.manual_seed(2)
     policy = NavRLPolicy(separate_critic=True)
     opts = ppo.make_optimizers(policy, SEPARATE)
@@ -107,7 +107,7 @@ def test_navrl_checkpoint_loads_with_the_critic_starting_as_a_copy():
         b = separate.act(obs.clone(), deterministic=True)
     torch.testing.assert_close(a["state_value"], b["state_value"])
     torch.testing.assert_close(a["agents", "action"], b["agents", "action"])
-    assert separate.navrl_state_dict().keys() == state.keys()
+    assert navrl_layout(separate.state_dict()).keys() == state.keys()
     own = separate.critic_extractor.state_dict()
     assert all(torch.equal(v, state["feature_extractor." + k]) for k, v in own.items())
 
