@@ -34,7 +34,9 @@ def scrape_state(state: Path) -> dict[str, float]:
 def test_finished_state_is_served_before_exit(tmp_path: Path) -> None:
     state = tmp_path / "state"
     cmd = [sys.executable, "-m", "navrl_daemon", "run", "--state-dir", str(state), *TINY]
-    cmd += ["run.total_frames=192", "eval.interval=0", "metrics.final_scrape_s=30"]
+    # 20 iterations: long enough that the 0.2 s poll sees it running (at 3, an idle
+    # machine finished the run before the first scrape answered).
+    cmd += ["run.total_frames=1280", "eval.interval=0", "metrics.final_scrape_s=30"]
     log = (tmp_path / "daemon.log").open("w")
     proc = subprocess.Popen(cmd, cwd=REPO, env=SUBPROCESS_ENV, stdout=log, stderr=log)
     seen: list[dict[str, float]] = []
