@@ -12,7 +12,9 @@ same process. `eager_ulp` is the eager
 path on the batch with every LiDAR value moved by one float32 ulp: how far rounding alone
 carries the update's statistics over 64 Adam steps, the yardstick for "float tolerance".
 
-Run: `.venv/bin/python benchmarks/ppo_update.py [--num-envs 1024] [--devices cuda]`
+Run: `.venv/bin/python benchmarks/ppo_update.py [--num-envs 1024] [--devices cuda]`; the
+CPU learning runs' shape: `--num-envs 256 --minibatches 4 --mirror --threads 1 --paths fused
+fused_compiled`.
 """
 
 from __future__ import annotations
@@ -170,9 +172,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--devices", nargs="+", default=None, help="default: cpu (+ cuda)")
     parser.add_argument("--paths", nargs="+", default=None, help="default: all that run there")
+    parser.add_argument("--minibatches", type=int, default=16, help="per epoch (NavRL: 16)")
+    parser.add_argument("--mirror", action="store_true", help="ppo.mirror: reflected rows too")
+    parser.add_argument("--threads", type=int, default=None, help="torch's CPU threads")
     args = parser.parse_args()
 
-    cfg = PPOConfig(rollout_length=32, epochs=4, minibatches=16)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = PPOConfig(rollout_length=32, epochs=4, minibatches=args.minibatches, mirror=args.mirror)
     devices = args.devices or ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     results = []
     for name in devices:
@@ -189,6 +196,7 @@ def main() -> None:
         "rollout_length": cfg.rollout_length,
         "epochs": cfg.epochs,
         "minibatches": cfg.minibatches,
+        "mirror": cfg.mirror,
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "cpu": platform.processor() or platform.machine(),
