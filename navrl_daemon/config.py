@@ -296,6 +296,15 @@ class PPOConfig(Section):
     lmbda: Annotated[float, Field(ge=0.0, le=1.0)] = 0.95
     # Gradients are clipped to this norm (actor and critic separately).
     max_grad_norm: PosFloat = 5.0
+    # The shared feature extractor's (LiDAR CNN, obstacle MLP, trunk) gradients clipped to
+    # this norm as well, on their own; 0: NavRL's update, which leaves them unclipped (the
+    # norm is reported either way: feature_extractor_grad_norm).
+    feature_extractor_max_grad_norm: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 0.0
+    # KL early stop: once a minibatch's KL from the rollout's policy, measured on its rows
+    # before its step, exceeds 1.5 x target_kl, that step and the rest of the update's are
+    # skipped (Spinning Up's and Stable-Baselines3's rule). 0: NavRL's update, every step
+    # taken. Each update's KL is reported either way (kl, kl_stopped_steps).
+    target_kl: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
     # Huber loss threshold of the critic.
     huber_delta: PosFloat = 10.0
     # At a time-out, bootstrap from V(s_T) and cut the GAE recursion; false: NavRL's GAE.
@@ -607,6 +616,16 @@ class Config(Section):
             raise ValueError(
                 'ppo.lr_schedule: "kl_adaptive" measures the KL on the rollout after the '
                 "update; pipeline.compress_rollouts hands the rollout back before it ends"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _target_kl(self) -> Config:
+        if self.ppo.target_kl > 0 and self.pipeline.max_policy_lag > 0:
+            raise ValueError(
+                "ppo.target_kl: with pipeline.max_policy_lag = 1 the rollout's policy is one "
+                "update behind, so a first minibatch's KL already holds the last update's "
+                "move and the early stop would skip whole updates; set one of them to 0"
             )
         return self
 

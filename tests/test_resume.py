@@ -100,6 +100,7 @@ def test_resume_from_an_interval_checkpoint_after_kill9_is_also_exact(
         ("env.safety_weight=3.0",),
         ("ppo.mirror=true", "env.map_levels=[0,2,4]"),
         ("ppo.separate_critic=true",),
+        ("ppo.target_kl=0.001", "ppo.feature_extractor_max_grad_norm=0.05"),
         # Goals within reach at the start: hold counts run and hops end at the goal.
         (
             "env.map_levels=[0,2,4]",
@@ -116,6 +117,7 @@ def test_resume_from_an_interval_checkpoint_after_kill9_is_also_exact(
         "safety-weight",
         "mirror",
         "separate-critic",
+        "update-guards",
         "reach-hold",
     ],
 )
@@ -124,9 +126,9 @@ def test_resume_is_exact_with_density_levels_and_a_spawn_mix(
 ) -> None:
     """Per-env density levels (env.map_levels), the spawn mix (env.crossing_share), hops
     ended at the goal (env.reach_hold), a reward weight (env.safety_weight), mirrored
-    minibatches (ppo.mirror) and a critic of its own (ppo.separate_critic) keep the resume
-    exact: the levels and the hold counts travel
-    in the env state."""
+    minibatches (ppo.mirror), a critic of its own (ppo.separate_critic) and the update's
+    guards (ppo.target_kl, ppo.feature_extractor_max_grad_norm) keep the resume exact: the
+    levels and the hold counts travel in the env state."""
     common = ("checkpoint.interval=2", *extra)
     run(tmp_path / "a", *common, "run.total_frames=640")
     (tmp_path / "a" / "checkpoints" / "ckpt-000000010.nrc").unlink()  # as if killed at 9

@@ -54,7 +54,11 @@ _LOSS_TERMS = {
     "entropy": "entropy",
     "bc_loss": "bc",
 }
-_GRAD_GROUPS = {"actor_grad_norm": "actor", "critic_grad_norm": "critic"}
+_GRAD_GROUPS = {
+    "actor_grad_norm": "actor",
+    "critic_grad_norm": "critic",
+    "feature_extractor_grad_norm": "feature_extractor",
+}
 # Episode stats (env STAT_KEYS) → (training metric, evaluation metric, what it says).
 _EPISODE_STATS = {
     "reach_goal": ("reach_goal_ratio", "reach_goal_ratio", "share that reached the goal"),
@@ -166,6 +170,17 @@ class Metrics:
             "navrl_explained_variance",
             "Explained variance of the value targets by the critic in the last update (1 is "
             "perfect, 0 no better than their mean); NaN before the first.",
+            registry=r,
+        )
+        self.policy_kl = Gauge(
+            "navrl_policy_kl",
+            "KL from the rollout's policy, mean over the last update's applied minibatch "
+            "steps, each measured before its step; NaN before the first.",
+            registry=r,
+        )
+        self.kl_stopped_steps_total = Counter(
+            "navrl_kl_stopped_steps",
+            "Minibatch steps left out by the KL early stop (ppo.target_kl).",
             registry=r,
         )
         self.nonfinite_updates_total = Counter(
@@ -350,7 +365,12 @@ class Metrics:
         ).labels(version=version, torch=torch_version, device=device).set(1)
 
         # "Nothing yet" must not read as a value: no episode is not "every episode failed".
-        nothing_yet = [*self.episode.values(), *self.eval.values(), self.explained_variance]
+        nothing_yet = [
+            *self.episode.values(),
+            *self.eval.values(),
+            self.explained_variance,
+            self.policy_kl,
+        ]
         nothing_yet += [self.loss.labels(term=term) for term in _LOSS_TERMS.values()]
         nothing_yet += [self.grad_norm.labels(group=group) for group in _GRAD_GROUPS.values()]
         for gauge in nothing_yet:
@@ -388,6 +408,9 @@ class Metrics:
                 self.grad_norm.labels(group=group).set(losses[key])
         if "explained_var" in losses:
             self.explained_variance.set(losses["explained_var"])
+        if "kl" in losses:
+            self.policy_kl.set(losses["kl"])
+        self.kl_stopped_steps_total.inc(losses.get("kl_stopped_steps", 0))
         self.nonfinite_updates_total.inc(losses.get("nonfinite_updates", 0))
         self.last_iteration_timestamp.set(time.time() if now is None else now)
         if self._checkpoint_interval:

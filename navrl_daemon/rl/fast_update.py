@@ -18,6 +18,11 @@ step, with two changes of mechanism and none of maths:
   graph reads; a graph is captured again when the optimiser state it reads is replaced
   (a checkpoint loaded) or a captured constant of the config changes.
 
+The KL early stop (`ppo.target_kl`) is a device flag here: once a minibatch's KL is over
+the bar, that step and every later one of the update is skipped through the same
+`found_inf`, so the update still reads nothing on the host; their forward and backward
+passes run all the same (the eager path stops instead). The steps and statistics match.
+
 Minibatches come from the same generator draws as the eager path (`ppo.minibatch_indices`
 per epoch), so on one batch the paths differ only by float rounding (fused vs unfused
 Adam): tests/rl/test_fast_update.py holds them to that on the CPU, and on a GPU when there
@@ -41,7 +46,6 @@ from contextlib import contextmanager
 
 import torch
 from tensordict import TensorDictBase
-from torch.nn.utils import clip_grad_norm_
 
 from navrl_daemon.config import NOT_FAST, PPOConfig, UpdatePath, check_compile, resolve_update_path
 from navrl_daemon.rl import ppo
@@ -179,6 +183,10 @@ class FastUpdate:
         self.capture_error: str | None = None
         self.sums = torch.zeros(len(ppo.STAT_NAMES), device=device)
         self.applied = torch.zeros((), device=device, dtype=torch.long)
+        # ppo.target_kl: 1.0 once a minibatch's KL passed the bar (the rest are skipped);
+        # the steps it skipped.
+        self.kl_halted = torch.zeros((), device=device)
+        self.kl_stopped = torch.zeros((), device=device, dtype=torch.long)
         # 1.0 forces every step to be skipped: the warm-up before a capture.
         self.force_skip = torch.zeros((), device=device)
         self.entropy_coef = torch.zeros((), device=device)
@@ -211,8 +219,7 @@ class FastUpdate:
         data = ppo.update_data(batch, advantages, targets)
         flat = data.reshape(-1)
         rows = flat.shape[0]
-        self.sums.zero_()
-        self.applied.zero_()
+        self._zero_counts()
         self.entropy_coef.fill_(cfg.entropy_coef)
         # The graph and the compiled losses read the coefficient from the device scalar (a
         # float would be baked in); the plain fused step takes the float, as eager does.
@@ -234,12 +241,14 @@ class FastUpdate:
         if self._replay is None:
             self._zero_grad()
         applied = int(self.applied.item())  # the update's one host sync for statistics
+        kl_stopped = int(self.kl_stopped.item())
         sums = self.sums.tolist()
         means = [s / applied for s in sums] if applied else [float("nan")] * len(sums)
         return {
             **dict(zip(ppo.STAT_NAMES, means, strict=True)),
             "minibatch_updates": applied,
-            "nonfinite_updates": steps - applied,
+            "nonfinite_updates": steps - applied - kl_stopped,
+            "kl_stopped_steps": kl_stopped,
         }
 
     def report(self) -> dict[str, float]:
@@ -247,8 +256,14 @@ class FastUpdate:
 
     # ------------------------------------------------------------------------ the step
 
+    def _zero_counts(self) -> None:
+        self.sums.zero_()
+        self.applied.zero_()
+        self.kl_halted.zero_()
+        self.kl_stopped.zero_()
+
     def _step(self, mb: TensorDictBase, cfg: PPOConfig, entropy_coef: float | torch.Tensor) -> None:
-        """One minibatch: losses, backward, NavRL's clips, a masked Adam step, statistics.
+        """One minibatch: losses, backward, the clips, a masked Adam step, statistics.
         Nothing here reads a device value on the host, so it can be captured. Gradients
         start as None (no kernel: in a capture, the graph's backward then owns them)."""
         self._zero_grad()
@@ -257,13 +272,15 @@ class FastUpdate:
             losses = self._losses(*ppo.loss_inputs(mb), entropy_coef, cfg)
         else:
             losses = ppo.minibatch_losses(policy, mb, cfg, entropy_coef)
-        l_actor, l_critic, l_entropy, value = losses
+        l_actor, l_critic, l_entropy, value, kl = losses
+        kl_bar = ppo.kl_stop_bar(cfg)
+        if kl_bar is not None:  # from this minibatch on, every step is skipped
+            self.kl_halted.copy_(torch.maximum(self.kl_halted, (kl > kl_bar).float()))
         loss = l_actor + l_entropy + l_critic
         loss.backward()
-        actor_norm = clip_grad_norm_(policy.actor.parameters(), cfg.max_grad_norm)
-        critic_norm = clip_grad_norm_(policy.critic_parameters(), cfg.max_grad_norm)
-        bad = (~torch.isfinite(loss + actor_norm + critic_norm)).float()
-        found_inf = torch.maximum(bad, self.force_skip)
+        actor_norm, critic_norm, extractor_norm = ppo.clip_gradients(policy, cfg)
+        bad = (~torch.isfinite(loss + actor_norm + critic_norm + extractor_norm)).float()
+        found_inf = torch.maximum(torch.maximum(bad, self.force_skip), self.kl_halted)
         for opt in self.optimizers.values():
             opt.found_inf = found_inf  # type: ignore[attr-defined]  # GradScaler's protocol
             try:
@@ -273,10 +290,20 @@ class FastUpdate:
         with torch.no_grad():
             ok = found_inf == 0
             stats = ppo.step_stats(
-                mb, cfg, value, l_actor, l_critic, l_entropy, actor_norm, critic_norm
+                mb,
+                cfg,
+                value,
+                l_actor,
+                l_critic,
+                l_entropy,
+                actor_norm,
+                critic_norm,
+                extractor_norm,
+                kl,
             )
             self.sums += torch.where(ok, stats, torch.zeros_like(stats))
             self.applied += ok.long()
+            self.kl_stopped += (self.kl_halted > 0).long()
 
     def _minibatch_rows(
         self, rows: int, cfg: PPOConfig, generator: torch.Generator | None
@@ -362,7 +389,15 @@ class FastUpdate:
             if isinstance(t, torch.Tensor)
         )
         params = tuple(p.data_ptr() for p in self.policy.parameters())
-        baked = (cfg.clip_ratio, cfg.value_clip, cfg.huber_delta, cfg.max_grad_norm, cfg.mirror)
+        baked = (
+            cfg.clip_ratio,
+            cfg.value_clip,
+            cfg.huber_delta,
+            cfg.max_grad_norm,
+            cfg.mirror,
+            cfg.feature_extractor_max_grad_norm,
+            cfg.target_kl,
+        )
         hyper = tuple(
             (g["betas"], g["eps"], g["weight_decay"], g["amsgrad"], g["maximize"])
             for opt in self.optimizers.values()
@@ -381,8 +416,7 @@ class FastUpdate:
 
         def prepare() -> None:
             self.force_skip.fill_(0.0)
-            self.sums.zero_()
-            self.applied.zero_()
+            self._zero_counts()
 
         def step() -> None:
             self._step(flat[idx], cfg, self.entropy_coef)

@@ -3,7 +3,9 @@
 The loss terms are small pure functions so tests can check them on hand-computed numbers.
 NavRL quirks kept on purpose: the actor loss is scaled by the action dimension (3), the
 critic loss is the max of two *mean* Huber losses, the critic's learning rate is the
-actor's, and the feature extractor's gradients are not clipped.
+actor's, and the feature extractor's gradients are not clipped (unless
+`ppo.feature_extractor_max_grad_norm` asks for it). `ppo.target_kl` adds the KL early stop
+NavRL's update lacks.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.nn.functional as F
 from tensordict import TensorDictBase
-from torch.nn.utils import clip_grad_norm_
+from torch.nn.utils import clip_grad_norm_, get_total_norm
 
 from navrl_daemon.config import PPOConfig
 from navrl_daemon.rl.data_parallel import DataParallel
@@ -31,6 +33,11 @@ STAT_NAMES = (
     "entropy",
     "actor_grad_norm",
     "critic_grad_norm",
+    # The shared feature extractor's gradient norm before its clip (unclipped in NavRL's
+    # update: ppo.feature_extractor_max_grad_norm).
+    "feature_extractor_grad_norm",
+    # KL from the rollout's policy on each step's minibatch, before its step (k3 estimator).
+    "kl",
     "explained_var",
     # How far the critic has moved from the rollout's values V_old (normalised units):
     # the mean |V - V_old| before each step, and the share of rows beyond ppo.value_clip,
@@ -113,6 +120,34 @@ def critic_loss(
     return torch.max(loss_clipped, loss_plain)
 
 
+def kl_estimate(log_ratio: torch.Tensor) -> torch.Tensor:
+    """mean((r − 1) − log r) with log r = log π(a) − log π_old(a): Schulman's k3 estimator
+    of KL(π_old ‖ π), never negative."""
+    return ((log_ratio.exp() - 1.0) - log_ratio).mean()
+
+
+def kl_stop_bar(cfg: PPOConfig) -> float | None:
+    """The minibatch KL above which `ppo.target_kl` stops an update (1.5 × target_kl, the
+    bar of Spinning Up and Stable-Baselines3); None without it (target_kl = 0)."""
+    return 1.5 * cfg.target_kl if cfg.target_kl > 0 else None
+
+
+def clip_gradients(
+    policy: NavRLPolicy, cfg: PPOConfig
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """NavRL's clips (the actor head; the critic head with its own extractor, if any) and
+    the shared extractor's norm, clipped too with `ppo.feature_extractor_max_grad_norm`.
+    Returns the three norms before clipping; nothing is read on the host."""
+    actor_norm = clip_grad_norm_(policy.actor.parameters(), cfg.max_grad_norm)
+    critic_norm = clip_grad_norm_(policy.critic_parameters(), cfg.max_grad_norm)
+    params = list(policy.feature_extractor.parameters())
+    if cfg.feature_extractor_max_grad_norm == 0:  # NavRL: measured, left as it is
+        extractor_norm = get_total_norm([p.grad for p in params if p.grad is not None])
+    else:
+        extractor_norm = clip_grad_norm_(params, cfg.feature_extractor_max_grad_norm)
+    return actor_norm, critic_norm, extractor_norm
+
+
 def entropy_loss(entropy: torch.Tensor, entropy_coef: float | torch.Tensor) -> torch.Tensor:
     return -entropy_coef * entropy.mean()
 
@@ -131,8 +166,9 @@ def step_stats(
     value: torch.Tensor,
     *terms: torch.Tensor,
 ) -> torch.Tensor:
-    """One step's STAT_NAMES, in order: its `terms` (the three losses and the two grad
-    norms), then what its values say of the critic (explained variance, value moves)."""
+    """One step's STAT_NAMES, in order: its `terms` (the three losses, the three grad
+    norms and the KL), then what its values say of the critic (explained variance, value
+    moves)."""
     explained_var = explained_variance(value, mb.get("target"))
     shift, clipped = value_moves(value, mb.get("state_value"), cfg.value_clip)
     return torch.stack((*terms, explained_var, shift, clipped))
@@ -264,8 +300,7 @@ def approx_kl(policy: NavRLPolicy, batch: TensorDictBase, rows: int) -> torch.Te
     sample = flat[torch.arange(0, flat.shape[0], stride, device=flat.device)]
     dist = policy.distribution(policy.observe(sample))
     action = sample.get(("agents", "action_normalized"))
-    log_ratio = dist.log_prob(action) - sample.get("sample_log_prob")
-    return ((log_ratio.exp() - 1.0) - log_ratio).mean()
+    return kl_estimate(dist.log_prob(action) - sample.get("sample_log_prob"))
 
 
 # ---------------------------------------------------------------------------- the update
@@ -277,9 +312,10 @@ def minibatch_losses(
     cfg: PPOConfig,
     entropy_coef: float | torch.Tensor,
     reducer: DataParallel | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(actor, critic, entropy) losses of one flat minibatch, and its values V(s).
-    `entropy_coef` may be a device scalar (the CUDA-graph path, rl/fast_update.py)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(actor, critic, entropy) losses of one flat minibatch, its values V(s) and its KL
+    from the rollout's policy (detached). `entropy_coef` may be a device scalar (the
+    CUDA-graph path, rl/fast_update.py)."""
     return tensor_losses(policy, *loss_inputs(mb), entropy_coef, cfg, reducer)
 
 
@@ -311,7 +347,7 @@ def tensor_losses(
     entropy_coef: float | torch.Tensor,
     cfg: PPOConfig,
     reducer: DataParallel | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """`minibatch_losses` on plain tensors (what torch.compile traces: ppo.compile).
 
     With `cfg.mirror` the losses are over the B rows and their reflections (rl/mirror.py),
@@ -327,10 +363,12 @@ def tensor_losses(
     feature = policy.features(state, lidar, dynamic_obstacle)
     dist = policy.distribution(feature)
     value = policy.value(policy.critic_features(state, lidar, dynamic_obstacle, feature))
-    l_actor = actor_loss(dist.log_prob(action), old_log_prob, advantage, cfg.clip_ratio)
+    log_prob = dist.log_prob(action)
+    l_actor = actor_loss(log_prob, old_log_prob, advantage, cfg.clip_ratio)
     l_entropy = entropy_loss(dist.entropy(), entropy_coef)
     l_critic = critic_loss(value, old_value, target, cfg.value_clip, cfg.huber_delta, reducer)
-    return l_actor, l_critic, l_entropy, value[:rows]
+    kl = kl_estimate(log_prob.detach() - old_log_prob)
+    return l_actor, l_critic, l_entropy, value[:rows], kl
 
 
 def update(
@@ -361,11 +399,13 @@ def update(
     one process would compute on all their rollouts.
 
     `abort`, once set (a forced shutdown), ends the update at the next minibatch boundary,
-    so the weights are never left half-stepped.
+    so the weights are never left half-stepped. With `cfg.target_kl`, a minibatch whose KL
+    (every rank's mean) is above `kl_stop_bar` ends the update before its step.
 
     Returns the means of STAT_NAMES over the applied steps (NaN if none was applied),
-    `minibatch_updates` (applied) and `nonfinite_updates` (skipped because the loss or a
-    clipped gradient norm was not finite; Adam's state is then left untouched).
+    `minibatch_updates` (applied), `nonfinite_updates` (skipped because the loss or a
+    gradient norm was not finite; Adam's state is then left untouched) and
+    `kl_stopped_steps` (the steps the KL early stop left out, that minibatch's included).
     """
     advantages, targets = advantages_and_targets(policy, batch, cfg, reducer)
     data = update_data(batch, advantages, targets)
@@ -374,13 +414,19 @@ def update(
     params = [p for p in policy.parameters() if p.requires_grad]
     sums = torch.zeros(len(STAT_NAMES), device=device)
     aux_sums: dict[str, torch.Tensor] = {}
-    applied = skipped = 0
+    applied = skipped = kl_stopped = 0
+    kl_bar = kl_stop_bar(cfg)
     for mb in minibatches(data, cfg, generator, device, release):
         if abort is not None and abort.is_set():
             break
-        l_actor, l_critic, l_entropy, value = minibatch_losses(
+        l_actor, l_critic, l_entropy, value, kl = minibatch_losses(
             policy, mb, cfg, cfg.entropy_coef, reducer
         )
+        if kl_bar is not None:
+            mean_kl = kl if reducer is None else reducer.sum(kl.reshape(1))[0] / reducer.world_size
+            if float(mean_kl) > kl_bar:  # a host sync, as the finite check below
+                kl_stopped = cfg.epochs * cfg.minibatches - applied - skipped
+                break
         aux = aux_loss(policy) if aux_loss is not None else {}
         loss = l_actor + l_entropy + l_critic + sum(aux.values())
 
@@ -389,10 +435,9 @@ def update(
         loss.backward()
         if reducer is not None:
             reducer.average_gradients(params, loss)
-        actor_norm = clip_grad_norm_(policy.actor.parameters(), cfg.max_grad_norm)
-        critic_norm = clip_grad_norm_(policy.critic_parameters(), cfg.max_grad_norm)
+        actor_norm, critic_norm, extractor_norm = clip_gradients(policy, cfg)
         # One host sync per minibatch: a skipped step must not move Adam's moments.
-        if not bool(torch.isfinite(loss + actor_norm + critic_norm)):
+        if not bool(torch.isfinite(loss + actor_norm + critic_norm + extractor_norm)):
             skipped += 1
             continue
         for opt in optimizers.values():
@@ -400,7 +445,16 @@ def update(
         applied += 1
         with torch.no_grad():
             sums += step_stats(
-                mb, cfg, value, l_actor, l_critic, l_entropy, actor_norm, critic_norm
+                mb,
+                cfg,
+                value,
+                l_actor,
+                l_critic,
+                l_entropy,
+                actor_norm,
+                critic_norm,
+                extractor_norm,
+                kl,
             )
             for name, term in aux.items():
                 aux_sums[name] = aux_sums.get(name, 0.0) + term.detach()
@@ -415,4 +469,5 @@ def update(
         **{name: float(total) / applied for name, total in aux_sums.items()},
         "minibatch_updates": applied,
         "nonfinite_updates": skipped,
+        "kl_stopped_steps": kl_stopped,
     }

@@ -27,9 +27,12 @@ LOSSES = {
     "entropy": -0.001,
     "actor_grad_norm": 1.5,
     "critic_grad_norm": 3.0,
+    "feature_extractor_grad_norm": 0.75,
+    "kl": 0.004,
     "explained_var": 0.25,
-    "minibatch_updates": 15,
+    "minibatch_updates": 12,
     "nonfinite_updates": 1,
+    "kl_stopped_steps": 3,
 }
 
 
@@ -76,8 +79,10 @@ def test_dashboard_series_exist_before_the_first_event() -> None:
     assert value(m, "navrl_frames_total") == 0
     for term in ("actor", "critic", "entropy"):
         assert math.isnan(value(m, "navrl_loss", term=term))  # NaN: no update yet, not 0
-    for group in ("actor", "critic"):
+    for group in ("actor", "critic", "feature_extractor"):
         assert math.isnan(value(m, "navrl_grad_norm", group=group))
+    assert math.isnan(value(m, "navrl_policy_kl"))
+    assert value(m, "navrl_kl_stopped_steps_total") == 0
     for kind in ("raw", "stored"):
         assert value(m, "navrl_checkpoint_bytes", kind=kind) == 0
         assert value(m, "navrl_archive_bytes_total", kind=kind) == 0
@@ -117,6 +122,9 @@ def test_iteration_moves_counters_gauges_and_the_lag_histogram() -> None:
     assert value(m, "navrl_loss", term="entropy") == LOSSES["entropy"]
     assert value(m, "navrl_grad_norm", group="actor") == LOSSES["actor_grad_norm"]
     assert value(m, "navrl_grad_norm", group="critic") == LOSSES["critic_grad_norm"]
+    assert value(m, "navrl_grad_norm", group="feature_extractor") == 0.75
+    assert value(m, "navrl_policy_kl") == LOSSES["kl"]
+    assert value(m, "navrl_kl_stopped_steps_total") == 6
     assert value(m, "navrl_explained_variance") == LOSSES["explained_var"]
     # Lag 0 and lag 3: cumulative buckets 0 → 1, 1 → 1, 2 → 1, 4 → 2, 8 → 2.
     buckets = {

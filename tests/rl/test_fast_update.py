@@ -76,6 +76,7 @@ def _assert_close_stats(fast: dict[str, float], eager: dict[str, float]) -> None
     assert fast.keys() == eager.keys()
     assert fast["minibatch_updates"] == eager["minibatch_updates"]
     assert fast["nonfinite_updates"] == eager["nonfinite_updates"]
+    assert fast["kl_stopped_steps"] == eager["kl_stopped_steps"]
     for name in ppo.STAT_NAMES:
         # value_clipped counts rows beyond a threshold: within the paths' rounding a row
         # may sit on either side of it (one row of a 12-row minibatch, over 8 steps: 0.01).
@@ -115,6 +116,28 @@ def test_one_update_matches_eager(make_batch, device, graphs, mirror, separate):
             assert float(mine[i]["step"]) == float(theirs[i]["step"]) == 8.0
             torch.testing.assert_close(mine[i]["exp_avg_sq"], theirs[i]["exp_avg_sq"], **TOL)
     assert fast.captures == (1 if graphs else 0)
+
+
+@pytest.mark.parametrize("target_kl", [1e-9, 1.0], ids=["kl-stop", "kl-loose"])
+@pytest.mark.parametrize(("device", "graphs"), PATHS)
+def test_the_update_guards_match_eager(make_batch, device, graphs, target_kl):
+    """ppo.target_kl and ppo.feature_extractor_max_grad_norm: the fast paths skip the
+    steps from the one over the KL bar on (a device flag, no host read) where eager
+    stops; same steps taken, same weights, same statistics."""
+    cfg = SMALL.model_copy(update={"target_kl": target_kl, "feature_extractor_max_grad_norm": 1e-3})
+    base, batch = _pair(make_batch, device, seed=5)
+    eager_policy, fast_policy = copy.deepcopy(base), copy.deepcopy(base)
+    eager_stats, _ = _eager(eager_policy, batch, cfg, seed=3)
+    opts = ppo.make_optimizers(fast_policy, cfg)
+    fast = FastUpdate(fast_policy, opts, torch.device(device), graphs)
+    stats = fast(batch, cfg, torch.Generator(device).manual_seed(3))
+
+    stopped = 7 if target_kl < 1e-3 else 0
+    assert stats["kl_stopped_steps"] == eager_stats["kl_stopped_steps"] == stopped
+    _assert_close_stats(stats, eager_stats)
+    _assert_close_weights(fast_policy, eager_policy)
+    # The extractor's gradients were clipped (its norm is far above 1e-3).
+    assert stats["feature_extractor_grad_norm"] > 1e-2
 
 
 @pytest.mark.parametrize(("device", "graphs"), PATHS)
@@ -302,11 +325,17 @@ def test_fused_update_reads_the_device_a_fixed_number_of_times(make_batch):
     assert fused[0] == fused[1] <= 3, fused
 
 
-@pytest.mark.parametrize("mirror", [False, True], ids=["plain", "mirror"])
-def test_the_captured_step_reads_nothing_on_the_host(make_batch, mirror):
+@pytest.mark.parametrize(
+    ("mirror", "guards"),
+    [(False, False), (True, False), (False, True)],
+    ids=["plain", "mirror", "guards"],
+)
+def test_the_captured_step_reads_nothing_on_the_host(make_batch, mirror, guards):
     """What `cuda_graph` captures, run on the CPU: no op in it may read a device value
-    (capture would fail on CUDA)."""
+    (capture would fail on CUDA); also with ppo.target_kl and the extractor's clip."""
     cfg = SMALL.model_copy(update={"mirror": mirror})
+    if guards:
+        cfg = cfg.model_copy(update={"target_kl": 0.01, "feature_extractor_max_grad_norm": 1.0})
     base, batch = _pair(make_batch, "cpu")
     opts = ppo.make_optimizers(base, cfg)
     fast = FastUpdate(base, opts, torch.device("cpu"), graphs=False)

@@ -141,8 +141,9 @@ def test_the_update_trains_on_each_minibatch_and_its_mirror(make_batch):
     mb = ppo.update_data(batch, advantages, targets).reshape(-1)
     inputs = ppo.loss_inputs(mb)
     on = PPOConfig(mirror=True)
-    *losses, value = ppo.tensor_losses(policy, *inputs, 1e-3, on)
-    *want, both = ppo.tensor_losses(policy, *with_mirror(*inputs), 1e-3, PPOConfig())
+    *losses, value, kl = ppo.tensor_losses(policy, *inputs, 1e-3, on)
+    *want, both, kl_both = ppo.tensor_losses(policy, *with_mirror(*inputs), 1e-3, PPOConfig())
+    torch.testing.assert_close(kl, kl_both)
     for got, expected in zip(losses, want, strict=True):
         torch.testing.assert_close(got, expected)
     torch.testing.assert_close(value, both[: mb.shape[0]])

@@ -138,7 +138,12 @@ def test_update_trains_and_reports(make_batch):
     opts = ppo.make_optimizers(policy, SMALL)
     stats = ppo.update(policy, opts, batch, SMALL, torch.Generator().manual_seed(0))
 
-    assert set(stats) == {*ppo.STAT_NAMES, "minibatch_updates", "nonfinite_updates"}
+    assert set(stats) == {
+        *ppo.STAT_NAMES,
+        "minibatch_updates",
+        "nonfinite_updates",
+        "kl_stopped_steps",
+    }
     assert stats["minibatch_updates"] == SMALL.epochs * SMALL.minibatches
     assert stats["nonfinite_updates"] == 0
     assert all(math.isfinite(v) for v in stats.values())
