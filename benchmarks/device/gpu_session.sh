@@ -174,14 +174,19 @@ learning)
   # 64 steps at the goal; RECIPE=hops_then_cross: those hops until NavRL's crossing is
   # reached by 0.3, then crossings of the field only at the envs' density levels (the
   # best CPU fork so far, docs/learning.md session 9), then the moving obstacles;
-  # RECIPE=hops_then_cross_mirror (default): the same with ppo.mirror, every minibatch also
+  # RECIPE=hops_then_cross_mirror: the same with ppo.mirror, every minibatch also
   # trained reflected across the goal direction (session 14 on the CPU: NavRL's crossing
-  # at 0.5-0.6 from 2.9 M frames, where hops_then_cross's static form reached that at ~9 M).
+  # at 0.5-0.6 from 2.9 M frames, where hops_then_cross's static form reached that at ~9 M);
+  # RECIPE=bar5_then_cross_mirror (default): the same with the hops until the crossing's
+  # 0.5 twice (the best CPU recipe, sessions 16-17: 0.69 and 0.60 on two seeds over
+  # 5.7-9.4 M frames against 0.52 and 0.37 with the 0.3) and the update's two guards set
+  # loose (ppo.target_kl = 0.05, ppo.feature_extractor_max_grad_norm = 5: session 17's
+  # collapse on seed 1 was one update that moved the policy far).
   # EXTRA: more KEY=VALUE overrides (e.g. for a CPU smoke run).
   budget=${2:-400}
   levels=${LEVELS:-[0, 50, 100, 175, 250, 350]}
   dynamic='{name = "slow dynamic", num_dynamic_obstacles = 40, dynamic_speed_range = [0.3, 0.8], promote = {reach_goal = 0.6, collision = 0.4, evals = 2}}, {name = "navrl"}'
-  case ${RECIPE:=hops_then_cross_mirror} in
+  case ${RECIPE:=bar5_then_cross_mirror} in
   levels)
     curriculum="[{name = \"static\", num_dynamic_obstacles = 0, promote = {reach_goal = 0.6, collision = 0.35, evals = 2}}, $dynamic]"
     recipe=(env.num_maps=16 "env.map_levels=$levels")
@@ -204,6 +209,11 @@ learning)
     curriculum="[${HOPS_TO_CROSS_STAGE%\}}, num_dynamic_obstacles = 0}, ${CROSSINGS_STAGE%\}}, num_dynamic_obstacles = 0}, $dynamic]"
     recipe=(env.num_maps=16 "env.map_levels=$levels" eval.max_steps=2200)
     [ "$RECIPE" = hops_then_cross_mirror ] && recipe+=(ppo.mirror=true)
+    ;;
+  bar5_then_cross_mirror)  # the hops to the crossing's 0.5, crossings, moving obstacles
+    curriculum="[${HOPS_TO_HALF_STAGE%\}}, num_dynamic_obstacles = 0}, ${CROSSINGS_STAGE%\}}, num_dynamic_obstacles = 0}, $dynamic]"
+    recipe=(env.num_maps=16 "env.map_levels=$levels" eval.max_steps=2200 ppo.mirror=true
+      ppo.target_kl=0.05 ppo.feature_extractor_max_grad_norm=5.0)
     ;;
   *) log "unknown RECIPE ${RECIPE}"; exit 2 ;;
   esac
