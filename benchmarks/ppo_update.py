@@ -189,7 +189,7 @@ def main() -> None:
         )
         if "eager" not in paths:
             paths = ["eager", *paths]
-        compare(device, 16, PPOConfig(epochs=1, minibatches=2), 1, paths)  # lazy init
+        compare(device, 16, PPOConfig(epochs=1, minibatches=2, mirror=cfg.mirror), 1, paths)  # init
         results += [compare(device, n, cfg, args.repeats, paths) for n in args.num_envs]
     doc = {
         "benchmark": "ppo_update",
