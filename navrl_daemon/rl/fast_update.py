@@ -278,8 +278,8 @@ class FastUpdate:
             self.kl_halted.copy_(torch.maximum(self.kl_halted, (kl > kl_bar).float()))
         loss = l_actor + l_entropy + l_critic
         loss.backward()
-        actor_norm, critic_norm, extractor_norm = ppo.clip_gradients(policy, cfg)
-        bad = (~torch.isfinite(loss + actor_norm + critic_norm + extractor_norm)).float()
+        norms = ppo.clip_gradients(policy, cfg)
+        bad = (~torch.isfinite(loss + sum(norms))).float()
         found_inf = torch.maximum(torch.maximum(bad, self.force_skip), self.kl_halted)
         for opt in self.optimizers.values():
             opt.found_inf = found_inf  # type: ignore[attr-defined]  # GradScaler's protocol
@@ -289,18 +289,7 @@ class FastUpdate:
                 del opt.found_inf  # type: ignore[attr-defined]
         with torch.no_grad():
             ok = found_inf == 0
-            stats = ppo.step_stats(
-                mb,
-                cfg,
-                value,
-                l_actor,
-                l_critic,
-                l_entropy,
-                actor_norm,
-                critic_norm,
-                extractor_norm,
-                kl,
-            )
+            stats = ppo.step_stats(mb, cfg, value, l_actor, l_critic, l_entropy, *norms, kl)
             self.sums += torch.where(ok, stats, torch.zeros_like(stats))
             self.applied += ok.long()
             self.kl_stopped += (self.kl_halted > 0).long()

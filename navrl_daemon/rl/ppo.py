@@ -435,27 +435,16 @@ def update(
         loss.backward()
         if reducer is not None:
             reducer.average_gradients(params, loss)
-        actor_norm, critic_norm, extractor_norm = clip_gradients(policy, cfg)
+        norms = clip_gradients(policy, cfg)
         # One host sync per minibatch: a skipped step must not move Adam's moments.
-        if not bool(torch.isfinite(loss + actor_norm + critic_norm + extractor_norm)):
+        if not bool(torch.isfinite(loss + sum(norms))):
             skipped += 1
             continue
         for opt in optimizers.values():
             opt.step()
         applied += 1
         with torch.no_grad():
-            sums += step_stats(
-                mb,
-                cfg,
-                value,
-                l_actor,
-                l_critic,
-                l_entropy,
-                actor_norm,
-                critic_norm,
-                extractor_norm,
-                kl,
-            )
+            sums += step_stats(mb, cfg, value, l_actor, l_critic, l_entropy, *norms, kl)
             for name, term in aux.items():
                 aux_sums[name] = aux_sums.get(name, 0.0) + term.detach()
 
