@@ -337,6 +337,14 @@ class PPOConfig(Section):
     # goal direction (rl/mirror.py), sharing advantages and targets; twice the update's
     # work, no more frames. Off: NavRL's update.
     mirror: bool = False
+    # With mirror: the behaviour log-prob a reflected row's PPO ratio is taken against.
+    # "behaviour": the collected row's, log π_old(a|s) (the reflection's density under the
+    # reflected behaviour policy: importance-correct, but where the policy is not symmetric
+    # the ratio starts far from 1 and PPO's clip no longer bounds the step there). "own":
+    # the rollout's policy's own log-prob of the reflected action in the reflected state,
+    # log π_old(a'|s'), computed once per update before its first step (every ratio starts
+    # at 1; costs a forward pass over the batch).
+    mirror_ratio: Literal["behaviour", "own"] = "behaviour"
     # The critic head reads a copy of the feature extractor of its own (LiDAR CNN, obstacle
     # MLP, trunk), trained by the critic's loss alone at the critic's lr and clipped with
     # it, so the value loss no longer moves the actor's features. A checkpoint without one
@@ -616,6 +624,15 @@ class Config(Section):
             raise ValueError(
                 'ppo.lr_schedule: "kl_adaptive" measures the KL on the rollout after the '
                 "update; pipeline.compress_rollouts hands the rollout back before it ends"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _mirror_ratio(self) -> Config:
+        if self.ppo.mirror_ratio != "behaviour" and not self.ppo.mirror:
+            raise ValueError(
+                f'ppo.mirror_ratio = "{self.ppo.mirror_ratio}" is about reflected rows: it '
+                "needs ppo.mirror = true"
             )
         return self
 

@@ -100,7 +100,12 @@ def test_resume_from_an_interval_checkpoint_after_kill9_is_also_exact(
         ("env.safety_weight=3.0",),
         ("ppo.mirror=true", "env.map_levels=[0,2,4]"),
         ("ppo.separate_critic=true",),
-        ("ppo.target_kl=0.001", "ppo.feature_extractor_max_grad_norm=0.05"),
+        (
+            "ppo.target_kl=0.001",
+            "ppo.feature_extractor_max_grad_norm=0.05",
+            "ppo.mirror=true",
+            "ppo.mirror_ratio=own",
+        ),
         # Goals within reach at the start: hold counts run and hops end at the goal.
         (
             "env.map_levels=[0,2,4]",

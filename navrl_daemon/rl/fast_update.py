@@ -151,8 +151,10 @@ def compiled_losses(policy: NavRLPolicy) -> Callable[..., tuple[torch.Tensor, ..
     static (a minibatch's size never changes within a run). The PPO constants of `cfg` are
     guarded on: a config that changes them compiles again."""
 
-    def losses(*inputs: torch.Tensor | float | PPOConfig) -> tuple[torch.Tensor, ...]:
-        return ppo.tensor_losses(policy, *inputs)  # type: ignore[arg-type]
+    def losses(
+        *inputs: torch.Tensor | float | PPOConfig, mirror_log_prob: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, ...]:
+        return ppo.tensor_losses(policy, *inputs, mirror_log_prob=mirror_log_prob)  # type: ignore[arg-type]
 
     return torch.compile(losses, fullgraph=True, dynamic=False)
 
@@ -217,6 +219,7 @@ class FastUpdate:
         Reads `batch` to the end: `release` is never called (the caller releases it)."""
         advantages, targets = ppo.advantages_and_targets(self.policy, batch, cfg)
         data = ppo.update_data(batch, advantages, targets)
+        ppo.add_reflected_log_prob(self.policy, data, cfg)
         flat = data.reshape(-1)
         rows = flat.shape[0]
         self._zero_counts()
@@ -269,13 +272,15 @@ class FastUpdate:
         self._zero_grad()
         policy = self.policy
         if self._losses is not None:
-            losses = self._losses(*ppo.loss_inputs(mb), entropy_coef, cfg)
+            losses = self._losses(
+                *ppo.loss_inputs(mb), entropy_coef, cfg, mirror_log_prob=ppo.reflected(mb)
+            )
         else:
             losses = ppo.minibatch_losses(policy, mb, cfg, entropy_coef)
-        l_actor, l_critic, l_entropy, value, kl = losses
+        l_actor, l_critic, l_entropy, value, kls = losses
         kl_bar = ppo.kl_stop_bar(cfg)
         if kl_bar is not None:  # from this minibatch on, every step is skipped
-            self.kl_halted.copy_(torch.maximum(self.kl_halted, (kl > kl_bar).float()))
+            self.kl_halted.copy_(torch.maximum(self.kl_halted, (kls[0] > kl_bar).float()))
         loss = l_actor + l_entropy + l_critic
         loss.backward()
         norms = ppo.clip_gradients(policy, cfg)
@@ -289,7 +294,7 @@ class FastUpdate:
                 del opt.found_inf  # type: ignore[attr-defined]
         with torch.no_grad():
             ok = found_inf == 0
-            stats = ppo.step_stats(mb, cfg, value, l_actor, l_critic, l_entropy, *norms, kl)
+            stats = ppo.step_stats(mb, cfg, value, l_actor, l_critic, l_entropy, *norms, *kls)
             self.sums += torch.where(ok, stats, torch.zeros_like(stats))
             self.applied += ok.long()
             self.kl_stopped += (self.kl_halted > 0).long()
@@ -384,6 +389,7 @@ class FastUpdate:
             cfg.huber_delta,
             cfg.max_grad_norm,
             cfg.mirror,
+            cfg.mirror_ratio,
             cfg.feature_extractor_max_grad_norm,
             cfg.target_kl,
         )

@@ -21,7 +21,13 @@ from torch.nn.utils import clip_grad_norm_, get_total_norm
 from navrl_daemon.config import PPOConfig
 from navrl_daemon.rl.data_parallel import DataParallel
 from navrl_daemon.rl.gae import compute_gae
-from navrl_daemon.rl.mirror import with_mirror
+from navrl_daemon.rl.mirror import (
+    mirror_action,
+    mirror_dynamic,
+    mirror_lidar,
+    mirror_state,
+    with_mirror,
+)
 from navrl_daemon.rl.policy import ACTION_DIM, OBS_KEY, NavRLPolicy
 
 # The optimiser of the critic's own extractor (ppo.separate_critic).
@@ -36,8 +42,11 @@ STAT_NAMES = (
     # The shared feature extractor's gradient norm before its clip (unclipped in NavRL's
     # update: ppo.feature_extractor_max_grad_norm).
     "feature_extractor_grad_norm",
-    # KL from the rollout's policy on each step's minibatch, before its step (k3 estimator).
+    # KL from the rollout's policy on each step's minibatch, before its step (k3 estimator),
+    # over the collected rows; with ppo.mirror the same over their reflections, against the
+    # log-probs their ratios use (ppo.mirror_ratio): how far from 1 those start (else 0).
     "kl",
+    "mirror_kl",
     "explained_var",
     # How far the critic has moved from the rollout's values V_old (normalised units):
     # the mean |V - V_old| before each step, and the share of rows beyond ppo.value_clip,
@@ -167,7 +176,7 @@ def step_stats(
     *terms: torch.Tensor,
 ) -> torch.Tensor:
     """One step's STAT_NAMES, in order: its `terms` (the three losses, the three grad
-    norms and the KL), then what its values say of the critic (explained variance, value
+    norms and the two KLs), then what its values say of the critic (explained variance, value
     moves)."""
     explained_var = explained_variance(value, mb.get("target"))
     shift, clipped = value_moves(value, mb.get("state_value"), cfg.value_clip)
@@ -227,6 +236,26 @@ def update_data(
     data.set("advantage", advantages)
     data.set("target", targets)
     return data
+
+
+@torch.no_grad()
+def add_reflected_log_prob(policy: NavRLPolicy, data: TensorDictBase, cfg: PPOConfig) -> None:
+    """With ppo.mirror_ratio = "own": set `mirror_log_prob`, every row's reflected action's
+    log-prob in its reflected state under `policy` as it is before the update's first step
+    (the rollout's policy, with max_policy_lag = 0), the behaviour log-prob its reflection's
+    ratio is then taken against. Otherwise leaves `data` alone."""
+    if not (cfg.mirror and cfg.mirror_ratio == "own"):
+        return
+    flat = data.reshape(-1)
+    obs = flat.get(OBS_KEY)
+    feature = policy.features(
+        mirror_state(obs.get("state")),
+        mirror_lidar(obs.get("lidar")),
+        mirror_dynamic(obs.get("dynamic_obstacle")),
+    )
+    action = mirror_action(flat.get(("agents", "action_normalized")))
+    log_prob = policy.distribution(feature).log_prob(action)
+    data.set("mirror_log_prob", log_prob.reshape(data.batch_size))
 
 
 def minibatch_indices(
@@ -313,10 +342,17 @@ def minibatch_losses(
     entropy_coef: float | torch.Tensor,
     reducer: DataParallel | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(actor, critic, entropy) losses of one flat minibatch, its values V(s) and its KL
-    from the rollout's policy (detached). `entropy_coef` may be a device scalar (the
-    CUDA-graph path, rl/fast_update.py)."""
-    return tensor_losses(policy, *loss_inputs(mb), entropy_coef, cfg, reducer)
+    """(actor, critic, entropy) losses of one flat minibatch, its values V(s) and its two
+    KLs (`tensor_losses`). `entropy_coef` may be a device scalar (the CUDA-graph path,
+    rl/fast_update.py)."""
+    return tensor_losses(
+        policy, *loss_inputs(mb), entropy_coef, cfg, reducer, mirror_log_prob=reflected(mb)
+    )
+
+
+def reflected(mb: TensorDictBase) -> torch.Tensor | None:
+    """A minibatch's `mirror_log_prob` (ppo.mirror_ratio = "own"), None without one."""
+    return mb.get("mirror_log_prob", None)
 
 
 def loss_inputs(mb: TensorDictBase) -> tuple[torch.Tensor, ...]:
@@ -347,12 +383,16 @@ def tensor_losses(
     entropy_coef: float | torch.Tensor,
     cfg: PPOConfig,
     reducer: DataParallel | None = None,
+    *,
+    mirror_log_prob: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """`minibatch_losses` on plain tensors (what torch.compile traces: ppo.compile).
 
     With `cfg.mirror` the losses are over the B rows and their reflections (rl/mirror.py),
-    2B rows that share advantages, targets, old values and behaviour log-probs; the values
-    returned are the B rows' own."""
+    2B rows that share advantages, targets, old values and, unless `mirror_log_prob` gives
+    the reflections' own (ppo.mirror_ratio = "own"), behaviour log-probs; the values
+    returned are the B rows' own. The last tensor holds the KL from the rollout's policy
+    over the B rows, then over their reflections (0 without the mirror), detached."""
     rows = state.shape[0]
     if cfg.mirror:
         state, lidar, dynamic_obstacle, action, old_log_prob, advantage, old_value, target = (
@@ -360,6 +400,8 @@ def tensor_losses(
                 state, lidar, dynamic_obstacle, action, old_log_prob, advantage, old_value, target
             )
         )
+        if mirror_log_prob is not None:
+            old_log_prob = torch.cat((old_log_prob[:rows], mirror_log_prob))
     feature = policy.features(state, lidar, dynamic_obstacle)
     dist = policy.distribution(feature)
     value = policy.value(policy.critic_features(state, lidar, dynamic_obstacle, feature))
@@ -367,8 +409,10 @@ def tensor_losses(
     l_actor = actor_loss(log_prob, old_log_prob, advantage, cfg.clip_ratio)
     l_entropy = entropy_loss(dist.entropy(), entropy_coef)
     l_critic = critic_loss(value, old_value, target, cfg.value_clip, cfg.huber_delta, reducer)
-    kl = kl_estimate(log_prob.detach() - old_log_prob)
-    return l_actor, l_critic, l_entropy, value[:rows], kl
+    log_ratio = log_prob.detach() - old_log_prob
+    own = kl_estimate(log_ratio[:rows])
+    kls = torch.stack((own, kl_estimate(log_ratio[rows:]) if cfg.mirror else torch.zeros_like(own)))
+    return l_actor, l_critic, l_entropy, value[:rows], kls
 
 
 def update(
@@ -400,7 +444,9 @@ def update(
 
     `abort`, once set (a forced shutdown), ends the update at the next minibatch boundary,
     so the weights are never left half-stepped. With `cfg.target_kl`, a minibatch whose KL
-    (every rank's mean) is above `kl_stop_bar` ends the update before its step.
+    over its collected rows (every rank's mean; never its reflections, whose KL says how
+    asymmetric the policy is, not how far it moved) is above `kl_stop_bar` ends the update
+    before its step.
 
     Returns the means of STAT_NAMES over the applied steps (NaN if none was applied),
     `minibatch_updates` (applied), `nonfinite_updates` (skipped because the loss or a
@@ -409,6 +455,7 @@ def update(
     """
     advantages, targets = advantages_and_targets(policy, batch, cfg, reducer)
     data = update_data(batch, advantages, targets)
+    add_reflected_log_prob(policy, data, cfg)
 
     device = advantages.device
     params = [p for p in policy.parameters() if p.requires_grad]
@@ -419,10 +466,11 @@ def update(
     for mb in minibatches(data, cfg, generator, device, release):
         if abort is not None and abort.is_set():
             break
-        l_actor, l_critic, l_entropy, value, kl = minibatch_losses(
+        l_actor, l_critic, l_entropy, value, kls = minibatch_losses(
             policy, mb, cfg, cfg.entropy_coef, reducer
         )
-        if kl_bar is not None:
+        if kl_bar is not None:  # the collected rows' KL: how far the policy has moved
+            kl = kls[0]
             mean_kl = kl if reducer is None else reducer.sum(kl.reshape(1))[0] / reducer.world_size
             if float(mean_kl) > kl_bar:  # a host sync, as the finite check below
                 kl_stopped = cfg.epochs * cfg.minibatches - applied - skipped
@@ -444,7 +492,7 @@ def update(
             opt.step()
         applied += 1
         with torch.no_grad():
-            sums += step_stats(mb, cfg, value, l_actor, l_critic, l_entropy, *norms, kl)
+            sums += step_stats(mb, cfg, value, l_actor, l_critic, l_entropy, *norms, *kls)
             for name, term in aux.items():
                 aux_sums[name] = aux_sums.get(name, 0.0) + term.detach()
 
