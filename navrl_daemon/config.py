@@ -286,6 +286,12 @@ class PPOConfig(Section):
     feature_extractor_lr: PosFloat = 5e-4
     # PPO's policy-ratio clip.
     clip_ratio: Prob = 0.1
+    # Dual-clip PPO (Ye et al., AAAI 2020): on rows with a negative advantage the objective
+    # is also held at or above dual_clip x A, so a row whose ratio is already far above 1
+    # (off-policy: with ppo.mirror, a reflection the policy finds far likelier than the
+    # collected action) no longer pulls with a gradient as large as its ratio. 0: off
+    # (NavRL's clip alone); else > 1, e.g. 3.
+    dual_clip: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 0.0
     # Clip of the value prediction's change (normalised units).
     value_clip: PosFloat = 0.1
     # Weight of the entropy bonus.
@@ -624,6 +630,15 @@ class Config(Section):
             raise ValueError(
                 'ppo.lr_schedule: "kl_adaptive" measures the KL on the rollout after the '
                 "update; pipeline.compress_rollouts hands the rollout back before it ends"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _dual_clip(self) -> Config:
+        if 0.0 < self.ppo.dual_clip <= 1.0 + self.ppo.clip_ratio:
+            raise ValueError(
+                f"ppo.dual_clip: 0 (off) or above 1 + ppo.clip_ratio = "
+                f"{1.0 + self.ppo.clip_ratio}, got {self.ppo.dual_clip}"
             )
         return self
 

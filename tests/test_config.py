@@ -82,6 +82,8 @@ BAD = [
     (["pipeline.max_policy_lag=1", "pipeline.lease_pool=1"], "pipeline.lease_pool"),
     (["pipeline.max_policy_lag=2"], "pipeline.max_policy_lag"),
     (["ppo.target_kl=-0.01"], "ppo.target_kl"),
+    (["ppo.dual_clip=1.05"], "ppo.dual_clip"),
+    (["ppo.dual_clip=-3"], "ppo.dual_clip"),
     (['ppo.mirror_ratio="own"'], "ppo.mirror_ratio"),
     (["ppo.mirror=true", 'ppo.mirror_ratio="theirs"'], "ppo.mirror_ratio"),
     (["ppo.target_kl=2"], "ppo.target_kl"),

@@ -105,6 +105,7 @@ def test_resume_from_an_interval_checkpoint_after_kill9_is_also_exact(
             "ppo.feature_extractor_max_grad_norm=0.05",
             "ppo.mirror=true",
             "ppo.mirror_ratio=own",
+            "ppo.dual_clip=3",
         ),
         # Goals within reach at the start: hold counts run and hops end at the goal.
         (

@@ -385,6 +385,7 @@ class FastUpdate:
         params = tuple(p.data_ptr() for p in self.policy.parameters())
         baked = (
             cfg.clip_ratio,
+            cfg.dual_clip,
             cfg.value_clip,
             cfg.huber_delta,
             cfg.max_grad_norm,

@@ -96,8 +96,10 @@ def actor_loss(
     advantage: torch.Tensor,
     clip_ratio: float,
     action_dim: int = ACTION_DIM,
+    dual_clip: float = 0.0,
 ) -> torch.Tensor:
-    """Clipped surrogate: −mean(min(r·A, clip(r, 1±c)·A)) × action_dim.
+    """Clipped surrogate: −mean(min(r·A, clip(r, 1±c)·A)) × action_dim; with `dual_clip`
+    (> 1 + c) rows with A < 0 take max(that, dual_clip·A) instead (dual-clip PPO).
 
     log-probs are [B], advantages [B,1]. The × action_dim is NavRL's scaling, kept so the
     published hyper-parameters mean the same thing here.
@@ -105,7 +107,11 @@ def actor_loss(
     ratio = torch.exp(log_prob - old_log_prob).unsqueeze(-1)
     surrogate = ratio * advantage
     clipped = ratio.clamp(1.0 - clip_ratio, 1.0 + clip_ratio) * advantage
-    return -torch.min(surrogate, clipped).mean() * action_dim
+    objective = torch.min(surrogate, clipped)
+    if dual_clip > 0:
+        held = torch.max(objective, dual_clip * advantage)
+        objective = torch.where(advantage < 0, held, objective)
+    return -objective.mean() * action_dim
 
 
 def critic_loss(
@@ -406,7 +412,7 @@ def tensor_losses(
     dist = policy.distribution(feature)
     value = policy.value(policy.critic_features(state, lidar, dynamic_obstacle, feature))
     log_prob = dist.log_prob(action)
-    l_actor = actor_loss(log_prob, old_log_prob, advantage, cfg.clip_ratio)
+    l_actor = actor_loss(log_prob, old_log_prob, advantage, cfg.clip_ratio, dual_clip=cfg.dual_clip)
     l_entropy = entropy_loss(dist.entropy(), entropy_coef)
     l_critic = critic_loss(value, old_value, target, cfg.value_clip, cfg.huber_delta, reducer)
     log_ratio = log_prob.detach() - old_log_prob

@@ -128,7 +128,8 @@ def test_the_update_guards_match_eager(make_batch, device, graphs, target_kl):
     """ppo.target_kl and ppo.feature_extractor_max_grad_norm: the fast paths skip the
     steps from the one over the KL bar on (a device flag, no host read) where eager
     stops; same steps taken, same weights, same statistics."""
-    cfg = SMALL.model_copy(update={"target_kl": target_kl, "feature_extractor_max_grad_norm": 1e-3})
+    guards = {"target_kl": target_kl, "feature_extractor_max_grad_norm": 1e-3, "dual_clip": 3.0}
+    cfg = SMALL.model_copy(update=guards)
     base, batch = _pair(make_batch, device, seed=5)
     eager_policy, fast_policy = copy.deepcopy(base), copy.deepcopy(base)
     eager_stats, _ = _eager(eager_policy, batch, cfg, seed=3)

@@ -36,6 +36,25 @@ def test_actor_loss_hand_computed():
     )
 
 
+def test_dual_clip_holds_rows_with_a_negative_advantage_hand_computed():
+    # ratios 5, 5, 0.5 with advantages −1, 2, −1, clip 0.1, dual clip 3:
+    #   min(5·−1, 1.1·−1) = −5, held at 3·−1: −3 (the far-off row pulls no more)
+    #   min(5·2, 1.1·2) = 2.2   (positive advantage: untouched)
+    #   min(0.5·−1, 0.9·−1) = −0.9, above −3: untouched
+    ratio = torch.tensor([5.0, 5.0, 0.5], requires_grad=True)
+    advantage = torch.tensor([[-1.0], [2.0], [-1.0]])
+    old = torch.zeros(3)
+    loss = ppo.actor_loss(ratio.log(), old, advantage, 0.1, action_dim=1, dual_clip=3.0)
+    assert loss.item() == pytest.approx(-(-3.0 + 2.2 - 0.9) / 3, abs=1e-6)
+    loss.backward()
+    assert ratio.grad.tolist() == [0.0, 0.0, 0.0]  # every row clipped one way or the other
+    plain = ppo.actor_loss(ratio.log(), old, advantage, 0.1, action_dim=1)
+    assert plain.item() == pytest.approx(-(-5.0 + 2.2 - 0.9) / 3, abs=1e-6)
+    # Off (0): NavRL's loss exactly.
+    off = ppo.actor_loss(ratio.log(), old, advantage, 0.1, action_dim=1, dual_clip=0.0)
+    assert torch.equal(off, plain)
+
+
 def test_critic_loss_takes_the_max_of_the_two_means():
     # old 0, new [0.5, −0.05], target [1, 0], clip 0.1 → clipped [0.1, −0.05]
     # Huber (δ=10, quadratic here): clipped mean 0.5·(0.81 + 0.0025)/2 = 0.203125,
