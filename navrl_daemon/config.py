@@ -170,6 +170,14 @@ class EnvConfig(Section):
     # Training stages, easiest first, promoted on evaluations (env/curriculum.py); empty:
     # train on this section as it is.
     curriculum: list[CurriculumStage] = []
+    # What a promotion does to the episodes in flight (ours): "reset" every env starts a
+    # new episode of the new stage at once; "episodes" each env finishes the episode it is
+    # flying and starts the new stage's at its next reset, so the stage's starts come in
+    # as episodes end instead of all in one rollout. Only where the two stages differ in
+    # keys that take effect at an episode's start or end (env/curriculum.py: spawns,
+    # goal distance, episode length, reach hold, safety weight); a stage that changes the
+    # world (obstacles, min_level) resets, as with "reset".
+    stage_switch: Literal["reset", "episodes"] = "reset"
     # Density levels per env (ours; empty: NavRL, every env flies its whole map): pillar
     # counts, ascending, each the first k pillars of the env's map (a prefix is itself a
     # valid map: each pillar is placed against the earlier ones only). Every env starts at
@@ -343,14 +351,6 @@ class PPOConfig(Section):
     # goal direction (rl/mirror.py), sharing advantages and targets; twice the update's
     # work, no more frames. Off: NavRL's update.
     mirror: bool = False
-    # With mirror: the behaviour log-prob a reflected row's PPO ratio is taken against.
-    # "behaviour": the collected row's, log π_old(a|s) (the reflection's density under the
-    # reflected behaviour policy: importance-correct, but where the policy is not symmetric
-    # the ratio starts far from 1 and PPO's clip no longer bounds the step there). "own":
-    # the rollout's policy's own log-prob of the reflected action in the reflected state,
-    # log π_old(a'|s'), computed once per update before its first step (every ratio starts
-    # at 1; costs a forward pass over the batch).
-    mirror_ratio: Literal["behaviour", "own"] = "behaviour"
     # The critic head reads a copy of the feature extractor of its own (LiDAR CNN, obstacle
     # MLP, trunk), trained by the critic's loss alone at the critic's lr and clipped with
     # it, so the value loss no longer moves the actor's features. A checkpoint without one
@@ -643,15 +643,6 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
-    def _mirror_ratio(self) -> Config:
-        if self.ppo.mirror_ratio != "behaviour" and not self.ppo.mirror:
-            raise ValueError(
-                f'ppo.mirror_ratio = "{self.ppo.mirror_ratio}" is about reflected rows: it '
-                "needs ppo.mirror = true"
-            )
-        return self
-
-    @model_validator(mode="after")
     def _target_kl(self) -> Config:
         if self.ppo.target_kl > 0 and self.pipeline.max_policy_lag > 0:
             raise ValueError(
@@ -774,11 +765,37 @@ def _walk(value: Any, where: str = "") -> Iterable[tuple[str, Any]]:
         yield where, value
 
 
+# Keys taken out of the config, with the value a config saved while they existed may hold
+# and still mean today's behaviour: a state dir's config.toml or a checkpoint's config
+# written then loads (the key dropped); any other value is a ConfigError saying why.
+RETIRED: dict[tuple[str, str], tuple[Any, str]] = {
+    ("ppo", "mirror_ratio"): (
+        "behaviour",
+        'removed: "own" diverged in every run (docs/learning.md, session 18); ppo.mirror '
+        "always takes a reflection's ratio over the collected row's log-prob (\"behaviour\")",
+    ),
+}
+
+
+def _without_retired(data: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(data)
+    for (section, key), (kept, why) in RETIRED.items():
+        table = out.get(section)
+        if not isinstance(table, Mapping) or key not in table:
+            continue
+        if table[key] != kept:
+            raise ConfigError(f"invalid configuration:\n  {section}.{key} = {table[key]!r}: {why}")
+        out[section] = {k: v for k, v in table.items() if k != key}
+    return out
+
+
 def validate(data: Mapping[str, Any], variables: Mapping[str, str] | None = None) -> Config:
     """`variables`: dotted key -> the `NAVRL_` environment variable that set it, named in
-    the message of an error at or under that key."""
+    the message of an error at or under that key. Retired keys (RETIRED) at their kept
+    value are dropped."""
+    data = _without_retired(data)
     try:
-        return Config.model_validate(dict(data))
+        return Config.model_validate(data)
     except ValidationError as e:
         raise ConfigError(_describe(e, variables or {})) from None
 

@@ -84,8 +84,9 @@ BAD = [
     (["ppo.target_kl=-0.01"], "ppo.target_kl"),
     (["ppo.dual_clip=1.05"], "ppo.dual_clip"),
     (["ppo.dual_clip=-3"], "ppo.dual_clip"),
-    (['ppo.mirror_ratio="own"'], "ppo.mirror_ratio"),
-    (["ppo.mirror=true", 'ppo.mirror_ratio="theirs"'], "ppo.mirror_ratio"),
+    (['ppo.mirror_ratio="own"'], "ppo.mirror_ratio = 'own': removed"),
+    (["ppo.mirror_ratio=2"], "ppo.mirror_ratio = 2: removed"),
+    (['env.stage_switch="gradual"'], "env.stage_switch"),
     (["ppo.target_kl=2"], "ppo.target_kl"),
     (['ppo.target_kl="small"'], "ppo.target_kl"),
     (["ppo.target_kl=0.02", "pipeline.max_policy_lag=1"], "ppo.target_kl"),
@@ -105,6 +106,21 @@ def test_bad_override_is_config_error(overrides: list[str], needle: str) -> None
     with pytest.raises(ConfigError) as err:
         load_config(None, overrides, environ={})
     assert needle in str(err.value)
+
+
+def test_a_retired_key_at_its_kept_value_loads_as_without_it(tmp_path: Path) -> None:
+    """A config saved while ppo.mirror_ratio existed (a state dir's config.toml holds
+    `mirror_ratio = "behaviour"`) still loads, as the same config without the key; the
+    value that was taken out exits 78 saying so."""
+    saved = tmp_path / "config.toml"
+    saved.write_text('[ppo]\nmirror = true\nmirror_ratio = "behaviour"\n')
+    assert load_config(saved, environ={}) == load_config(None, ["ppo.mirror=true"], environ={})
+    proc = navrl_cli("config", "show", "--config", str(saved))
+    assert proc.returncode == 0, proc.stderr
+    assert "mirror_ratio" not in proc.stdout
+    saved.write_text('[ppo]\nmirror = true\nmirror_ratio = "own"\n')
+    proc = navrl_cli("config", "show", "--config", str(saved))
+    assert proc.returncode == 78 and "ppo.mirror_ratio = 'own': removed" in proc.stderr
 
 
 @pytest.mark.parametrize(("overrides", "needle"), BAD[::4])

@@ -63,6 +63,7 @@ def test_promotes_when_the_rule_is_met(tmp_path: Path) -> None:
     [applied] = named(events, "curriculum stage applied")
     # Applied before a later rollout (rollouts count from 0): the first after the decision.
     assert applied["stage"] == 1 and applied["iteration"] >= promotion["iteration"]
+    assert applied["episodes"] == "reset"  # env.stage_switch = "reset", the default
     stages = [r["curriculum_stage"] for r in results]
     assert stages[:2] == [0, 0] and stages == sorted(stages)
     assert all(r["curriculum_stage"] == 1 for r in results[2:]), results
@@ -73,6 +74,23 @@ def test_promotes_when_the_rule_is_met(tmp_path: Path) -> None:
     assert (iteration, saved) == (16, {"stage": 1, "streak": 0, "applied": 1})
     history = rows(state / "history.jsonl")
     assert history[0]["curriculum_stage"] == 0 and history[-1]["curriculum_stage"] == 1
+
+
+def test_a_switch_of_per_episode_keys_carries_the_episodes_in_flight(tmp_path: Path) -> None:
+    """env.stage_switch = "episodes": a promotion to a stage that changes only how episodes
+    start and end keeps the envs' episodes running (no reset at the switch); they count
+    when they end. Training goes on at the new stage."""
+    hops = (
+        "env.curriculum=[{name = 'hops', max_episode_length = 20,"
+        " promote = {reach_goal = 0.0, evals = 1}}, {name = 'long'}]"
+    )
+    state = tmp_path / "state"
+    events = run(state, hops, "env.stage_switch=episodes", f"run.total_frames={12 * 64}")
+    [applied] = named(events, "curriculum stage applied")
+    assert (applied["stage"], applied["episodes"]) == (1, "carried")
+    history = rows(state / "history.jsonl")
+    assert history[-1]["curriculum_stage"] == 1
+    assert sum(r.get("train_episodes", 0) for r in history) > 0
 
 
 def test_holds_while_the_rule_is_not_met(tmp_path: Path) -> None:

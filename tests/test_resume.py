@@ -104,7 +104,6 @@ def test_resume_from_an_interval_checkpoint_after_kill9_is_also_exact(
             "ppo.target_kl=0.001",
             "ppo.feature_extractor_max_grad_norm=0.05",
             "ppo.mirror=true",
-            "ppo.mirror_ratio=own",
             "ppo.dual_clip=3",
         ),
         # Goals within reach at the start: hold counts run and hops end at the goal.
@@ -146,6 +145,23 @@ def test_resume_is_exact_with_density_levels_and_a_spawn_mix(
     assert all(torch.equal(a[k], b[k]) for k in a)
     _, snap = load_checkpoint(tmp_path / "b" / "checkpoints" / "ckpt-000000014.nrc")
     assert snap["collector"]["env"]["level"].shape == (8,)
+
+
+def test_the_stage_switch_rule_is_not_env_state_a_resume_with_another_is_exact(
+    tmp_path: Path,
+) -> None:
+    """env.stage_switch says what a later promotion does, not what the env holds: a run
+    resumed (or forked) with the other rule restores its episodes, and without a
+    promotion it trains bit for bit as the uninterrupted run."""
+    # No evaluations, so no promotion.
+    stages = ('env.curriculum=[{name = "a", promote = {reach_goal = 0.0}}, {}]', "eval.interval=0")
+    run(tmp_path / "a", *stages, "checkpoint.interval=4", "run.total_frames=512")
+    resumed = run(tmp_path / "a", *stages, "env.stage_switch=episodes", "run.total_frames=768")
+    start = next(e for e in resumed if e["event"] == "resumed from checkpoint")
+    assert (start["iteration"], start["env_restored"]) == (8, True)
+    run(tmp_path / "b", *stages, "run.total_frames=768")
+    a, b = exported(tmp_path / "a"), exported(tmp_path / "b")
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_an_env_change_keeps_the_envs_density_levels_while_they_mean_the_same(

@@ -27,6 +27,24 @@ from torchrl.envs import EnvBase
 from navrl_daemon.config import EnvConfig, PromotionRule
 from navrl_daemon.env import make_env
 
+# Stage keys that act only where an episode starts (spawns) or on how it is scored and
+# ended, never on the world a running episode flies in: with `env.stage_switch =
+# "episodes"`, a switch between stages that differ in these alone lets the episodes in
+# flight finish. Obstacle counts and speeds, and min_level (it moves envs to denser maps),
+# change the world: a switch that changes them resets every env.
+PER_EPISODE_KEYS = frozenset(
+    {
+        "spawn",
+        "spawn_margin",
+        "spawn_height",
+        "goal_distance",
+        "crossing_share",
+        "max_episode_length",
+        "reach_hold",
+        "safety_weight",
+    }
+)
+
 
 @dataclass(frozen=True)
 class Progress:
@@ -98,6 +116,15 @@ class Curriculum:
         if self.env.map_levels and levels is not None and getattr(here, "shape", 0) == levels.shape:
             env.level.copy_(levels.clamp_min(env.min_level))  # type: ignore[attr-defined]
         return env
+
+    def carries_episodes(self, from_stage: int, to_stage: int) -> bool:
+        """Whether a switch from `from_stage` to `to_stage` lets the episodes in flight
+        finish (`env.stage_switch = "episodes"` and no world key differs)."""
+        if self.env.stage_switch != "episodes":
+            return False
+        before = self.env_config(from_stage).model_dump()
+        after = self.env_config(to_stage).model_dump()
+        return all(before[k] == after[k] for k in before if k not in PER_EPISODE_KEYS)
 
     def observe(self, result: Mapping[str, Any]) -> Promotion | None:
         """Count one evaluation result (`iteration`, `reach_goal`, `collision`, and the

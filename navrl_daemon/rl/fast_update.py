@@ -151,10 +151,8 @@ def compiled_losses(policy: NavRLPolicy) -> Callable[..., tuple[torch.Tensor, ..
     static (a minibatch's size never changes within a run). The PPO constants of `cfg` are
     guarded on: a config that changes them compiles again."""
 
-    def losses(
-        *inputs: torch.Tensor | float | PPOConfig, mirror_log_prob: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, ...]:
-        return ppo.tensor_losses(policy, *inputs, mirror_log_prob=mirror_log_prob)  # type: ignore[arg-type]
+    def losses(*inputs: torch.Tensor | float | PPOConfig) -> tuple[torch.Tensor, ...]:
+        return ppo.tensor_losses(policy, *inputs)  # type: ignore[arg-type]
 
     return torch.compile(losses, fullgraph=True, dynamic=False)
 
@@ -219,7 +217,6 @@ class FastUpdate:
         Reads `batch` to the end: `release` is never called (the caller releases it)."""
         advantages, targets = ppo.advantages_and_targets(self.policy, batch, cfg)
         data = ppo.update_data(batch, advantages, targets)
-        ppo.add_reflected_log_prob(self.policy, data, cfg)
         flat = data.reshape(-1)
         rows = flat.shape[0]
         self._zero_counts()
@@ -272,9 +269,7 @@ class FastUpdate:
         self._zero_grad()
         policy = self.policy
         if self._losses is not None:
-            losses = self._losses(
-                *ppo.loss_inputs(mb), entropy_coef, cfg, mirror_log_prob=ppo.reflected(mb)
-            )
+            losses = self._losses(*ppo.loss_inputs(mb), entropy_coef, cfg)
         else:
             losses = ppo.minibatch_losses(policy, mb, cfg, entropy_coef)
         l_actor, l_critic, l_entropy, value, kls = losses
@@ -390,7 +385,6 @@ class FastUpdate:
             cfg.huber_delta,
             cfg.max_grad_norm,
             cfg.mirror,
-            cfg.mirror_ratio,
             cfg.feature_extractor_max_grad_norm,
             cfg.target_kl,
         )

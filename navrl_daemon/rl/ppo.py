@@ -21,13 +21,7 @@ from torch.nn.utils import clip_grad_norm_, get_total_norm
 from navrl_daemon.config import PPOConfig
 from navrl_daemon.rl.data_parallel import DataParallel
 from navrl_daemon.rl.gae import compute_gae
-from navrl_daemon.rl.mirror import (
-    mirror_action,
-    mirror_dynamic,
-    mirror_lidar,
-    mirror_state,
-    with_mirror,
-)
+from navrl_daemon.rl.mirror import with_mirror
 from navrl_daemon.rl.policy import ACTION_DIM, OBS_KEY, NavRLPolicy
 
 # The optimiser of the critic's own extractor (ppo.separate_critic).
@@ -44,7 +38,7 @@ STAT_NAMES = (
     "feature_extractor_grad_norm",
     # KL from the rollout's policy on each step's minibatch, before its step (k3 estimator),
     # over the collected rows; with ppo.mirror the same over their reflections, against the
-    # log-probs their ratios use (ppo.mirror_ratio): how far from 1 those start (else 0).
+    # behaviour log-probs their ratios use: how far from 1 those start (else 0).
     "kl",
     "mirror_kl",
     "explained_var",
@@ -244,26 +238,6 @@ def update_data(
     return data
 
 
-@torch.no_grad()
-def add_reflected_log_prob(policy: NavRLPolicy, data: TensorDictBase, cfg: PPOConfig) -> None:
-    """With ppo.mirror_ratio = "own": set `mirror_log_prob`, every row's reflected action's
-    log-prob in its reflected state under `policy` as it is before the update's first step
-    (the rollout's policy, with max_policy_lag = 0), the behaviour log-prob its reflection's
-    ratio is then taken against. Otherwise leaves `data` alone."""
-    if not (cfg.mirror and cfg.mirror_ratio == "own"):
-        return
-    flat = data.reshape(-1)
-    obs = flat.get(OBS_KEY)
-    feature = policy.features(
-        mirror_state(obs.get("state")),
-        mirror_lidar(obs.get("lidar")),
-        mirror_dynamic(obs.get("dynamic_obstacle")),
-    )
-    action = mirror_action(flat.get(("agents", "action_normalized")))
-    log_prob = policy.distribution(feature).log_prob(action)
-    data.set("mirror_log_prob", log_prob.reshape(data.batch_size))
-
-
 def minibatch_indices(
     num_rows: int, num_minibatches: int, generator: torch.Generator | None, device: torch.device
 ) -> torch.Tensor:
@@ -351,14 +325,7 @@ def minibatch_losses(
     """(actor, critic, entropy) losses of one flat minibatch, its values V(s) and its two
     KLs (`tensor_losses`). `entropy_coef` may be a device scalar (the CUDA-graph path,
     rl/fast_update.py)."""
-    return tensor_losses(
-        policy, *loss_inputs(mb), entropy_coef, cfg, reducer, mirror_log_prob=reflected(mb)
-    )
-
-
-def reflected(mb: TensorDictBase) -> torch.Tensor | None:
-    """A minibatch's `mirror_log_prob` (ppo.mirror_ratio = "own"), None without one."""
-    return mb.get("mirror_log_prob", None)
+    return tensor_losses(policy, *loss_inputs(mb), entropy_coef, cfg, reducer)
 
 
 def loss_inputs(mb: TensorDictBase) -> tuple[torch.Tensor, ...]:
@@ -389,14 +356,11 @@ def tensor_losses(
     entropy_coef: float | torch.Tensor,
     cfg: PPOConfig,
     reducer: DataParallel | None = None,
-    *,
-    mirror_log_prob: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """`minibatch_losses` on plain tensors (what torch.compile traces: ppo.compile).
 
     With `cfg.mirror` the losses are over the B rows and their reflections (rl/mirror.py),
-    2B rows that share advantages, targets, old values and, unless `mirror_log_prob` gives
-    the reflections' own (ppo.mirror_ratio = "own"), behaviour log-probs; the values
+    2B rows that share advantages, targets, old values and behaviour log-probs; the values
     returned are the B rows' own. The last tensor holds the KL from the rollout's policy
     over the B rows, then over their reflections (0 without the mirror), detached."""
     rows = state.shape[0]
@@ -406,8 +370,6 @@ def tensor_losses(
                 state, lidar, dynamic_obstacle, action, old_log_prob, advantage, old_value, target
             )
         )
-        if mirror_log_prob is not None:
-            old_log_prob = torch.cat((old_log_prob[:rows], mirror_log_prob))
     feature = policy.features(state, lidar, dynamic_obstacle)
     dist = policy.distribution(feature)
     value = policy.value(policy.critic_features(state, lidar, dynamic_obstacle, feature))
@@ -461,7 +423,6 @@ def update(
     """
     advantages, targets = advantages_and_targets(policy, batch, cfg, reducer)
     data = update_data(batch, advantages, targets)
-    add_reflected_log_prob(policy, data, cfg)
 
     device = advantages.device
     params = [p for p in policy.parameters() if p.requires_grad]

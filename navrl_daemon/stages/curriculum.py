@@ -4,7 +4,10 @@ it (`promote`), and the producer follows it between rollouts (`CurriculumFollowe
 Before each rollout the producer hands the follower the stage the ranks agreed on (one
 process: its own); when that is not the stage the training env is built at, the follower
 builds that stage's env and resets it, so the rollout starts fresh episodes there (the
-episodes running in the old env are dropped, their stats never counted). The stage
+episodes running in the old env are dropped, their stats never counted). With
+`env.stage_switch = "episodes"` (and stages that differ only in per-episode keys) the
+new env takes over the old one's state instead: the episodes in flight finish, and each
+env starts the new stage's episodes at its next reset. The stage
 travels in the collector state, so a resumed run trains at the stage it stopped at.
 Without a curriculum the producer has a `NoCurriculum`, which votes for stage 0 and
 does nothing.
@@ -56,13 +59,15 @@ class CurriculumFollower:
         stage = curriculum.stage if self._agreed is None else self._agreed
         if stage == curriculum.applied:
             return
-        await self.compute.run(use_stage, self.collector, curriculum, stage)
+        carry = curriculum.carries_episodes(curriculum.applied, stage)
+        carried = await self.compute.run(use_stage, self.collector, curriculum, stage, carry)
         log.info(
             "curriculum stage applied",
             iteration=iteration,  # the first rollout at the new stage
             stage=stage,
             name=curriculum.name(stage),
             env=curriculum.stages[stage].env_overrides(),
+            episodes="carried" if carried else "reset",
         )
         self.on_stage(stage)
 
@@ -86,13 +91,23 @@ class NoCurriculum:
         return None
 
 
-def use_stage(collector: Collector, curriculum: Curriculum, stage: int) -> None:
-    """Put the collector on a fresh, reset env of curriculum `stage`."""
-    env = curriculum.build_env(
-        stage, device=collector.env.device, seed=collector.cfg.run.seed, previous=collector.env
-    )
-    collector.env, collector.td = env, env.reset()
+def use_stage(
+    collector: Collector, curriculum: Curriculum, stage: int, carry: bool = False
+) -> bool:
+    """Put the collector on a fresh env of curriculum `stage`: reset, or with `carry`
+    holding the episodes in flight (the old env's whole state copied in, the running td
+    kept), which then end by the new stage's rules and start its episodes at their next
+    reset. A backend without `state_dict_env` resets. Returns whether episodes carried."""
+    old = collector.env
+    env = curriculum.build_env(stage, device=old.device, seed=collector.cfg.run.seed, previous=old)
+    carried = carry and hasattr(old, "state_dict_env") and hasattr(env, "load_state_dict_env")
+    if carried:
+        env.load_state_dict_env(old.state_dict_env())  # type: ignore[operator]
+        collector.env = env
+    else:
+        collector.env, collector.td = env, env.reset()
     curriculum.applied = stage
+    return carried
 
 
 def promote(curriculum: Curriculum, record: Mapping[str, Any]) -> None:

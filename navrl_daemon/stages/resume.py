@@ -242,6 +242,9 @@ def restore(
     }
     saved_env = {**before, **saved.get("env", {})}
     env_now = cfg.env.model_dump()
+    # How a later promotion treats the episodes in flight: not part of the env's state.
+    saved_env.pop("stage_switch", None)
+    env_now.pop("stage_switch")
     same_env = saved_env == env_now and (saved.get("run", {}).get("seed") == cfg.run.seed)
     if collected is not None and same_env:
         try:

@@ -279,3 +279,95 @@ def test_a_stage_evaluation_tells_progress_on_both_map_sets() -> None:
     with pytest.raises(Stop) as stopped:
         evaluation(policy, progress=stop)
     assert stopped.value.args == (CHECK_EVERY,)
+
+
+# ------------------------------------------------------------------------------ the switch
+
+# Hops, then crossings of longer episodes: only per-episode keys differ.
+HOPS_THEN_CROSSINGS = (
+    'env.curriculum=[{name = "hops", goal_distance = [1.0, 2.0], max_episode_length = 30,'
+    ' promote = {reach_goal = 0.5}}, {name = "crossings", spawn = "crossing"}]'
+)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "carries"),
+    [
+        ((HOPS_THEN_CROSSINGS,), False),  # env.stage_switch = "reset", the default
+        ((HOPS_THEN_CROSSINGS, "env.stage_switch=episodes"), True),
+        ((STAGES, "env.stage_switch=episodes"), False),  # obstacle counts differ
+        (
+            (
+                'env.curriculum=[{name = "a", promote = {reach_goal = 0.5}}, {min_level = 1}]',
+                "env.map_levels=[0,2,4]",
+                "env.stage_switch=episodes",
+            ),
+            False,  # min_level moves envs to denser maps mid-episode
+        ),
+        (
+            (
+                'env.curriculum=[{name = "a", safety_weight = 2.0, reach_hold = 4,'
+                " spawn_height = [1.0, 2.0], promote = {reach_goal = 0.5}}, {}]",
+                "env.stage_switch=episodes",
+            ),
+            True,
+        ),
+    ],
+    ids=["reset", "per-episode-keys", "obstacles", "min-level", "reward-and-ends"],
+)
+def test_episodes_carry_over_a_switch_only_between_stages_of_the_same_world(
+    overrides: tuple[str, ...], carries: bool
+) -> None:
+    c = Curriculum(config(*overrides).env)
+    assert c.carries_episodes(0, 1) is carries
+    assert c.carries_episodes(1, 1) is (c.env.stage_switch == "episodes")
+
+
+class _Holder:
+    """What use_stage reads and writes of a Collector: its env, running td and config."""
+
+    def __init__(self, cfg: Config, env, td) -> None:  # type: ignore[no-untyped-def]
+        self.cfg, self.env, self.td = cfg, env, td
+
+
+def _fly(env, td, steps: int, seed: int = 0):  # type: ignore[no-untyped-def]
+    """`steps` auto-reset steps of a fixed random policy; the td to go on from."""
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        action = (torch.rand(env.num_envs, 1, 3, generator=gen) * 2 - 1) * 1.5
+        td.set(("agents", "action"), action)
+        _, td = env.step_and_maybe_reset(td)
+    return td
+
+
+def test_a_carried_switch_lets_the_episodes_in_flight_finish_then_spawns_the_new_stages() -> None:
+    """With env.stage_switch = "episodes" the new stage's env takes over the old one's
+    state and the running td: no episode restarts at the switch; each env's next episode
+    starts by the new stage's rule (a crossing: on the border). "reset" restarts all."""
+    from navrl_daemon.stages.curriculum import use_stage
+
+    half = 10.0 / 2  # TINY's field
+    for switch in ("episodes", "reset"):
+        cfg = config(HOPS_THEN_CROSSINGS, f"env.stage_switch={switch}")
+        c = Curriculum(cfg.env)
+        env = c.build_env(0, device="cpu", seed=0)
+        held = _Holder(cfg, env, None)
+        held.td = _fly(env, env.reset(), 12)
+        before = {k: v.clone() for k, v in env.state_tensors().items()}
+        td = held.td
+        carried = use_stage(held, c, 1, c.carries_episodes(0, 1))  # type: ignore[arg-type]
+        assert carried is (switch == "episodes") and c.applied == 1
+        new = held.env
+        assert new is not env and new.cfg.spawn == "crossing"
+        if not carried:
+            assert new.step_count.tolist() == [0] * 8
+            continue
+        assert held.td is td
+        after = new.state_tensors()
+        assert all(torch.equal(before[k], after[k]) for k in before), "state not carried"
+        start = new.start.clone()
+        _fly(new, held.td, 51, seed=1)  # the new stage's 50 steps: every episode ended
+        restarted = ~torch.isclose(new.start, start).all(-1)
+        assert restarted.all(), "an episode of the old stage never ended"
+        on_border = new.start[:, :2].abs().amax(-1) >= half
+        assert on_border.all(), new.start

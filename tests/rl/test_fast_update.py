@@ -92,18 +92,14 @@ def _assert_close_weights(a: NavRLPolicy, b: NavRLPolicy) -> None:
 
 @pytest.mark.parametrize(
     ("mirror", "separate"),
-    [(False, False), (True, False), ("own", False), (False, True)],
-    ids=["plain", "mirror", "mirror-own-ratio", "separate-critic"],
+    [(False, False), (True, False), (False, True)],
+    ids=["plain", "mirror", "separate-critic"],
 )
 @pytest.mark.parametrize(("device", "graphs"), PATHS)
 def test_one_update_matches_eager(make_batch, device, graphs, mirror, separate):
-    """Also with ppo.mirror, whose reflected rows are built inside the captured step (with
-    their own behaviour log-probs: ppo.mirror_ratio = "own"), and with
-    ppo.separate_critic (a fourth optimiser, the critic's clip over its extractor)."""
-    ratio = "own" if mirror == "own" else "behaviour"
-    cfg = SMALL.model_copy(
-        update={"mirror": bool(mirror), "mirror_ratio": ratio, "separate_critic": separate}
-    )
+    """Also with ppo.mirror, whose reflected rows are built inside the captured step, and
+    with ppo.separate_critic (a fourth optimiser, the critic's clip over its extractor)."""
+    cfg = SMALL.model_copy(update={"mirror": mirror, "separate_critic": separate})
     base, batch = _pair(make_batch, device, separate_critic=separate)
     eager_policy, fast_policy = copy.deepcopy(base), copy.deepcopy(base)
     eager_stats, eager_opts = _eager(eager_policy, batch, cfg, seed=3)

@@ -153,31 +153,6 @@ def test_the_update_trains_on_each_minibatch_and_its_mirror(make_batch):
     assert float(plain[4][1]) == 0.0 and float(kls[1]) > 0.0
 
 
-def test_own_reflected_ratios_start_at_one(make_batch):
-    """ppo.mirror_ratio = "own": a reflected row's ratio is over the rollout's policy's own
-    log-prob of the reflected action in the reflected state, so before any step every
-    ratio is 1 (KL 0) where the shared behaviour log-prob leaves the reflections' ratios
-    off 1 by the policy's asymmetry (an untrained network is not symmetric)."""
-    torch.manual_seed(0)
-    policy = NavRLPolicy()
-    batch = make_batch(policy, 8, 4)
-    own = PPOConfig(mirror=True, mirror_ratio="own")
-    advantages, targets = ppo.advantages_and_targets(copy.deepcopy(policy), batch, own)
-    data = ppo.update_data(batch, advantages, targets)
-    ppo.add_reflected_log_prob(policy, data, own)
-    mb = data.reshape(-1)
-    *_, kls_own = ppo.minibatch_losses(policy, mb, own, 1e-3)
-    *_, kls_behaviour = ppo.tensor_losses(
-        policy, *ppo.loss_inputs(mb), 1e-3, PPOConfig(mirror=True)
-    )
-    assert float(kls_own[1]) < 1e-8 < 1e-6 < float(kls_behaviour[1])
-    torch.testing.assert_close(kls_own[0], kls_behaviour[0])
-    # Without the option nothing is added.
-    plain = ppo.update_data(batch, advantages, targets)
-    ppo.add_reflected_log_prob(policy, plain, PPOConfig(mirror=True))
-    assert "mirror_log_prob" not in plain
-
-
 def test_training_on_mirrors_makes_the_policy_more_symmetric(make_batch):
     """The same update with and without ppo.mirror, from the same weights (which act
     almost symmetrically): on its own rollout's observations, the policy's mean action on a
