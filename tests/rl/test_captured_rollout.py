@@ -16,6 +16,7 @@ import torch
 from tensordict import TensorDictBase
 
 from navrl_daemon.config import Config, load_config
+from navrl_daemon.env import make_env
 from navrl_daemon.rl.captured_rollout import CapturedRollout
 from navrl_daemon.rl.graphs import cuda_capture, traced_capture
 from navrl_daemon.rl.policy import NavRLPolicy, sample_beta
@@ -75,7 +76,8 @@ HOPS_AND_CROSSINGS = {"spawn": "local", "goal_distance": [1.0, 4.0], "crossing_s
 )
 def test_captured_rollouts_are_the_eager_ones_bit_for_bit(env: dict) -> None:
     """Rollouts with crashes, time-outs, masked resets and obstacle re-aims; weights loaded
-    between rollouts, a td handed in from a reset, and the env state reloaded: the
+    between rollouts, a td handed in from a reset, the env state reloaded, and a new env
+    that carries the old one's episodes (a curriculum switch, env.stage_switch): the
     captured step (3 warm-up runs, then one capture, then replays) writes the same
     buffers, leaves the same env and td, and draws the same random numbers as the loop.
     With density levels, the levels (and the LiDAR slot they pick) move alike too."""
@@ -87,7 +89,7 @@ def test_captured_rollouts_are_the_eager_ones_bit_for_bit(env: dict) -> None:
     buffers = [c.new_buffer() for c in (eager, captured)]
     g = torch.Generator().manual_seed(5)
     dones = 0
-    for rollout in range(7):
+    for rollout in range(8):
         if rollout == 3:  # new weights, loaded in place as the producer does
             weights = {
                 k: v + 0.05 * torch.randn(v.shape, generator=g) if v.is_floating_point() else v
@@ -101,6 +103,14 @@ def test_captured_rollouts_are_the_eager_ones_bit_for_bit(env: dict) -> None:
         if rollout == 5:  # a checkpoint's env state loaded back
             for c in (eager, captured):
                 c.env.load_state_dict_env(c.env.state_dict_env())
+        if rollout == 6:  # a curriculum switch that carries the episodes in flight
+            for c in (eager, captured):  # (env.stage_switch = "episodes": a new env, same td)
+                stage = c.env.cfg.model_copy(
+                    update={"max_episode_length": 7, "goal_distance": [2.0, 3.0]}
+                )
+                following = make_env(stage, device="cpu", seed=cfg.run.seed)
+                following.load_state_dict_env(c.env.state_dict_env())
+                c.env = following
         for c, buffer in zip((eager, captured), buffers, strict=True):
             c.collect(buffer)
         assert_same(buffers[0], buffers[1], f"rollout {rollout}")
@@ -109,7 +119,7 @@ def test_captured_rollouts_are_the_eager_ones_bit_for_bit(env: dict) -> None:
             assert torch.equal(value, captured.env.state_dict_env()[name]), (rollout, name)
         assert torch.equal(eager.sampler.get_state(), captured.sampler.get_state())
         dones += int(buffers[0]["next", "done"].sum())
-    assert captured.rollout.captures == 1
+    assert captured.rollout.captures == 2  # the carried switch's new env: captured again
     assert dones >= 3 * 12  # episodes ended in the rollouts
     if levels:
         assert int(captured.env.level.min()) < len(levels) - 1  # levels moved
