@@ -51,6 +51,10 @@ class DataParallel:
         dist.all_reduce(out, op=dist.ReduceOp.SUM, group=self.group)
         return out
 
+    def mean(self, values: torch.Tensor) -> torch.Tensor:
+        """Element-wise mean over ranks (a new tensor; `values` is left alone)."""
+        return self.sum(values) / self.world_size
+
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         """(x − mean) / std with mean and (unbiased) std over every rank's x."""
         x64 = x.double()

@@ -438,7 +438,7 @@ def update(
         )
         if kl_bar is not None:  # the collected rows' KL: how far the policy has moved
             kl = kls[0]
-            mean_kl = kl if reducer is None else reducer.sum(kl.reshape(1))[0] / reducer.world_size
+            mean_kl = kl if reducer is None else reducer.mean(kl.reshape(1))[0]
             if float(mean_kl) > kl_bar:  # a host sync, as the finite check below
                 kl_stopped = cfg.epochs * cfg.minibatches - applied - skipped
                 break
@@ -466,7 +466,7 @@ def update(
     for opt in optimizers.values():
         opt.zero_grad()
     if reducer is not None:  # applied is the same on every rank
-        sums = reducer.sum(sums) / reducer.world_size
+        sums = reducer.mean(sums)
     means = (sums / applied).tolist() if applied else [float("nan")] * len(STAT_NAMES)
     return {
         **dict(zip(STAT_NAMES, means, strict=True)),

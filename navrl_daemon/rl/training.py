@@ -201,7 +201,7 @@ class Learner:
         run goes on with the same rates."""
         kl = ppo.approx_kl(self.policy, buffer, KL_SAMPLE_ROWS)
         if self.reducer is not None:
-            kl = self.reducer.sum(kl.reshape(1))[0] / self.reducer.world_size
+            kl = self.reducer.mean(kl.reshape(1))[0]
         kl_value = float(kl)
         cfg = self.cfg.ppo
         actor_lr = self.optimizers["actor"].param_groups[0]["lr"]
