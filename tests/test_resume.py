@@ -147,6 +147,27 @@ def test_resume_is_exact_with_density_levels_and_a_spawn_mix(
     assert snap["collector"]["env"]["level"].shape == (8,)
 
 
+def test_a_resumed_runs_history_counts_each_ended_episode_once(tmp_path: Path) -> None:
+    """The episodes a checkpoint's rollout ended are in that iteration's history row; the
+    resumed run must not count them again in its first row. Run + resume and one
+    uninterrupted run (bit for bit the same episodes) write the same training rows."""
+    common = ("checkpoint.interval=4", "log.summary_interval=1", "env.max_episode_length=6")
+    run(tmp_path / "a", *common, "run.total_frames=512")
+    resumed = run(tmp_path / "a", *common, "run.total_frames=768")
+    start = next(e for e in resumed if e["event"] == "resumed from checkpoint")
+    assert (start["iteration"], start["env_restored"]) == (8, True)
+    run(tmp_path / "b", *common, "run.total_frames=768")
+    keys = ("iteration", "train_episodes", "train_reach_goal", "train_collision", "train_return")
+
+    def rows(state: Path) -> list[tuple]:
+        lines = (state / "history.jsonl").read_text().splitlines()
+        return [tuple(json.loads(x).get(k) for k in keys) for x in lines]
+
+    a, b = rows(tmp_path / "a"), rows(tmp_path / "b")
+    assert [r[0] for r in a] == list(range(1, 13)) and sum(r[1] or 0 for r in b) > 0
+    assert a == b
+
+
 def test_the_stage_switch_rule_is_not_env_state_a_resume_with_another_is_exact(
     tmp_path: Path,
 ) -> None:
@@ -369,7 +390,7 @@ def test_checkpoint_holds_everything_exact_resume_needs(tmp_path: Path) -> None:
     assert set(snap["learner"]["optimizers"]) == {"feature_extractor", "actor", "critic"}
     assert any("value_norm" in k for k in snap["learner"]["policy"])
     # sampler: the generator the actions are drawn from (the collector's own)
-    assert set(snap["collector"]) == {"env", "td", "episodes", "rng", "sampler"}
+    assert set(snap["collector"]) == {"env", "td", "rng", "sampler"}
     assert set(snap["collector"]["rng"]) == {"torch", "cuda", "numpy", "python"}
     assert snap["config"]["env"]["num_envs"] == 8
     assert {"torch", "tensordict", "torchrl", "navrl_daemon"} <= set(snap["versions"])

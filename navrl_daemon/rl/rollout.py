@@ -108,17 +108,6 @@ class EpisodeStats:
         self._count.zero_()
         return sums, count
 
-    def peek_sums(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Copies of (sums, count) since the last take; the counters go on."""
-        return self._sums.clone(), self._count.clone()
-
-    def load_sums(self, sums: torch.Tensor, count: torch.Tensor) -> None:
-        """Set the counters to saved `peek_sums()` values (resume). Sums saved before
-        `out_of_bounds` was counted lack its slot: it restarts from 0."""
-        self._sums.zero_()
-        self._sums[: sums.shape[0]] = sums
-        self._count.copy_(count)
-
     def merge(self, sums_count: tuple[torch.Tensor, torch.Tensor]) -> None:
         """Add another EpisodeStats' `take_sums()` into this one."""
         sums, count = sums_count

@@ -85,14 +85,12 @@ def collector_state(collector: Collector) -> dict[str, Any] | None:
     if save is None:
         return None
     td = collector.td
-    sums, count = collector.episodes.peek_sums()
     env_state = save()
     return {
         # Already the env's own copies (the contract; conformance's replay-after-load
         # check fails a backend whose saved tensors change as it steps): host only.
         "env": {k: v.detach().cpu() for k, v in env_state.items()},
         "td": _flatten(td),
-        "episodes": {"sums": sums.cpu(), "count": count.cpu()},
         "sampler": collector.sampler.get_state(),
         "rng": rng_state(),
     }
@@ -113,7 +111,9 @@ def restore_collector(collector: Collector, state: dict[str, Any]) -> None:
         td.set(path, value.to(current.device))
     collector.env.load_state_dict_env(state["env"])  # type: ignore[attr-defined]
     collector.td = td
-    collector.episodes.load_sums(state["episodes"]["sums"], state["episodes"]["count"])
+    # No episode counts: the episodes the checkpoint's rollout ended are in its
+    # iteration's history row, and counting them again would report them twice (earlier
+    # snapshots hold them under "episodes": left unread).
     restore_rng(state["rng"])
     _restore_sampler(collector.sampler, state)
 

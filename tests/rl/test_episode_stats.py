@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 from tensordict import TensorDict
 
@@ -48,23 +47,3 @@ def test_episodes_that_left_the_band_are_counted_apart_from_collisions_and_time_
     assert out["out_of_bounds"] == 0.25
     assert set(out) == {"episodes", *EPISODE_KEYS}
     assert episodes.take() == {}  # the window restarts
-
-
-def test_sums_saved_before_out_of_bounds_was_counted_still_load() -> None:
-    """A checkpoint written by an earlier version holds one sum per env stat: it resumes,
-    and out-of-bounds episodes count from there."""
-    episodes = EpisodeStats("cpu")
-    old = torch.tensor([50.0, 300.0, 1.0, 2.0, 1.0], dtype=torch.float64)  # STAT_KEYS order
-    assert old.shape[0] == len(STAT_KEYS)
-    episodes.load_sums(old, torch.tensor(4.0, dtype=torch.float64))
-    episodes.add(rollout(done=[[True]], outcome=[["left"]]))
-    out = episodes.take()
-    assert out["episodes"] == 5
-    assert out["collision"] == pytest.approx(2.0 / 5)
-    assert out["out_of_bounds"] == pytest.approx(1.0 / 5)
-    # and what it saves now round-trips whole
-    episodes.add(rollout(done=[[True]], outcome=[["left"]]))
-    sums, count = episodes.peek_sums()
-    again = EpisodeStats("cpu")
-    again.load_sums(sums, count)
-    assert torch.equal(again.peek_sums()[0], sums)
