@@ -771,8 +771,9 @@ def _walk(value: Any, where: str = "") -> Iterable[tuple[str, Any]]:
 RETIRED: dict[tuple[str, str], tuple[Any, str]] = {
     ("ppo", "mirror_ratio"): (
         "behaviour",
-        'removed: "own" diverged in every run (docs/learning.md, session 18); ppo.mirror '
-        "always takes a reflection's ratio over the collected row's log-prob (\"behaviour\")",
+        'removed: "own" diverged within 50 iterations where it was tried (docs/learning.md, '
+        "session 18); ppo.mirror always takes a reflection's ratio over the collected row's "
+        'log-prob ("behaviour")',
     ),
 }
 
