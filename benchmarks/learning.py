@@ -29,6 +29,12 @@ is). `held_out` evaluates the final export, the untrained policy and NavRL's che
 trained on. The daemon's own `eval.held_out_seed`, when
 set, adds `held_out_reach_goal` / `held_out_collision` to every curve point.
 
+The curve's evaluations fly `eval.num_envs` drones; a share of 64 drones is good to about
+±0.05 (one binomial standard error at 0.8), as wide as the gap the verdict is about.
+`--final-drones N` flies the final evaluations (the final export, NavRL's checkpoint, the
+held-out maps) with N drones instead (`eval.final_episodes` in the JSON): 256 narrow it to
+about ±0.025 for ~4× those evaluations' time, after the training.
+
 The machine's load average goes into the JSON: on a shared CPU the curve per second
 depends on it; the curve per frame does not (the run is deterministic under its seed up
 to the SIGTERM point and the evaluations it skipped).
@@ -53,7 +59,9 @@ A lever is measured against its control on the same frames by a fork: `--fork-fr
 new folder DST, as of SRC's newest valid checkpoint (its evaluation and history rows past
 that iteration are dropped, SRC is left as it is), and resumes DST with the overrides
 given, e.g. SRC's recipe plus `ppo.epochs=8`. The daemon restores the envs' episodes where
-the env section is unchanged, and starts new ones where it is not.
+the env section is unchanged, and starts new ones where it is not. `--fork-at ITER` forks
+as of SRC's checkpoint of that iteration instead (the copy leaves out the newer ones): a
+fork at a point in the past of a run that went on.
 
 Run: `.venv/bin/python benchmarks/learning.py --budget-s 600 [--config F] [KEY=VALUE ...]`
 (GPU: `--config config/navrl.toml run.device=cuda`).
@@ -84,7 +92,7 @@ from navrl_daemon.rl.evaluate import evaluate
 from navrl_daemon.rl.policy import navrl_layout
 from navrl_daemon.rl.training import eval_steps, evaluation_key, make_eval_env, make_policy
 from navrl_daemon.stages.evaluator import read_results
-from navrl_daemon.storage.checkpoint import CheckpointDir
+from navrl_daemon.storage.checkpoint import CheckpointDir, checkpoint_iteration
 from navrl_daemon.storage.history import DAEMON_FILE, HISTORY_FILE, RESULTS_FILE, cut_rows
 from navrl_daemon.storage.policy_file import check_policy_layout, load_any_policy_state
 
@@ -192,9 +200,10 @@ def evaluate_policy(
     return {**_round(result), "seconds": round(time.perf_counter() - t0, 2)}
 
 
-def fork_state(src: Path, dst: Path) -> int:
+def fork_state(src: Path, dst: Path, at: int | None = None) -> int:
     """Copy the kept state dir `src` to the new folder `dst` as of `src`'s newest valid
-    checkpoint, for a resume there with other overrides; that checkpoint's iteration.
+    checkpoint (with `at`: its checkpoint of that iteration, the newer ones left out of the
+    copy), for a resume there with other overrides; that checkpoint's iteration.
 
     `src` may belong to a running daemon: its lock and address are not copied, a
     checkpoint written during the copy fails its checks in `dst` and the one before it is
@@ -204,10 +213,16 @@ def fork_state(src: Path, dst: Path) -> int:
     if not src.is_dir():
         raise ValueError(f"--fork-from {src}: not a kept state dir")
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("lock", DAEMON_FILE))
-    found = CheckpointDir(dst / "checkpoints").newest_valid()
-    if found is None:
+    checkpoints = CheckpointDir(dst / "checkpoints")
+    if at is not None:
+        for path in checkpoints.files():
+            if checkpoint_iteration(path) > at:
+                path.unlink()
+    found = checkpoints.newest_valid()
+    if found is None or (at is not None and found[1].iteration != at):
         shutil.rmtree(dst)
-        raise ValueError(f"--fork-from {src}: no valid checkpoint to fork from")
+        which = "no valid checkpoint" if at is None else f"no valid checkpoint of iteration {at}"
+        raise ValueError(f"--fork-from {src}: {which} to fork from")
     at = found[1].iteration
     for name in (RESULTS_FILE, HISTORY_FILE):
         cut_rows(dst / name, at)
@@ -288,8 +303,27 @@ def main() -> None:
         help="copy the kept run SRC into --keep-state DST (a new folder) as of SRC's newest "
         "checkpoint and go on there with these overrides: a lever against its control",
     )
+    p.add_argument(
+        "--fork-at",
+        type=int,
+        metavar="ITER",
+        help="with --fork-from: fork as of SRC's checkpoint of this iteration instead",
+    )
+    p.add_argument(
+        "--final-drones",
+        type=int,
+        default=0,
+        metavar="N",
+        help="drones of the final evaluations (the final export, NavRL's checkpoint, the "
+        "held-out maps); default eval.num_envs, as the curve's. More drones, a narrower "
+        "verdict: the reach of 64 drones is good to about +-0.05",
+    )
     p.add_argument("overrides", nargs="*", help="KEY=VALUE config overrides")
     args = p.parse_args()
+    if args.fork_at is not None and args.fork_from is None:
+        p.error("--fork-at ITER picks the checkpoint of --fork-from SRC: name SRC")
+    if args.final_drones < 0:
+        p.error("--final-drones N: N >= 1, or 0 for eval.num_envs")
     if args.fork_from is not None:
         if args.resume:
             p.error("--fork-from resumes the copy itself: leave out --resume")
@@ -306,9 +340,11 @@ def main() -> None:
     )
     overrides = [*args.overrides, f"eval.interval={args.eval_every}", "metrics.port=0"]
     cfg = load_config(args.config, overrides, environ={})  # a bad config fails here, not later
+    drones = [f"eval.num_envs={args.final_drones}"] if args.final_drones else []
+    final_cfg = load_config(args.config, [*overrides, *drones], environ={})
     if args.fork_from is not None:
         try:
-            at = fork_state(args.fork_from, args.keep_state)
+            at = fork_state(args.fork_from, args.keep_state, args.fork_at)
         except ValueError as err:
             p.error(str(err))
         print(f"forked {args.fork_from} at iteration {at} into {args.keep_state}", flush=True)
@@ -332,15 +368,17 @@ def main() -> None:
             launches = [tuple(json.loads(line)) for line in earlier] + launches
             launches_file.write_text("".join(json.dumps(list(w)) + "\n" for w in launches))
         final_state, final_at = final_policy(state, log_copy)
-        final = None if final_state is None else {**final_at, **evaluate_policy(cfg, final_state)}
-    untrained = evaluate_policy(cfg, None)
+        final = (
+            None if final_state is None else {**final_at, **evaluate_policy(final_cfg, final_state)}
+        )
+    untrained = evaluate_policy(cfg, None)  # the curve's first point
     navrl_state = None
     navrl = None
     if args.navrl_checkpoint.exists():
         navrl_state = load_any_policy_state(args.navrl_checkpoint)
-        navrl = evaluate_policy(cfg, navrl_state)
+        navrl = evaluate_policy(final_cfg, navrl_state)
     held_cfg = load_config(
-        args.config, [*overrides, f"eval.num_maps={args.held_out_maps}"], environ={}
+        args.config, [*overrides, *drones, f"eval.num_maps={args.held_out_maps}"], environ={}
     )
     held_out = {
         "map_seed": args.held_out_seed,
@@ -387,6 +425,7 @@ def main() -> None:
         "eval": {
             "layout": cfg.eval.layout,
             "episodes": cfg.eval.num_envs,
+            "final_episodes": final_cfg.eval.num_envs,  # the final export's, NavRL's, held out
             "max_steps": eval_steps(cfg),
             "seed": cfg.eval.seed,
         },

@@ -85,6 +85,39 @@ def test_a_source_without_a_valid_checkpoint_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "fork").exists()
 
 
+def test_fork_at_forks_as_of_an_older_checkpoint(kept_run: Path, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    shutil.copytree(kept_run, src)
+    as_if_still_running(src)
+    before = {p: p.read_bytes() for p in src.rglob("*") if p.is_file()}
+    dst = tmp_path / "fork"
+    assert learning.fork_state(src, dst, at=2) == 2
+    assert [p.name for p in sorted((dst / "checkpoints").glob("*.nrc"))] == [
+        "ckpt-000000001.nrc",
+        "ckpt-000000002.nrc",
+    ]
+    assert max(rows(dst / "history.jsonl")) == 2
+    assert all(i <= 2 for i in rows(dst / "eval" / "results.jsonl"))
+    assert {p: p.read_bytes() for p in src.rglob("*") if p.is_file()} == before
+    resumed = navrl_cli("run", "--state-dir", str(dst), *TINY, "run.total_frames=192")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert '"iteration": 2' in next(
+        line for line in resumed.stderr.splitlines() if "resumed from checkpoint" in line
+    )
+
+
+def test_fork_at_an_iteration_without_a_valid_checkpoint_is_refused(
+    kept_run: Path, tmp_path: Path
+) -> None:
+    src = tmp_path / "src"
+    shutil.copytree(kept_run, src)
+    (src / "checkpoints" / "ckpt-000000002.nrc").write_bytes(b"torn")
+    for at in (2, 7):  # torn; none of that iteration (the newest, 3, is not taken instead)
+        with pytest.raises(ValueError, match=f"no valid checkpoint of iteration {at}"):
+            learning.fork_state(src, tmp_path / "fork", at=at)
+        assert not (tmp_path / "fork").exists()
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
@@ -108,3 +141,14 @@ def test_bad_fork_arguments_exit_2_before_anything_runs(
         learning.main()
     assert exited.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_fork_at_needs_fork_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["learning.py", "--fork-at", "3", "--keep-state", str(tmp_path / "dst")]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as exited:
+        learning.main()
+    assert exited.value.code == 2
+    assert "--fork-at ITER picks the checkpoint of --fork-from SRC" in capsys.readouterr().err

@@ -127,7 +127,8 @@ def test_the_sitting_is_written_from_disk_with_the_newest_checkpoints_policy(
     out = tmp_path / "run.json"
     argv = ["learning.py", "--budget-s", "1", "--keep-state", str(state), "--resume"]
     argv += ["--out", str(out), "--navrl-checkpoint", str(tmp_path / "none.pt")]
-    argv += ["--held-out-maps", "2", "eval.num_envs=2", "eval.max_steps=20", "run.device=cpu"]
+    argv += ["--held-out-maps", "2", "--final-drones", "4"]
+    argv += ["eval.num_envs=2", "eval.max_steps=20", "run.device=cpu"]
     monkeypatch.setattr(sys, "argv", argv)
     with pytest.raises(SystemExit) as stopped:
         learning.main()
@@ -139,10 +140,13 @@ def test_the_sitting_is_written_from_disk_with_the_newest_checkpoints_policy(
     assert final["source"].endswith(".nrc") and final["iteration"] == 0
     assert final["frames"] == 0
     # The checkpoint holds NavRL's policy: evaluated, it is not the zeroed export's policy.
-    cfg = load_config(REPO / "config" / "default.toml", argv[-3:], environ={})
+    cfg = load_config(REPO / "config" / "default.toml", [*argv[-3:], "eval.num_envs=4"], environ={})
     zeroed = learning.evaluate_policy(cfg, stale)
     assert (final["return"], final["episode_len"]) != (zeroed["return"], zeroed["episode_len"])
-    assert result["held_out"]["final"]["episodes"] == 2
+    # --final-drones: the final evaluations fly 4 drones, the curve's 2 (its first point)
+    assert final["episodes"] == 4 and result["held_out"]["final"]["episodes"] == 4
+    assert result["held_out"]["untrained"]["episodes"] == 4
+    assert result["eval"] == {**result["eval"], "episodes": 2, "final_episodes": 4}
     assert out.with_suffix(".png").exists()
 
 

@@ -307,7 +307,8 @@ def _problem(path: Path, accept: Accept | None) -> str | None:
     return accept(header, state) if accept is not None else None
 
 
-def _iteration(path: Path) -> int:
+def checkpoint_iteration(path: Path) -> int:
+    """The iteration in a checkpoint file's name (`ckpt-000001234.nrc`: 1234)."""
     match = _FILE_NAME.fullmatch(path.name)
     assert match is not None
     return int(match.group(1))
@@ -404,7 +405,7 @@ class CheckpointDir:
         if not self.path.is_dir():
             return []
         found = [p for p in self.path.iterdir() if _FILE_NAME.fullmatch(p.name) and p.is_file()]
-        return sorted(found, key=_iteration)
+        return sorted(found, key=checkpoint_iteration)
 
     def newest_valid(self) -> tuple[Path, CheckpointHeader, dict[str, Any]] | None:
         """Load the newest file that passes every check (`accept` too); the ones skipped
