@@ -36,7 +36,8 @@ else
   LIDAR_ENVS=${LIDAR_ENVS:-"1024 4096"}
   ITERS=${ITERS:-} EVAL_EVERY=${EVAL_EVERY:-25}
   # learning.py's final evaluations (export, NavRL's checkpoint, held-out maps) with 256
-  # drones: a verdict good to ~+-0.025 instead of 64 drones' ~+-0.05, at little cost here
+  # drones: a verdict good to ~+-0.025 instead of 64 drones' ~+-0.05 (their cost on a GPU is
+  # not measured yet; on the 2-core CPU 2.6-4.2x that of 64 drones)
   FINAL_DRONES=${FINAL_DRONES:-256}
   MARGIN=${MARGIN:-150}
 fi
