@@ -6,8 +6,10 @@ Each row is one (checkpoint, pillars, layout, maps) evaluation:
 - pillars `K` builds maps of K pillars (a curriculum stage's maps are drawn that way);
   `N:K` keeps the first K pillars of N-pillar maps (the density levels of
   `env.map_levels`, where the N-pillar maps are the training maps).
-- maps `train` are the run's (run.seed, env.num_maps); `held_out` are `--held-out-maps`
-  maps drawn from `--held-out-seed`.
+- maps `train` are the maps the checkpoint trained on: for a `.nrc`, its own run's
+  (run.seed, env.num_maps, from the config saved in it); for a `.pt` (no config), the
+  command line's. `held_out` are `--held-out-maps` maps drawn from `--held-out-seed`.
+  Every row names the seed of its maps (`maps_seed`).
 - layout `navrl` is NavRL's crossing evaluation, `train` the training spawn rule.
 With `--probe`, NavRL-layout rows also fly blind (LiDAR zeroed), measure the action gap
 near pillars, and give altitude and path statistics per outcome. With
@@ -71,25 +73,48 @@ def eval_env(cfg: Config, spec: tuple[int, int | None], layout: str, seed: int, 
     return make_env(env_cfg, seed=seed, num_envs=cfg.eval.num_envs, layout=layout)
 
 
-def saved_levels(path: Path) -> torch.Tensor | None:
-    """The training envs' density levels a `.nrc` checkpoint holds (None: a `.pt`, or
-    no env state)."""
+def saved_snapshot(path: Path) -> dict[str, Any] | None:
+    """What a `.nrc` checkpoint holds (None: a `.pt` policy file)."""
     with open(path, "rb") as f:
         if f.read(len(MAGIC)) != MAGIC:
             return None
     _, snap = load_checkpoint(path)
-    return (snap.get("collector") or {}).get("env", {}).get("level")
+    return snap
 
 
-def hover_row(cfg: Config, policy, path: Path, args: argparse.Namespace) -> dict[str, Any]:
+def training_maps(cfg: Config, snap: dict[str, Any] | None) -> tuple[int, int]:
+    """(seed, count) of the maps a checkpoint trained on: its run's config when it holds
+    one (a `.nrc`), else `cfg`'s. A policy of run.seed = 1 flown on seed 0's maps would be
+    flown on maps it never saw."""
+    saved = (snap or {}).get("config") or {}
+    if "run" in saved and "env" in saved:
+        return int(saved["run"]["seed"]), int(saved["env"]["num_maps"])
+    return cfg.run.seed, cfg.env.num_maps
+
+
+def saved_levels(snap: dict[str, Any] | None) -> torch.Tensor | None:
+    """The training envs' density levels a `.nrc` checkpoint holds (None: a `.pt`, or
+    no env state)."""
+    return ((snap or {}).get("collector") or {}).get("env", {}).get("level")
+
+
+def hover_row(
+    cfg: Config, policy, snap: dict[str, Any] | None, args: argparse.Namespace
+) -> dict[str, Any]:
     env_cfg = cfg.env.stage_env(args.stage) if cfg.env.curriculum else cfg.env
+    seed, count = training_maps(cfg, snap)
     n = cfg.eval.num_envs
-    env = make_env(env_cfg, seed=cfg.run.seed, num_envs=n)
-    levels = saved_levels(path)
+    env = make_env(env_cfg.model_copy(update={"num_maps": count}), seed=seed, num_envs=n)
+    levels = saved_levels(snap)
     at_levels = bool(env_cfg.map_levels) and levels is not None and len(levels) >= n
     if at_levels:
         env.level.copy_(levels[:n])
-    row: dict[str, Any] = {"probe": "hover_share", "stage": args.stage, "saved_levels": at_levels}
+    row: dict[str, Any] = {
+        "probe": "hover_share",
+        "stage": args.stage,
+        "saved_levels": at_levels,
+        "maps_seed": seed,
+    }
     row.update(goal_hover_share(env, policy, steps=args.hover_share, seed=cfg.eval.seed))
     return row
 
@@ -100,8 +125,9 @@ def diagnose(cfg: Config, path: Path, args: argparse.Namespace) -> list[dict[str
     check_policy_layout(state, policy.state_dict(), Path("policy"))
     policy.load_state_dict(state)
     steps = eval_steps(cfg)
+    snap = saved_snapshot(path)
     every = {
-        "train": (cfg.run.seed, cfg.env.num_maps),
+        "train": training_maps(cfg, snap),
         "held_out": (args.held_out_seed, args.held_out_maps),
     }
     maps = {k: every[k] for k in args.maps}
@@ -111,7 +137,12 @@ def diagnose(cfg: Config, path: Path, args: argparse.Namespace) -> list[dict[str
             for which, (seed, count) in maps.items():
                 env = eval_env(cfg, pillar_spec(text), layout, seed, count)
                 t0 = time.perf_counter()
-                row: dict[str, Any] = {"pillars": text, "layout": layout, "maps": which}
+                row: dict[str, Any] = {
+                    "pillars": text,
+                    "layout": layout,
+                    "maps": which,
+                    "maps_seed": seed,
+                }
                 probe = args.probe and layout == "navrl"
                 if args.hazard or probe:  # one flight: `evaluate`'s numbers and the paths
                     result, flown = evaluate_recorded(
@@ -134,7 +165,7 @@ def diagnose(cfg: Config, path: Path, args: argparse.Namespace) -> list[dict[str
                 rows.append(row)
     if args.hover_share:
         t0 = time.perf_counter()
-        row = hover_row(cfg, policy, path, args)
+        row = hover_row(cfg, policy, snap, args)
         row["seconds"] = round(time.perf_counter() - t0, 1)
         print(json.dumps(row), flush=True)
         rows.append(row)

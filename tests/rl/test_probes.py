@@ -209,6 +209,31 @@ def test_diagnose_reports_the_hover_share_at_a_checkpoints_levels(tmp_path: Path
     assert 0.0 <= row["frames_at_goal"] <= 1.0 and row["steps"] == 20
 
 
+def test_diagnose_flies_a_checkpoint_on_the_maps_of_its_own_run(tmp_path: Path):
+    """A `.nrc` holds its run's config: its `train` rows fly that run's maps (run.seed = 3,
+    2 maps), whatever the command line's seed; a `.pt` holds none and flies the command
+    line's. The same policy on the same maps flies the same numbers."""
+    from navrl_daemon.pipeline.daemon import serve
+    from navrl_daemon.storage.policy_file import load_any_policy_state
+    from tests.conftest import TINY
+
+    run = ["run.seed=3", "env.num_maps=2"]
+    cfg = load_config(None, [*TINY, *run, "run.total_frames=128"], environ={})
+    anyio.run(serve, cfg, tmp_path / "state")
+    ckpt = sorted((tmp_path / "state" / "checkpoints").glob("*.nrc"))[-1]
+    policy_file = tmp_path / "policy.pt"
+    torch.save(load_any_policy_state(ckpt), policy_file)
+    options = ["--pillars", "4", "--layouts", "train"]
+    saved = _diagnose(ckpt, tmp_path, options, TINY)  # no seed on the command line
+    told = _diagnose(policy_file, tmp_path, ["--maps", "train", *options], [*TINY, *run])
+    other = _diagnose(policy_file, tmp_path, ["--maps", "train", *options], TINY)
+    assert [(r["maps"], r["maps_seed"]) for r in saved] == [("train", 3), ("held_out", 1000)]
+    assert told[0]["maps_seed"] == 3 and other[0]["maps_seed"] == 0
+    numbers = ("reach_goal", "collision", "return", "episode_len")
+    assert {k: told[0][k] for k in numbers} == {k: saved[0][k] for k in numbers}
+    assert other[0]["return"] != saved[0]["return"]  # other maps, another flight
+
+
 def test_diagnose_hazard_and_probe_rows_keep_the_evaluations_numbers(tmp_path: Path):
     """--hazard and --probe share one recorded flight per row; its numbers are the plain
     evaluation's."""
