@@ -89,7 +89,7 @@ import torch
 
 from navrl_daemon.config import Config, load_config
 from navrl_daemon.ops.plots import Series, curves_plot, write_png
-from navrl_daemon.rl.evaluate import evaluate
+from navrl_daemon.rl.evaluate import evaluate, share_interval
 from navrl_daemon.rl.policy import navrl_layout
 from navrl_daemon.rl.training import eval_steps, evaluation_key, make_eval_env, make_policy
 from navrl_daemon.stages.evaluator import read_results
@@ -253,15 +253,22 @@ def plot(result: dict[str, Any], path: Path) -> None:
     frames = [row["frames"] for row in curve]
     right = max([*frames, (result.get("final") or {}).get("frames", 0)])
     panels = []
+    episodes = result["eval"]["episodes"]
     for key, title in (
-        ("reach_goal", "eval reach_goal"),
-        ("collision", "eval collision"),
+        ("reach_goal", "eval reach_goal (95 % band)"),
+        ("collision", "eval collision (95 % band)"),
         ("return", "eval return"),
     ):
-        series = [Series("navrl-daemon", frames, [row[key] for row in curve], markers=True)]
+        share = key != "return"  # a share of episodes: its 95 % interval shaded
+        bands = [share_interval(row[key], episodes) for row in curve] if share else None
+        ys = [row[key] for row in curve]
+        series = [Series("navrl-daemon", frames, ys, markers=True, band=bands)]
         final = result.get("final")
         if final is not None:
-            series.append(Series("final export", [final["frames"]], [final[key]], markers=True))
+            band = [share_interval(final[key], final["episodes"])] if share else None
+            series.append(
+                Series("final export", [final["frames"]], [final[key]], markers=True, band=band)
+            )
         navrl = result.get("navrl_checkpoint")
         if navrl is not None:
             series.append(Series("NavRL checkpoint", [0, right], [navrl[key], navrl[key]]))

@@ -110,12 +110,15 @@ def _draw_drone(ax: Axes, alt: Axes, traj: Trajectories, i: int, colour: str) ->
 
 @dataclass(frozen=True)
 class Series:
-    """One line of a learning-curve panel: x and y values, a label, markers or a line."""
+    """One line of a learning-curve panel: x and y values, a label, markers or a line;
+    `band`, per point, the (low, high) of an interval shaded around it (None: no band
+    there), e.g. an evaluation's 95 % interval."""
 
     label: str
     x: Sequence[float]
     y: Sequence[float | None]
     markers: bool = False
+    band: Sequence[tuple[float, float] | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -171,7 +174,9 @@ def curves_figure(
                 continue
             xs, ys = zip(*pts, strict=True)
             style = {"marker": "o", "ms": 4, "ls": "--"} if s.markers else {"lw": 1.5}
-            ax.plot(xs, ys, label=s.label, **style)
+            (line,) = ax.plot(xs, ys, label=s.label, **style)
+            if s.band is not None:
+                _shade(ax, s, line.get_color())
             lowest = min(lowest, *ys)
         if lowest == math.inf:
             ax.text(0.5, 0.5, "no data yet", ha="center", va="center", transform=ax.transAxes)
@@ -185,6 +190,18 @@ def curves_figure(
         ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def _shade(ax: Axes, s: Series, colour: str) -> None:
+    """`s.band` shaded in the line's colour over the points that have one (a lone point:
+    a bar from low to high)."""
+    assert s.band is not None
+    pts = [(x, b) for x, y, b in zip(s.x, s.y, s.band, strict=True) if y is not None and b]
+    xs, lows, highs = [x for x, _ in pts], [b[0] for _, b in pts], [b[1] for _, b in pts]
+    if len(pts) == 1:
+        ax.vlines(xs, lows, highs, color=colour, alpha=0.4, lw=4)
+    elif pts:
+        ax.fill_between(xs, lows, highs, color=colour, alpha=0.15, lw=0)
 
 
 def _png(fig: Figure) -> bytes:

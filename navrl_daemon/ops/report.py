@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from navrl_daemon.ops.plots import RATIO_YLIM, Panel, Series, curves_plot
-from navrl_daemon.rl.evaluate import eval_rank
+from navrl_daemon.rl.evaluate import eval_rank, share_interval
 
 
 @dataclass
@@ -64,8 +64,10 @@ def learning_curves(
     def size(key: str, label: str) -> Series:
         return Series(label, frames, [_mb(r.get(key)) for r in history])
 
-    def evaluated(key: str, label: str) -> Series:
-        return Series(label, eval_frames, [_number(r.get(key)) for r in evals], markers=True)
+    def evaluated(key: str, label: str, *, band: bool = False) -> Series:
+        ys = [_number(r.get(key)) for r in evals]
+        bands = [_interval(r, key) for r in evals] if band else None
+        return Series(label, eval_frames, ys, markers=True, band=bands)
 
     images = {
         "outcomes.png": curves_plot(
@@ -75,8 +77,8 @@ def learning_curves(
                     [
                         episodes("train_reach_goal", "train reach_goal"),
                         episodes("train_collision", "train collision"),
-                        evaluated("reach_goal", "eval reach_goal"),
-                        evaluated("collision", "eval collision"),
+                        evaluated("reach_goal", "eval reach_goal (95 % band)", band=True),
+                        evaluated("collision", "eval collision (95 % band)", band=True),
                     ],
                     ylim=RATIO_YLIM,
                 ),
@@ -249,7 +251,8 @@ def _summary(records: RunRecords) -> str:
         rows.append(
             (
                 "best evaluation",
-                f"iteration {best.get('iteration')}: reach_goal {_fmt(best.get('reach_goal'))}, "
+                f"iteration {best.get('iteration')}: reach_goal {_fmt(best.get('reach_goal'))}"
+                f"{_interval_text(best, 'reach_goal')}, "
                 f"collision {_fmt(best.get('collision'))}, return {_fmt(best.get('return'))}",
             )
         )
@@ -310,6 +313,23 @@ def _resume_marks(history: Sequence[dict[str, Any]]) -> list[float]:
         if row.get("resumed_from") is not None and _number(prev.get("frames")) is not None:
             marks.append(float(prev["frames"]))
     return marks
+
+
+def _interval(row: dict[str, Any], key: str) -> tuple[float, float] | None:
+    """The 95 % interval of an evaluation's share `key` from its episode count (None when
+    either is missing)."""
+    share, episodes = _number(row.get(key)), _number(row.get("episodes"))
+    if share is None or episodes is None:
+        return None
+    return share_interval(share, int(episodes))
+
+
+def _interval_text(row: dict[str, Any], key: str) -> str:
+    interval = _interval(row, key)
+    if interval is None:
+        return ""
+    lo, hi = interval
+    return f" (95 %: {lo:.2f}–{hi:.2f} over {int(row['episodes'])} episodes)"
 
 
 def _number(v: Any) -> float | None:
