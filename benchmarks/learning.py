@@ -88,8 +88,9 @@ from typing import Any
 import torch
 
 from navrl_daemon.config import Config, load_config
+from navrl_daemon.ops.intervals import share_interval
 from navrl_daemon.ops.plots import Series, curves_plot, write_png
-from navrl_daemon.rl.evaluate import evaluate, share_interval
+from navrl_daemon.rl.evaluate import evaluate
 from navrl_daemon.rl.policy import navrl_layout
 from navrl_daemon.rl.training import eval_steps, evaluation_key, make_eval_env, make_policy
 from navrl_daemon.stages.evaluator import read_results

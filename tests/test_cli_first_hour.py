@@ -17,6 +17,7 @@ import pytest
 
 from navrl_daemon.cli import main
 from navrl_daemon.config import load_config
+from navrl_daemon.ops.intervals import share_interval
 from tests.conftest import REPO, SUBPROCESS_ENV, TINY, navrl_cli
 
 # The tiny task differs from the built-in defaults (NavRL's scale) in every key eval uses.
@@ -112,6 +113,8 @@ def test_status_loads_no_torch_and_shows_the_latest_evaluation(run_dir: Path) ->
     assert "HEAVY []" in proc.stdout
     last = json.loads((run_dir / "eval" / "results.jsonl").read_text().splitlines()[-1])
     assert f"last eval: iteration {last['iteration']}, reach_goal" in proc.stdout
+    lo, hi = share_interval(last["reach_goal"], last["episodes"])
+    assert f"(95 %: {lo:.2f}–{hi:.2f})" in proc.stdout  # how far its drones may be off
 
 
 def test_best_policy_is_exported_listed_and_exportable(run_dir: Path, tmp_path: Path) -> None:

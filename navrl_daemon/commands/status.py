@@ -24,6 +24,7 @@ from typing import Any
 from navrl_daemon.commands.common import config_args, json_arg, print_json, state_dir, state_dir_arg
 from navrl_daemon.config import Config
 from navrl_daemon.errors import DataError
+from navrl_daemon.ops.intervals import share_interval
 from navrl_daemon.runtime.lock import StateDirLock
 from navrl_daemon.storage.checkpoint import CheckpointDir, read_header
 from navrl_daemon.storage.history import DAEMON_FILE, HISTORY_FILE, read_jsonl
@@ -168,7 +169,7 @@ def _from_files(root: Path) -> dict[str, Any]:
         last_eval = evals[-1]
         out["last_eval"] = {
             k: last_eval.get(k)
-            for k in ("iteration", "frames", "reach_goal", "collision", "return")
+            for k in ("iteration", "frames", "episodes", "reach_goal", "collision", "return")
         }
         if isinstance(last_eval.get("time"), int | float):
             out["last_eval"]["age_s"] = round(now - last_eval["time"], 1)
@@ -202,8 +203,15 @@ def _print_text(doc: dict[str, Any]) -> None:
     ev = doc.get("last_eval")
     if ev:
         age = f", {ev['age_s']:.0f} s ago" if isinstance(ev.get("age_s"), int | float) else ""
+        reach, episodes = ev.get("reach_goal"), ev.get("episodes")
+        interval = (
+            share_interval(reach, episodes)
+            if isinstance(reach, int | float) and isinstance(episodes, int)
+            else None
+        )
+        within = "" if interval is None else f" (95 %: {interval[0]:.2f}–{interval[1]:.2f})"
         print(
-            f"last eval: iteration {ev['iteration']}, reach_goal {_fmt(ev.get('reach_goal'))}, "
+            f"last eval: iteration {ev['iteration']}, reach_goal {_fmt(reach)}{within}, "
             f"collision {_fmt(ev.get('collision'))}{age}"
         )
     if doc.get("queues"):

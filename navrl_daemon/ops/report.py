@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from navrl_daemon.ops.intervals import share_interval
 from navrl_daemon.ops.plots import RATIO_YLIM, Panel, Series, curves_plot
-from navrl_daemon.rl.evaluate import eval_rank, share_interval
+from navrl_daemon.rl.evaluate import eval_rank
 
 
 @dataclass

@@ -337,24 +337,6 @@ def _evaluate(
     return _results(first, last, finished)
 
 
-# z of a two-sided 95 % interval.
-Z95 = 1.959964
-
-
-def share_interval(share: float, episodes: int, z: float = Z95) -> tuple[float, float] | None:
-    """Wilson's score interval (95 % by default) for a share of `episodes` evaluation
-    episodes, e.g. reach_goal: how far the share of that many drones may be from the
-    policy's own. 64 drones at 0.80 give 0.69-0.88, 256 give 0.75-0.84. None without
-    episodes. Wilson's rather than the normal approximation: it stays inside 0..1 and is
-    not zero wide at a share of 0 or 1."""
-    if episodes <= 0:
-        return None
-    n = float(episodes)
-    centre = (share + z * z / (2 * n)) / (1 + z * z / n)
-    half = z / (1 + z * z / n) * (share * (1 - share) / n + z * z / (4 * n * n)) ** 0.5
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
 def eval_rank(record: dict[str, Any]) -> tuple[float, float, float, float]:
     """How evaluation results compare (higher is better): the later curriculum stage (a
     harder task), then reach_goal, then fewer collisions, then the later iteration. The
