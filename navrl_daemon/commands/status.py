@@ -24,7 +24,7 @@ from typing import Any
 from navrl_daemon.commands.common import config_args, json_arg, print_json, state_dir, state_dir_arg
 from navrl_daemon.config import Config
 from navrl_daemon.errors import DataError
-from navrl_daemon.ops.intervals import share_interval
+from navrl_daemon.ops.intervals import interval_text
 from navrl_daemon.runtime.lock import StateDirLock
 from navrl_daemon.storage.checkpoint import CheckpointDir, read_header
 from navrl_daemon.storage.history import DAEMON_FILE, HISTORY_FILE, read_jsonl
@@ -203,13 +203,8 @@ def _print_text(doc: dict[str, Any]) -> None:
     ev = doc.get("last_eval")
     if ev:
         age = f", {ev['age_s']:.0f} s ago" if isinstance(ev.get("age_s"), int | float) else ""
-        reach, episodes = ev.get("reach_goal"), ev.get("episodes")
-        interval = (
-            share_interval(reach, episodes)
-            if isinstance(reach, int | float) and isinstance(episodes, int)
-            else None
-        )
-        within = "" if interval is None else f" (95 %: {interval[0]:.2f}–{interval[1]:.2f})"
+        reach = ev.get("reach_goal")
+        within = interval_text(reach, ev.get("episodes"))
         print(
             f"last eval: iteration {ev['iteration']}, reach_goal {_fmt(reach)}{within}, "
             f"collision {_fmt(ev.get('collision'))}{age}"

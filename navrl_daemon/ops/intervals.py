@@ -20,3 +20,11 @@ def share_interval(share: float, episodes: int, z: float = Z95) -> tuple[float, 
     centre = (share + z * z / (2 * n)) / (1 + z * z / n)
     half = z / (1 + z * z / n) * (share * (1 - share) / n + z * z / (4 * n * n)) ** 0.5
     return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def interval_text(share: object, episodes: object) -> str:
+    """ " (95 %: LO–HI)" for a share of `episodes` drones; "" unless both are numbers (an
+    older row without its episode count)."""
+    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (share, episodes))
+    interval = share_interval(float(share), int(episodes)) if numbers else None  # type: ignore[arg-type]
+    return "" if interval is None else f" (95 %: {interval[0]:.2f}–{interval[1]:.2f})"

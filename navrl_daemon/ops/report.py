@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from navrl_daemon.ops.intervals import share_interval
+from navrl_daemon.ops.intervals import interval_text, share_interval
 from navrl_daemon.ops.plots import RATIO_YLIM, Panel, Series, curves_plot
 from navrl_daemon.rl.evaluate import eval_rank
 
@@ -253,7 +253,7 @@ def _summary(records: RunRecords) -> str:
             (
                 "best evaluation",
                 f"iteration {best.get('iteration')}: reach_goal {_fmt(best.get('reach_goal'))}"
-                f"{_interval_text(best, 'reach_goal')}, "
+                f"{interval_text(best.get('reach_goal'), best.get('episodes'))}, "
                 f"collision {_fmt(best.get('collision'))}, return {_fmt(best.get('return'))}",
             )
         )
@@ -323,14 +323,6 @@ def _interval(row: dict[str, Any], key: str) -> tuple[float, float] | None:
     if share is None or episodes is None:
         return None
     return share_interval(share, int(episodes))
-
-
-def _interval_text(row: dict[str, Any], key: str) -> str:
-    interval = _interval(row, key)
-    if interval is None:
-        return ""
-    lo, hi = interval
-    return f" (95 %: {lo:.2f}–{hi:.2f} over {int(row['episodes'])} episodes)"
 
 
 def _number(v: Any) -> float | None:
