@@ -5,6 +5,7 @@ in tests/test_cli_first_hour.py, on a real run.)"""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from navrl_daemon.ops.tensorboard import TensorBoardLog, history_tag, scalars
 
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+event_file_writer = pytest.importorskip("tensorboard.summary.writer.event_file_writer")
 
 
 def read_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
@@ -47,7 +49,7 @@ def test_tags_group_history_keys_and_skip_step_and_time() -> None:
 
 
 def test_rows_read_back_and_a_resume_replaces_the_points_after_its_checkpoint(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     board = TensorBoardLog(tmp_path)
     for i in range(1, 7):
@@ -60,8 +62,15 @@ def test_rows_read_back_and_a_resume_replaces_the_points_after_its_checkpoint(
     assert first["eval/reach_goal"] == [(256, 0.5)]
     assert "checkpoint/age_s" not in first
 
-    # Resumed from the checkpoint of iteration 4: iterations 5.. are trained again.
-    again = TensorBoardLog(tmp_path, resumed_at_frames=256)
+    # Resumed from the checkpoint of iteration 4: iterations 5.. are trained again. TensorBoard
+    # reads a directory's files in name order: the second a file was opened, then the host,
+    # the pid and a counter (as text, so "10" sorts before "9"). A resumed daemon opens its
+    # file seconds after the run it resumes; so does this writer, not in the same second.
+    with monkeypatch.context() as later:
+        opened = time.time() + 2.0
+        later.setattr(event_file_writer.time, "time", lambda: opened)
+        again = TensorBoardLog(tmp_path, resumed_at_frames=256)
+    assert sorted(tmp_path.iterdir())[-1].name.startswith(f"events.out.tfevents.{int(opened)}.")
     for i in range(5, 9):
         again.history_row(row(i, 0.9))
     again.close()
