@@ -1,5 +1,6 @@
 """How far an evaluation's share (reach_goal, collision) of N drones may be from the
-policy's own: the interval `report`, `status` and benchmarks/learning.py show beside it.
+policy's own: the interval `report`, `status`, the Prometheus gauges (and so the
+regression alert) and benchmarks/learning.py show beside it.
 Pure Python, so `status` stays free of torch."""
 
 from __future__ import annotations

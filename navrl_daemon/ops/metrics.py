@@ -36,6 +36,8 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from navrl_daemon.ops.intervals import share_interval
+
 # "finished": run.total_frames reached (the daemon keeps serving for metrics.final_scrape_s
 # so Prometheus sees it, and the down alert can tell a finished run from a crash).
 STATES = ("starting", "running", "draining", "stopped", "finished")
@@ -327,6 +329,16 @@ class Metrics:
             )
             for key, (_, name, what) in _EPISODE_STATS.items()
         }
+        self.eval_reach_goal_bounds = {
+            bound: Gauge(
+                f"navrl_eval_reach_goal_{bound}_ratio",
+                f"{what} end of the 95 % interval (Wilson's) of the last evaluation's "
+                "reach_goal share, from its episode count: where the policy's own share may "
+                "be; NaN before the first.",
+                registry=r,
+            )
+            for bound, what in (("low", "Lower"), ("high", "Upper"))
+        }
         self.evaluations_total = Counter("navrl_evaluations", "Evaluations completed.", registry=r)
         self.last_evaluation_timestamp = Gauge(
             "navrl_last_evaluation_timestamp_seconds",
@@ -368,6 +380,7 @@ class Metrics:
         nothing_yet = [
             *self.episode.values(),
             *self.eval.values(),
+            *self.eval_reach_goal_bounds.values(),
             self.explained_variance,
             self.policy_kl,
         ]
@@ -515,6 +528,16 @@ class Metrics:
     def evaluation(self, result: dict[str, float], now: float | None = None) -> None:
         """One finished evaluation (`rl.evaluate.evaluate`'s result)."""
         _set_means(self.eval, result)
+        share, episodes = result.get("reach_goal"), result.get("episodes")
+        interval = (
+            share_interval(float(share), int(episodes))
+            if share is not None and episodes is not None
+            else None
+        )
+        for gauge, bound in zip(
+            self.eval_reach_goal_bounds.values(), interval or (math.nan, math.nan), strict=True
+        ):
+            gauge.set(bound)
         self.evaluations_total.inc()
         self.last_evaluation_timestamp.set(time.time() if now is None else now)
 

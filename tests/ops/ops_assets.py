@@ -81,6 +81,8 @@ METRICS: dict[str, str] = {
     "navrl_prefetch_batches_total": COUNTER,
     # evaluation
     "navrl_eval_reach_goal_ratio": GAUGE,
+    "navrl_eval_reach_goal_low_ratio": GAUGE,
+    "navrl_eval_reach_goal_high_ratio": GAUGE,
     "navrl_eval_collision_ratio": GAUGE,
     "navrl_eval_return": GAUGE,
     "navrl_eval_episode_length_steps": GAUGE,

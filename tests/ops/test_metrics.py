@@ -90,6 +90,7 @@ def test_dashboard_series_exist_before_the_first_event() -> None:
         assert value(m, "navrl_gpu_memory_bytes", kind=kind) == 0  # a CPU run
     assert math.isnan(value(m, "navrl_episode_reach_goal_ratio"))
     assert math.isnan(value(m, "navrl_eval_return"))
+    assert math.isnan(value(m, "navrl_eval_reach_goal_low_ratio"))
     assert value(m, "navrl_last_iteration_timestamp_seconds") == 0
     assert value(m, "navrl_checkpoint_last_success_timestamp_seconds") == 0
     for stage, phase in STAGE_PHASES:
@@ -162,6 +163,9 @@ def test_episodes_evaluation_and_throughput() -> None:
     assert value(m, "navrl_eval_return") == 30.0
     assert value(m, "navrl_eval_episode_length_steps") == 250.0
     assert value(m, "navrl_eval_out_of_bounds_ratio") == 0.0
+    # Wilson's 95 % interval of 3 in 4 (worked by hand: 0.3006 to 0.9544).
+    assert value(m, "navrl_eval_reach_goal_low_ratio") == pytest.approx(0.3006, abs=1e-4)
+    assert value(m, "navrl_eval_reach_goal_high_ratio") == pytest.approx(0.9544, abs=1e-4)
     assert value(m, "navrl_evaluations_total") == 1
 
     m.throughput(1234.5)
