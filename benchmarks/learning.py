@@ -214,13 +214,18 @@ def fork_state(src: Path, dst: Path, at: int | None = None) -> int:
     beside `src` is copied beside `dst` with it (the curve's seconds)."""
     if not src.is_dir():
         raise ValueError(f"--fork-from {src}: not a kept state dir")
-    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("lock", DAEMON_FILE))
-    checkpoints = CheckpointDir(dst / "checkpoints")
-    if at is not None:
-        for path in checkpoints.files():
-            if checkpoint_iteration(path) > at:
-                path.unlink()
-    found = checkpoints.newest_valid()
+    running = shutil.ignore_patterns("lock", DAEMON_FILE)
+
+    def left_out(folder: str, names: list[str]) -> set[str]:
+        """The running daemon's files, and with `at` the checkpoints newer than it."""
+        out = set(running(folder, names))
+        if at is not None and Path(folder) == src / "checkpoints":
+            newer = CheckpointDir(Path(folder)).files()
+            out |= {p.name for p in newer if checkpoint_iteration(p) > at}
+        return out
+
+    shutil.copytree(src, dst, ignore=left_out)
+    found = CheckpointDir(dst / "checkpoints").newest_valid()
     if found is None or (at is not None and found[1].iteration != at):
         shutil.rmtree(dst)
         which = "no valid checkpoint" if at is None else f"no valid checkpoint of iteration {at}"
