@@ -23,9 +23,14 @@ def share_interval(share: float, episodes: int, z: float = Z95) -> tuple[float, 
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def interval_text(share: object, episodes: object) -> str:
-    """ " (95 %: LO–HI)" for a share of `episodes` drones; "" unless both are numbers (an
-    older row without its episode count)."""
+def interval_of(share: object, episodes: object) -> tuple[float, float] | None:
+    """`share_interval` of a recorded share and episode count (an evaluation's row or
+    result); None unless both are numbers (an older row without its episode count)."""
     numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (share, episodes))
-    interval = share_interval(float(share), int(episodes)) if numbers else None  # type: ignore[arg-type]
+    return share_interval(float(share), int(episodes)) if numbers else None  # type: ignore[arg-type]
+
+
+def interval_text(share: object, episodes: object) -> str:
+    """ " (95 %: LO–HI)" for a share of `episodes` drones; "" without `interval_of`."""
+    interval = interval_of(share, episodes)
     return "" if interval is None else f" (95 %: {interval[0]:.2f}–{interval[1]:.2f})"

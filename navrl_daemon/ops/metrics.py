@@ -36,7 +36,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from navrl_daemon.ops.intervals import share_interval
+from navrl_daemon.ops.intervals import interval_of
 
 # "finished": run.total_frames reached (the daemon keeps serving for metrics.final_scrape_s
 # so Prometheus sees it, and the down alert can tell a finished run from a crash).
@@ -528,12 +528,7 @@ class Metrics:
     def evaluation(self, result: dict[str, float], now: float | None = None) -> None:
         """One finished evaluation (`rl.evaluate.evaluate`'s result)."""
         _set_means(self.eval, result)
-        share, episodes = result.get("reach_goal"), result.get("episodes")
-        interval = (
-            share_interval(float(share), int(episodes))
-            if share is not None and episodes is not None
-            else None
-        )
+        interval = interval_of(result.get("reach_goal"), result.get("episodes"))
         for gauge, bound in zip(
             self.eval_reach_goal_bounds.values(), interval or (math.nan, math.nan), strict=True
         ):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from navrl_daemon.ops.intervals import interval_text, share_interval
+from navrl_daemon.ops.intervals import interval_of, interval_text
 from navrl_daemon.ops.plots import RATIO_YLIM, Panel, Series, curves_plot
 from navrl_daemon.rl.evaluate import eval_rank
 
@@ -67,7 +67,7 @@ def learning_curves(
 
     def evaluated(key: str, label: str, *, band: bool = False) -> Series:
         ys = [_number(r.get(key)) for r in evals]
-        bands = [_interval(r, key) for r in evals] if band else None
+        bands = [interval_of(r.get(key), r.get("episodes")) for r in evals] if band else None
         return Series(label, eval_frames, ys, markers=True, band=bands)
 
     images = {
@@ -314,15 +314,6 @@ def _resume_marks(history: Sequence[dict[str, Any]]) -> list[float]:
         if row.get("resumed_from") is not None and _number(prev.get("frames")) is not None:
             marks.append(float(prev["frames"]))
     return marks
-
-
-def _interval(row: dict[str, Any], key: str) -> tuple[float, float] | None:
-    """The 95 % interval of an evaluation's share `key` from its episode count (None when
-    either is missing)."""
-    share, episodes = _number(row.get(key)), _number(row.get("episodes"))
-    if share is None or episodes is None:
-        return None
-    return share_interval(share, int(episodes))
 
 
 def _number(v: Any) -> float | None:

@@ -163,10 +163,13 @@ def test_episodes_evaluation_and_throughput() -> None:
     assert value(m, "navrl_eval_return") == 30.0
     assert value(m, "navrl_eval_episode_length_steps") == 250.0
     assert value(m, "navrl_eval_out_of_bounds_ratio") == 0.0
-    # Wilson's 95 % interval of 3 in 4 (worked by hand: 0.3006 to 0.9544).
+    # Wilson's 95 % interval of 3 in 4: 0.3006 to 0.9544 (the formula evaluated on its own).
     assert value(m, "navrl_eval_reach_goal_low_ratio") == pytest.approx(0.3006, abs=1e-4)
     assert value(m, "navrl_eval_reach_goal_high_ratio") == pytest.approx(0.9544, abs=1e-4)
     assert value(m, "navrl_evaluations_total") == 1
+    m.evaluation({"reach_goal": 0.5})  # no episode count: no interval, not the last one's
+    assert math.isnan(value(m, "navrl_eval_reach_goal_high_ratio"))
+    assert value(m, "navrl_evaluations_total") == 2
 
     m.throughput(1234.5)
     assert value(m, "navrl_frames_per_second") == 1234.5
