@@ -50,7 +50,11 @@ from navrl_daemon.rl.probes import (
 )
 from navrl_daemon.rl.training import eval_steps, make_policy
 from navrl_daemon.storage.checkpoint import MAGIC, load_checkpoint
-from navrl_daemon.storage.policy_file import check_policy_layout, load_any_policy_state
+from navrl_daemon.storage.policy_file import (
+    check_policy_layout,
+    checkpoint_policy_state,
+    load_any_policy_state,
+)
 
 
 def pillar_spec(text: str) -> tuple[int, int | None]:
@@ -120,12 +124,12 @@ def hover_row(
 
 
 def diagnose(cfg: Config, path: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
-    state = load_any_policy_state(path)
+    snap = saved_snapshot(path)  # a `.nrc` is read once, for its policy and its maps
+    state = load_any_policy_state(path) if snap is None else checkpoint_policy_state(snap, path)
     policy = make_policy(cfg, "cpu")
     check_policy_layout(state, policy.state_dict(), Path("policy"))
     policy.load_state_dict(state)
     steps = eval_steps(cfg)
-    snap = saved_snapshot(path)
     every = {
         "train": training_maps(cfg, snap),
         "held_out": (args.held_out_seed, args.held_out_maps),

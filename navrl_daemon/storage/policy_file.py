@@ -6,6 +6,7 @@ import io
 import pickle
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -51,6 +52,12 @@ def load_any_policy_state(path: Path) -> dict[str, torch.Tensor]:
     if magic != MAGIC:
         return load_policy_state(path)
     _, state = load_checkpoint(path)
+    return checkpoint_policy_state(state, path)
+
+
+def checkpoint_policy_state(state: dict[str, Any], path: Path) -> dict[str, torch.Tensor]:
+    """The policy of a loaded `.nrc` checkpoint's state (`load_checkpoint`), in NavRL's
+    layout as `load_any_policy_state` gives it, for a caller that reads the rest too."""
     try:
         policy = state["learner"]["policy"]
     except (KeyError, TypeError):

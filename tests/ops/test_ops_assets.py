@@ -34,6 +34,7 @@ from ops_assets import (
 )
 
 from navrl_daemon.config import RunConfig, load_config
+from navrl_daemon.ops.intervals import share_interval
 
 REQUIRED_ALERTS = {
     "NavrlDaemonDown",
@@ -163,6 +164,35 @@ def test_prometheus_config_and_alert_rules_pass_promtool() -> None:
 
 def test_alert_rules_unit_tests_pass() -> None:
     promtool("test", "rules", ALERTS_TEST.name, cwd=ALERTS_TEST.parent)
+
+
+def series_values(text: str, metric: str, instance: str) -> list[float]:
+    """The distinct values, in order, of one input series of alerts_test.yml: "0.9x180 0.5x60"
+    → [0.9, 0.5] (the regression tests hold each evaluation's value for a while)."""
+    selector = rf"{metric}\{{[^}}]*instance=\"{instance}\"[^}}]*\}}"
+    found = re.search(rf"- series: '{selector}'\s*\n\s*values: \"([^\"]*)\"", text)
+    assert found, f"alerts_test.yml: no {metric} for {instance}"
+    return [float(term.split("x")[0]) for term in found.group(1).split()]
+
+
+# The drones each regression test's evaluations flew (its comment in alerts_test.yml).
+REGRESSION_DRONES = {"gpu1:9841": 64, "gpu2:9841": 64, "gpu3:9841": 16, "gpu4:9841": 1024}
+
+
+@pytest.mark.parametrize("instance", sorted(REGRESSION_DRONES))
+def test_regression_tests_give_the_interval_the_daemon_exports(instance: str) -> None:
+    """promtool cannot call Python, so the regression tests' interval bounds are written out
+    by hand; they must be the ones `Metrics.evaluation` exports for that share and count."""
+    text = ALERTS_TEST.read_text()
+    shares = series_values(text, "navrl_eval_reach_goal_ratio", instance)
+    lows = series_values(text, "navrl_eval_reach_goal_low_ratio", instance)
+    highs = series_values(text, "navrl_eval_reach_goal_high_ratio", instance)
+    assert len(shares) == len(lows) == len(highs) == 2  # the best, then the drop
+    for share, low, high in zip(shares, lows, highs, strict=True):
+        interval = share_interval(share, REGRESSION_DRONES[instance])
+        assert interval is not None
+        assert low == pytest.approx(interval[0], abs=5e-4), (instance, share)
+        assert high == pytest.approx(interval[1], abs=5e-4), (instance, share)
 
 
 def test_alerts_are_complete_and_annotated() -> None:
