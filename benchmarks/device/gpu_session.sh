@@ -27,6 +27,7 @@ if [ "$DEV" = cpu ]; then          # the same steps at sizes a CPU finishes in t
   LIDAR_ENVS=${LIDAR_ENVS:-"32 64"}
   ITERS=${ITERS:-6} EVAL_EVERY=${EVAL_EVERY:-3}  # evaluations inside the short window
   FINAL_DRONES=${FINAL_DRONES:-0}  # learning.py's final evaluations: eval.num_envs drones
+  FAST=${FAST:-fused}              # compile mode: the update path a CPU has (no cuda_graph)
   # A learning recipe's time after its budget: the daemon's stop waits for an evaluation in
   # flight (~200 s at 350 pillars on the 2-core CPU), then learning.py evaluates the export.
   MARGIN=${MARGIN:-900}
