@@ -49,12 +49,7 @@ from navrl_daemon.rl.probes import (
     path_stats,
 )
 from navrl_daemon.rl.training import eval_steps, make_policy
-from navrl_daemon.storage.checkpoint import MAGIC, load_checkpoint
-from navrl_daemon.storage.policy_file import (
-    check_policy_layout,
-    checkpoint_policy_state,
-    load_any_policy_state,
-)
+from navrl_daemon.storage.policy_file import check_policy_layout, load_any_policy
 
 
 def pillar_spec(text: str) -> tuple[int, int | None]:
@@ -75,15 +70,6 @@ def eval_env(cfg: Config, spec: tuple[int, int | None], layout: str, seed: int, 
         }
     )
     return make_env(env_cfg, seed=seed, num_envs=cfg.eval.num_envs, layout=layout)
-
-
-def saved_snapshot(path: Path) -> dict[str, Any] | None:
-    """What a `.nrc` checkpoint holds (None: a `.pt` policy file)."""
-    with open(path, "rb") as f:
-        if f.read(len(MAGIC)) != MAGIC:
-            return None
-    _, snap = load_checkpoint(path)
-    return snap
 
 
 def training_maps(cfg: Config, snap: dict[str, Any] | None) -> tuple[int, int]:
@@ -124,8 +110,7 @@ def hover_row(
 
 
 def diagnose(cfg: Config, path: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
-    snap = saved_snapshot(path)  # a `.nrc` is read once, for its policy and its maps
-    state = load_any_policy_state(path) if snap is None else checkpoint_policy_state(snap, path)
+    state, snap = load_any_policy(path)  # a `.nrc` is read once, for its policy and its maps
     policy = make_policy(cfg, "cpu")
     check_policy_layout(state, policy.state_dict(), Path("policy"))
     policy.load_state_dict(state)

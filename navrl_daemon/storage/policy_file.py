@@ -40,6 +40,12 @@ def load_any_policy_state(path: Path) -> dict[str, torch.Tensor]:
     """The policy of a NavRL-layout `.pt` file or of a `.nrc` checkpoint, told apart by
     magic, in NavRL's layout (a checkpoint's own critic extractor, ppo.separate_critic,
     left out: what acting needs)."""
+    return load_any_policy(path)[0]
+
+
+def load_any_policy(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
+    """`load_any_policy_state`, and for a `.nrc` checkpoint the whole state it holds (its
+    run's config, the env's state; None for a `.pt` file), read once."""
     from navrl_daemon.storage.checkpoint import MAGIC, load_checkpoint
 
     try:
@@ -50,19 +56,13 @@ def load_any_policy_state(path: Path) -> dict[str, torch.Tensor]:
     except OSError as e:
         raise DataError(f"checkpoint {path}: unreadable: {e.strerror or e}") from None
     if magic != MAGIC:
-        return load_policy_state(path)
+        return load_policy_state(path), None
     _, state = load_checkpoint(path)
-    return checkpoint_policy_state(state, path)
-
-
-def checkpoint_policy_state(state: dict[str, Any], path: Path) -> dict[str, torch.Tensor]:
-    """The policy of a loaded `.nrc` checkpoint's state (`load_checkpoint`), in NavRL's
-    layout as `load_any_policy_state` gives it, for a caller that reads the rest too."""
     try:
         policy = state["learner"]["policy"]
     except (KeyError, TypeError):
         raise DataError(f"checkpoint {path}: holds no learner.policy") from None
-    return navrl_layout(policy)
+    return navrl_layout(policy), state
 
 
 def check_policy_layout(

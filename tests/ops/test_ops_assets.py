@@ -167,8 +167,8 @@ def test_alert_rules_unit_tests_pass() -> None:
 
 
 def series_values(text: str, metric: str, instance: str) -> list[float]:
-    """The distinct values, in order, of one input series of alerts_test.yml: "0.9x180 0.5x60"
-    → [0.9, 0.5] (the regression tests hold each evaluation's value for a while)."""
+    """The value of each term, in order, of one input series of alerts_test.yml:
+    "0.9x180 0.5x60" → [0.9, 0.5] (the regression tests hold each evaluation's value)."""
     selector = rf"{metric}\{{[^}}]*instance=\"{instance}\"[^}}]*\}}"
     found = re.search(rf"- series: '{selector}'\s*\n\s*values: \"([^\"]*)\"", text)
     assert found, f"alerts_test.yml: no {metric} for {instance}"

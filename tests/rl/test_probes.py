@@ -214,15 +214,19 @@ def test_diagnose_flies_a_checkpoint_on_the_maps_of_its_own_run(tmp_path: Path):
     2 maps), whatever the command line's seed; a `.pt` holds none and flies the command
     line's. The same policy on the same maps flies the same numbers."""
     from navrl_daemon.pipeline.daemon import serve
-    from navrl_daemon.storage.policy_file import load_any_policy_state
+    from navrl_daemon.storage.policy_file import load_any_policy
     from tests.conftest import TINY
 
     run = ["run.seed=3", "env.num_maps=2"]
     cfg = load_config(None, [*TINY, *run, "run.total_frames=128"], environ={})
     anyio.run(serve, cfg, tmp_path / "state")
     ckpt = sorted((tmp_path / "state" / "checkpoints").glob("*.nrc"))[-1]
+    policy, snap = load_any_policy(ckpt)  # what diagnose.py reads: the policy and its run
+    assert snap is not None and snap["config"]["run"]["seed"] == 3
     policy_file = tmp_path / "policy.pt"
-    torch.save(load_any_policy_state(ckpt), policy_file)
+    torch.save(policy, policy_file)
+    again, none = load_any_policy(policy_file)
+    assert none is None and all(torch.equal(again[k], v) for k, v in policy.items())
     options = ["--pillars", "4", "--layouts", "train"]
     saved = _diagnose(ckpt, tmp_path, options, TINY)  # no seed on the command line
     told = _diagnose(policy_file, tmp_path, ["--maps", "train", *options], [*TINY, *run])
