@@ -229,7 +229,10 @@ def fork_state(src: Path, dst: Path, at: int | None = None) -> int:
     if found is None or (at is not None and found[1].iteration != at):
         shutil.rmtree(dst)
         which = "no valid checkpoint" if at is None else f"no valid checkpoint of iteration {at}"
-        raise ValueError(f"--fork-from {src}: {which} to fork from")
+        kept = CheckpointDir(src / "checkpoints")
+        valid = [checkpoint_iteration(p) for p in kept.files() if kept.problem(p) is None]
+        listed = ", ".join(map(str, valid)) or "none"
+        raise ValueError(f"--fork-from {src}: {which} to fork from (valid: {listed})")
     at = found[1].iteration
     for name in (RESULTS_FILE, HISTORY_FILE):
         cut_rows(dst / name, at)

@@ -80,7 +80,7 @@ def test_a_source_without_a_valid_checkpoint_is_refused(tmp_path: Path) -> None:
     src = tmp_path / "src"
     (src / "checkpoints").mkdir(parents=True)
     (src / "checkpoints" / "ckpt-000000001.nrc").write_bytes(b"torn")
-    with pytest.raises(ValueError, match="no valid checkpoint"):
+    with pytest.raises(ValueError, match=r"no valid checkpoint to fork from \(valid: none\)"):
         learning.fork_state(src, tmp_path / "fork")
     assert not (tmp_path / "fork").exists()
 
@@ -113,7 +113,9 @@ def test_fork_at_an_iteration_without_a_valid_checkpoint_is_refused(
     shutil.copytree(kept_run, src)
     (src / "checkpoints" / "ckpt-000000002.nrc").write_bytes(b"torn")
     for at in (2, 7):  # torn; none of that iteration (the newest, 3, is not taken instead)
-        with pytest.raises(ValueError, match=f"no valid checkpoint of iteration {at}"):
+        # The message names the iterations there are (2 is torn).
+        message = rf"no valid checkpoint of iteration {at} to fork from \(valid: 1, 3\)"
+        with pytest.raises(ValueError, match=message):
             learning.fork_state(src, tmp_path / "fork", at=at)
         assert not (tmp_path / "fork").exists()
 

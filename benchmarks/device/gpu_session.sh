@@ -249,7 +249,8 @@ sweep)
   # with ppo.target_kl = 0.05 and ppo.feature_extractor_max_grad_norm = 5) and
   # long_hops_hold_mb4_bar5_then_cross_mirror_stay_guard_carry (the same with
   # env.stage_switch = "episodes") and long_hops_hold_mb4_bar5_then_cross_mirror_stay_guard_r64
-  # (the same with ppo.rollout_length = 64) on request; NAME@SEED runs a recipe
+  # (the same with ppo.rollout_length = 64) and its _hold twin (the rates held from 18 M
+  # frames on) on request; NAME@SEED runs a recipe
   # with run.seed = SEED, so one sweep can hold several seeds of it). EVAL_EVERY: iterations
   # between evaluations (25; 3 with DEV=cpu). FRAMES: each recipe also stops at this many frames (the CPU
   # goal's 20 M). EXTRA: more KEY=VALUE overrides for every recipe (e.g. for a
@@ -340,6 +341,13 @@ sweep)
       # twice the batch per update (ppo.rollout_length = 64: 16,384 frames at 256 envs, 4
       # minibatches of 4,096; half the update steps per frame)
       recipe=("${mapped[@]}" ppo.minibatches=4 "${lin20[@]}" ppo.mirror=true ppo.target_kl=0.05
+        ppo.feature_extractor_max_grad_norm=5.0 ppo.rollout_length=64
+        "env.curriculum=[$HOPS_TO_HALF_STAGE, $CROSSINGS_LAST_STAGE]") ;;
+    long_hops_hold_mb4_bar5_then_cross_mirror_stay_guard_r64_hold)  # the same with the
+      # rates' line stopped at 18 M frames (0.189x) and held there: the schedule's last
+      # 0.09x is where seed 1 fell twice (docs/learning.md, session 24)
+      recipe=("${mapped[@]}" ppo.minibatches=4 ppo.lr_schedule=linear ppo.schedule_frames=18022400
+        ppo.lr_final_fraction=0.189 ppo.mirror=true ppo.target_kl=0.05
         ppo.feature_extractor_max_grad_norm=5.0 ppo.rollout_length=64
         "env.curriculum=[$HOPS_TO_HALF_STAGE, $CROSSINGS_LAST_STAGE]") ;;
     long_hops_hold_mb4_bar5_then_cross_mirror_stay_sep)  # the same with the critic on a
