@@ -337,17 +337,17 @@ sweep)
       recipe=("${mapped[@]}" ppo.minibatches=4 "${lin20[@]}" ppo.mirror=true ppo.target_kl=0.05
         ppo.feature_extractor_max_grad_norm=5.0 env.stage_switch=episodes
         "env.curriculum=[$HOPS_TO_HALF_STAGE, $CROSSINGS_LAST_STAGE]") ;;
-    long_hops_hold_mb4_bar5_then_cross_mirror_stay_guard_r64)  # the guarded recipe with
-      # twice the batch per update (ppo.rollout_length = 64: 16,384 frames at 256 envs, 4
-      # minibatches of 4,096; half the update steps per frame)
-      recipe=("${mapped[@]}" ppo.minibatches=4 "${lin20[@]}" ppo.mirror=true ppo.target_kl=0.05
-        ppo.feature_extractor_max_grad_norm=5.0 ppo.rollout_length=64
-        "env.curriculum=[$HOPS_TO_HALF_STAGE, $CROSSINGS_LAST_STAGE]") ;;
-    long_hops_hold_mb4_bar5_then_cross_mirror_stay_guard_r64_hold)  # the same with the
-      # rates' line stopped at 18 M frames (0.189x) and held there: the schedule's last
-      # 0.09x is where seed 1 fell twice (docs/learning.md, session 24)
-      recipe=("${mapped[@]}" ppo.minibatches=4 ppo.lr_schedule=linear ppo.schedule_frames=18022400
-        ppo.lr_final_fraction=0.189 ppo.mirror=true ppo.target_kl=0.05
+    long_hops_hold_mb4_bar5_then_cross_mirror_stay_guard_r64 | \
+      long_hops_hold_mb4_bar5_then_cross_mirror_stay_guard_r64_hold)
+      # The guarded recipe with twice the batch per update (ppo.rollout_length = 64: 16,384
+      # frames at 256 envs, 4 minibatches of 4,096; half the update steps per frame).
+      # _hold: lin20's line stopped at 18 M frames (0.189x) and held there, the schedule's
+      # last 0.09x being where seed 1 fell twice (docs/learning.md, session 24).
+      rates=("${lin20[@]}")
+      if [ "${name%_hold}" != "$name" ]; then
+        rates=(ppo.lr_schedule=linear ppo.schedule_frames=18022400 ppo.lr_final_fraction=0.189)
+      fi
+      recipe=("${mapped[@]}" ppo.minibatches=4 "${rates[@]}" ppo.mirror=true ppo.target_kl=0.05
         ppo.feature_extractor_max_grad_norm=5.0 ppo.rollout_length=64
         "env.curriculum=[$HOPS_TO_HALF_STAGE, $CROSSINGS_LAST_STAGE]") ;;
     long_hops_hold_mb4_bar5_then_cross_mirror_stay_sep)  # the same with the critic on a
