@@ -250,7 +250,8 @@ sweep)
   # long_hops_hold_mb4_bar5_then_cross_mirror_stay_guard_carry (the same with
   # env.stage_switch = "episodes") and long_hops_hold_mb4_bar5_then_cross_mirror_stay_guard_r64
   # (the same with ppo.rollout_length = 64) and its _hold twin (the rates held from 18 M
-  # frames on) on request; NAME@SEED runs a recipe
+  # frames on) and long_hops_hold_mb4_bar5_then_cross_mirror_stay_guard_r128_hold (the
+  # _hold twin with 128-step rollouts) on request; NAME@SEED runs a recipe
   # with run.seed = SEED, so one sweep can hold several seeds of it). EVAL_EVERY: iterations
   # between evaluations (25; 3 with DEV=cpu). FRAMES: each recipe also stops at this many frames (the CPU
   # goal's 20 M). EXTRA: more KEY=VALUE overrides for every recipe (e.g. for a
@@ -338,17 +339,21 @@ sweep)
         ppo.feature_extractor_max_grad_norm=5.0 env.stage_switch=episodes
         "env.curriculum=[$HOPS_TO_HALF_STAGE, $CROSSINGS_LAST_STAGE]") ;;
     long_hops_hold_mb4_bar5_then_cross_mirror_stay_guard_r64 | \
-      long_hops_hold_mb4_bar5_then_cross_mirror_stay_guard_r64_hold)
+      long_hops_hold_mb4_bar5_then_cross_mirror_stay_guard_r64_hold | \
+      long_hops_hold_mb4_bar5_then_cross_mirror_stay_guard_r128_hold)
       # The guarded recipe with twice the batch per update (ppo.rollout_length = 64: 16,384
-      # frames at 256 envs, 4 minibatches of 4,096; half the update steps per frame).
+      # frames at 256 envs, 4 minibatches of 4,096; half the update steps per frame);
+      # _r128: four times (128-step rollouts, 32,768 frames per update).
       # _hold: lin20's line stopped at 18 M frames (0.189x) and held there, the schedule's
-      # last 0.09x being where seed 1 fell twice (docs/learning.md, session 24).
+      # last 0.09x being where seed 1 fell twice (docs/learning.md, sessions 24 and 25).
       rates=("${lin20[@]}")
       if [ "${name%_hold}" != "$name" ]; then
         rates=(ppo.lr_schedule=linear ppo.schedule_frames=18022400 ppo.lr_final_fraction=0.189)
       fi
+      rollout=64
+      case $name in *_r128*) rollout=128 ;; esac
       recipe=("${mapped[@]}" ppo.minibatches=4 "${rates[@]}" ppo.mirror=true ppo.target_kl=0.05
-        ppo.feature_extractor_max_grad_norm=5.0 ppo.rollout_length=64
+        ppo.feature_extractor_max_grad_norm=5.0 "ppo.rollout_length=$rollout"
         "env.curriculum=[$HOPS_TO_HALF_STAGE, $CROSSINGS_LAST_STAGE]") ;;
     long_hops_hold_mb4_bar5_then_cross_mirror_stay_sep)  # the same with the critic on a
       # feature extractor of its own (ppo.separate_critic)
