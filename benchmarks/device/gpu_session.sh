@@ -346,11 +346,9 @@ sweep)
       # _r128: four times (128-step rollouts, 32,768 frames per update).
       # _hold: lin20's line stopped at 18 M frames (0.189x) and held there, the schedule's
       # last 0.09x being where seed 1 fell twice (docs/learning.md, sessions 24 and 25).
-      rates=("${lin20[@]}")
-      if [ "${name%_hold}" != "$name" ]; then
-        rates=(ppo.lr_schedule=linear ppo.schedule_frames=18022400 ppo.lr_final_fraction=0.189)
-      fi
-      rollout=64
+      rates=("${lin20[@]}") rollout=64
+      case $name in *_hold) rates=(ppo.lr_schedule=linear ppo.schedule_frames=18022400
+        ppo.lr_final_fraction=0.189) ;; esac
       case $name in *_r128*) rollout=128 ;; esac
       recipe=("${mapped[@]}" ppo.minibatches=4 "${rates[@]}" ppo.mirror=true ppo.target_kl=0.05
         ppo.feature_extractor_max_grad_norm=5.0 "ppo.rollout_length=$rollout"
