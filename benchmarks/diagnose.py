@@ -21,6 +21,9 @@ as in training, and reports the share of frames flown within reach of the goal
 (`goal_hover_share`). With `--hazard`, every row also gives collisions per 100 m flown and
 the collision share by start-goal distance (`collision_hazard`): on the training layout's
 hops, whether a policy collides mid-flight at a rate per metre or at the start and goal.
+Every row keeps its drones' outcomes (`outcomes`, one of "RCOT" per drone: reached,
+collided, out of bounds, timed out): two policies' rows of the same maps and drones compare
+drone by drone with `benchmarks/paired.py`.
 
 Run: `.venv/bin/python benchmarks/diagnose.py --checkpoint A.nrc [B.pt ...] --config
 config/navrl.toml --pillars 100 350 350:100 --probe --out diag.json [KEY=VALUE ...]`
@@ -40,7 +43,7 @@ import torch
 
 from navrl_daemon.config import Config, load_config
 from navrl_daemon.env import make_env
-from navrl_daemon.rl.evaluate import evaluate, evaluate_recorded
+from navrl_daemon.rl.evaluate import OUTCOMES, evaluate_outcomes, evaluate_recorded
 from navrl_daemon.rl.probes import (
     collision_hazard,
     goal_distance_use,
@@ -50,6 +53,9 @@ from navrl_daemon.rl.probes import (
 )
 from navrl_daemon.rl.training import eval_steps, make_policy
 from navrl_daemon.storage.policy_file import check_policy_layout, load_any_policy
+
+# OUTCOMES' names as `evaluate.outcome_codes` writes them (their first letters)
+OUTCOME_CODE = {name: name[0].upper() for name in OUTCOMES}
 
 
 def pillar_spec(text: str) -> tuple[int, int | None]:
@@ -131,15 +137,20 @@ def diagnose(cfg: Config, path: Path, args: argparse.Namespace) -> list[dict[str
                     "layout": layout,
                     "maps": which,
                     "maps_seed": seed,
+                    "maps_count": count,
                 }
                 probe = args.probe and layout == "navrl"
                 if args.hazard or probe:  # one flight: `evaluate`'s numbers and the paths
                     result, flown = evaluate_recorded(
                         env, policy, seed=cfg.eval.seed, max_steps=steps
                     )
+                    outcomes = "".join(OUTCOME_CODE[o] for o in flown.outcomes())
                 else:
-                    result = evaluate(env, policy, seed=cfg.eval.seed, max_steps=steps)
+                    result, outcomes = evaluate_outcomes(
+                        env, policy, seed=cfg.eval.seed, max_steps=steps
+                    )
                 row.update(result)
+                row["outcomes"] = outcomes  # per drone: benchmarks/paired.py compares them
                 if args.hazard:
                     row["hazard"] = collision_hazard(flown)
                 if probe:

@@ -36,6 +36,14 @@ held-out maps) with N drones instead (`eval.final_episodes` in the JSON): 256 na
 about ±0.025; on the 2-core CPU one evaluation at 350 pillars took 30–49 s instead of 11.5 s
 (one torch thread), after the training.
 
+The final export and NavRL's checkpoint fly the same drones (the evaluation is
+deterministic), so they are also compared drone by drone: `paired_with_navrl` (on the
+training maps and held out) gives, for reach_goal and collision, both shares, the export's
+minus NavRL's with its paired 95 % interval, the drones only one of them reached (or
+collided on) and McNemar's exact p-value (navrl_daemon/ops/paired.py). Where both fail
+the same hard crossings the paired interval is narrower than two separate ones. Every
+evaluation there also keeps its drones' outcomes (`outcomes`, one of "RCOT" per drone).
+
 The machine's load average goes into the JSON: on a shared CPU the curve per second
 depends on it; the curve per frame does not (the run is deterministic under its seed up
 to the SIGTERM point and the evaluations it skipped).
@@ -89,8 +97,9 @@ import torch
 
 from navrl_daemon.config import Config, load_config
 from navrl_daemon.ops.intervals import share_interval
+from navrl_daemon.ops.paired import compare_outcomes
 from navrl_daemon.ops.plots import Series, curves_plot, write_png
-from navrl_daemon.rl.evaluate import evaluate
+from navrl_daemon.rl.evaluate import evaluate_outcomes
 from navrl_daemon.rl.policy import navrl_layout
 from navrl_daemon.rl.training import eval_steps, evaluation_key, make_eval_env, make_policy
 from navrl_daemon.stages.evaluator import read_results
@@ -198,8 +207,18 @@ def evaluate_policy(
         policy.load_state_dict(navrl_layout(state))  # acting reads the actor's path only
     env = make_eval_env(cfg, device, map_seed=map_seed)
     t0 = time.perf_counter()
-    result = evaluate(env, policy, seed=cfg.eval.seed, max_steps=eval_steps(cfg))
-    return {**_round(result), "seconds": round(time.perf_counter() - t0, 2)}
+    result, outcomes = evaluate_outcomes(env, policy, seed=cfg.eval.seed, max_steps=eval_steps(cfg))
+    return {**_round(result), "seconds": round(time.perf_counter() - t0, 2), "outcomes": outcomes}
+
+
+def paired_with_navrl(
+    final: dict[str, Any] | None, navrl: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """The final export against NavRL's checkpoint drone by drone (both flew the same
+    drones): `compare_outcomes`, A the export. None without either."""
+    if final is None or navrl is None:
+        return None
+    return compare_outcomes(final["outcomes"], navrl["outcomes"])
 
 
 def fork_state(src: Path, dst: Path, at: int | None = None) -> int:
@@ -451,6 +470,10 @@ def main() -> None:
         "final": final,
         "navrl_checkpoint": navrl,
         "held_out": held_out,
+        "paired_with_navrl": {
+            "training_maps": paired_with_navrl(final, navrl),
+            "held_out": paired_with_navrl(held_out.get("final"), held_out.get("navrl_checkpoint")),
+        },
         "frames_to_reach": frames_to_reach(curve, args.reach_bars, targets=targets),
         "goal": goal,
         "machine": {
@@ -467,8 +490,9 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     plot(result, args.out.with_suffix(".png"))
-    summary = ("budget", "final", "navrl_checkpoint", "held_out", "frames_to_reach", "goal")
-    print(json.dumps({k: result[k] for k in summary}, indent=1))
+    summary = ("budget", "final", "navrl_checkpoint", "held_out", "paired_with_navrl")
+    summary += ("frames_to_reach", "goal")
+    print(json.dumps({k: drop_outcomes(result[k]) for k in summary}, indent=1))
     print(
         json.dumps(
             [{k: r.get(k) for k in ("frames", "seconds", "reach_goal", "collision")} for r in curve]
@@ -579,6 +603,14 @@ def exported_at(log: Path) -> dict[str, Any]:
             event = json.loads(line)
             return {"iteration": event["iteration"], "frames": event["frames"]}
     return {"iteration": None, "frames": None}
+
+
+def drop_outcomes(value: Any) -> Any:
+    """`value` without the per-drone `outcomes` strings (the printed summary's; the JSON
+    keeps them)."""
+    if isinstance(value, dict):
+        return {k: drop_outcomes(v) for k, v in value.items() if k != "outcomes"}
+    return value
 
 
 def _pick(row: dict[str, Any]) -> dict[str, Any]:

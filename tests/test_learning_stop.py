@@ -126,7 +126,7 @@ def test_the_sitting_is_written_from_disk_with_the_newest_checkpoints_policy(
     stand_in("fail")
     out = tmp_path / "run.json"
     argv = ["learning.py", "--budget-s", "1", "--keep-state", str(state), "--resume"]
-    argv += ["--out", str(out), "--navrl-checkpoint", str(tmp_path / "none.pt")]
+    argv += ["--out", str(out), "--navrl-checkpoint", str(NAVRL_FILE)]
     argv += ["--held-out-maps", "2", "--final-drones", "4"]
     argv += ["eval.num_envs=2", "eval.max_steps=20", "run.device=cpu"]
     monkeypatch.setattr(sys, "argv", argv)
@@ -148,6 +148,18 @@ def test_the_sitting_is_written_from_disk_with_the_newest_checkpoints_policy(
     assert result["held_out"]["untrained"]["episodes"] == 4
     assert (result["eval"]["episodes"], result["eval"]["final_episodes"]) == (2, 4)
     assert out.with_suffix(".png").exists()
+    # The checkpoint's policy is NavRL's: against NavRL's file drone by drone it flies the
+    # very same outcomes on both map sets (the final evaluations fly the same drones).
+    assert (
+        final["outcomes"] == result["navrl_checkpoint"]["outcomes"] and len(final["outcomes"]) == 4
+    )
+    held = result["held_out"]
+    assert held["final"]["outcomes"] == held["navrl_checkpoint"]["outcomes"]
+    for maps in ("training_maps", "held_out"):
+        for number in ("reach_goal", "collision"):
+            paired = result["paired_with_navrl"][maps][number]
+            assert (paired["drones"], paired["difference"], paired["p"]) == (4, 0.0, 1.0)
+            assert paired["only_a"] == paired["only_b"] == 0
 
 
 def test_a_clean_sitting_still_uses_the_daemons_export(tmp_path: Path) -> None:

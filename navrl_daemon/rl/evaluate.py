@@ -28,7 +28,8 @@ from navrl_daemon.rl.graphs import WARMUP_RUNS, Capture, Replay, SameObjects, cu
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.rl.rollout import STAT_KEYS, out_of_bounds
 
-# How an evaluation episode ends, as `Trajectories.outcomes` names it.
+# How an evaluation episode ends, as `Trajectories.outcomes` names it; `outcome_codes`
+# writes one character per drone, the first letters of these ("RCOT").
 OUTCOMES = ("reached", "collided", "out of bounds", "timed out")
 
 
@@ -92,6 +93,15 @@ def evaluate(
     that evaluates again and again keeps one `Evaluation` instead (one capture).
     """
     return Evaluation.for_env(env, seed=seed, max_steps=max_steps)(policy, progress)
+
+
+@torch.no_grad()
+def evaluate_outcomes(
+    env: EnvBase, policy: NavRLPolicy, *, seed: int, max_steps: int
+) -> tuple[dict[str, float], str]:
+    """`evaluate`, and each drone's outcome (`Evaluation.outcomes`)."""
+    evaluation = Evaluation.for_env(env, seed=seed, max_steps=max_steps)
+    return evaluation(policy), evaluation.outcomes()
 
 
 class Evaluation:
@@ -161,6 +171,13 @@ class Evaluation:
                 if taken % CHECK_EVERY == 0 and _all_finished(self._finished, taken, progress):
                     break
             return _results(self._first, self._last, self._finished)
+
+    def outcomes(self) -> str:
+        """The last evaluation's outcome per drone (`outcome_codes`): which drones it
+        failed, so two policies flown on the same drones compare drone by drone
+        (`ops/paired.py`)."""
+        with self._own_stream():  # the stream the buffers were written on
+            return outcome_codes(self._first, self._last, self._finished)
 
     def _capture(self, step: Callable[[], None]) -> None:
         """Warm-up runs (real steps), then the capture; on failure, op by op from now on."""
@@ -251,6 +268,22 @@ def _results(first: Tensor, last: Tensor, finished: Tensor) -> dict[str, float]:
         "out_of_bounds": float(left.float().mean()),
         "unfinished": int((~finished).sum()),
     }
+
+
+def outcome_codes(first: Tensor, last: Tensor, finished: Tensor) -> str:
+    """One character per env for its first episode, as `_results` counts it: "C" collided,
+    else "R" reached its goal, else "O" left the height band, else "T" timed out (or was
+    still flying when the evaluation stopped); `Trajectories.outcomes`' order."""
+    stats = torch.where(finished[:, None], first, last)
+    collided = stats[:, STAT_KEYS.index("collision")] > 0.5
+    reached = stats[:, STAT_KEYS.index("reach_goal")] > 0.5
+    left = finished & out_of_bounds(stats)
+    codes = torch.where(
+        collided,
+        ord("C"),
+        torch.where(reached, ord("R"), torch.where(left, ord("O"), ord("T"))),
+    )
+    return bytes(codes.to(torch.uint8).tolist()).decode("ascii")
 
 
 def _graph_key(env: EnvBase, policy: NavRLPolicy) -> tuple[Any, ...]:

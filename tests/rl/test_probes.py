@@ -251,6 +251,10 @@ def test_diagnose_hazard_and_probe_rows_keep_the_evaluations_numbers(tmp_path: P
     for before, row in zip(plain, probed, strict=True):
         assert "hazard" not in before and "paths" not in before
         assert {k: row[k] for k in numbers} == {k: before[k] for k in numbers}
+        # the recorded flight's outcomes per drone (from its paths) are the evaluation's
+        assert row["outcomes"] == before["outcomes"] and len(row["outcomes"]) == row["episodes"]
+        assert row["outcomes"].count("C") == round(row["collision"] * row["episodes"])
+        assert row["outcomes"].count("R") == round(row["reach_goal"] * row["episodes"])
         h = row["hazard"]
         assert h["collisions"] == round(row["collision"] * row["episodes"])
         assert sum(b["episodes"] for b in h["by_distance_m"].values()) == row["episodes"]
@@ -258,6 +262,91 @@ def test_diagnose_hazard_and_probe_rows_keep_the_evaluations_numbers(tmp_path: P
     assert sum(p["episodes"] for p in navrl["paths"].values()) == navrl["episodes"]
     assert "paths" not in train and "lidar_use" in navrl
     assert train["hazard"]["metres_flown"] > 0.0 and train["hazard"]["collisions"] > 0, train
+
+
+def test_evaluation_outcomes_per_drone_are_its_numbers_and_its_paths():
+    """`evaluate_outcomes`' codes count what `evaluate` averages, and name for each drone
+    what the recorded flight of the same drones shows (`Trajectories.outcomes`)."""
+    from navrl_daemon.rl.evaluate import evaluate_outcomes, evaluate_recorded
+
+    cfg = _cfg().model_copy(update={"eval": _cfg().eval.model_copy(update={"num_envs": 12})})
+    for seed in (3, 4):
+        policy = _policy(seed)
+        env = make_eval_env(cfg, "cpu")
+        result, codes = evaluate_outcomes(env, policy, seed=0, max_steps=60)
+        assert result == evaluate(env, policy, seed=0, max_steps=60)
+        assert len(codes) == 12 and set(codes) <= set("RCOT")
+        for code, key in (("R", "reach_goal"), ("C", "collision"), ("O", "out_of_bounds")):
+            assert codes.count(code) == round(result[key] * 12), (codes, result)
+        _, flown = evaluate_recorded(env, policy, seed=0, max_steps=60)
+        assert codes == "".join(name[0].upper() for name in flown.outcomes())
+    assert "C" in codes or "O" in codes or "T" in codes  # not all reached: a real test
+
+
+def test_paired_compares_two_checkpoints_drone_by_drone(tmp_path: Path):
+    """benchmarks/paired.py on diagnose.py's output of two policies flown on the same
+    drones: each shared row compared, its counts those of the rows' outcomes; a file
+    without outcomes, or a baseline no checkpoint matches, exits 65 saying so."""
+    from tests.conftest import REPO, SUBPROCESS_ENV
+
+    files = {}
+    for name, seed in (("navrl_like.pt", 3), ("mine.pt", 4)):
+        files[name] = tmp_path / name
+        torch.save(_policy(seed).state_dict(), files[name])
+    out = tmp_path / "diag.json"
+    options = ["--pillars", "30", "--layouts", "navrl", "--maps", "train", "held_out"]
+    run = [sys.executable, "benchmarks/diagnose.py", "--checkpoint", *map(str, files.values())]
+    proc = subprocess.run(
+        [*run, *options, "--held-out-maps", "2", "--out", str(out), *_OVERRIDES],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=SUBPROCESS_ENV,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(out.read_text())["results"]
+
+    def paired(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "benchmarks/paired.py", *args],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env=SUBPROCESS_ENV,
+            timeout=120,
+        )
+
+    proc = paired(str(out), "--against", "navrl_like", "--out", str(tmp_path / "p.json"))
+    assert proc.returncode == 0, proc.stderr
+    comparisons = json.loads((tmp_path / "p.json").read_text())["comparisons"]
+    assert sorted((c["a"], c["b"], c["maps"]) for c in comparisons) == [
+        (str(files["mine.pt"]), str(files["navrl_like.pt"]), m) for m in ("held_out", "train")
+    ]
+    for c in comparisons:
+        mine = next(r for r in rows[c["a"]] if r["maps"] == c["maps"])["outcomes"]
+        base = next(r for r in rows[c["b"]] if r["maps"] == c["maps"])["outcomes"]
+        reach = c["reach_goal"]
+        assert reach["only_a"] == sum(x == "R" != y for x, y in zip(mine, base, strict=True))
+        assert reach["only_b"] == sum(y == "R" != x for x, y in zip(mine, base, strict=True))
+        assert reach["share_a"] == mine.count("R") / len(mine)
+        collided = c["collision"]
+        assert collided["only_b"] == sum(y == "C" != x for x, y in zip(mine, base, strict=True))
+    # seed 3's policy collides where seed 4's does not: the drones are told apart
+    assert any(c["collision"]["only_b"] for c in comparisons)
+
+    proc = paired(str(out), "--against", "nothing_like_it")
+    assert (
+        proc.returncode == 65 and "no checkpoint's path contains 'nothing_like_it'" in proc.stderr
+    )
+    doc = json.loads(out.read_text())
+    for checkpoint_rows in doc["results"].values():
+        for row in checkpoint_rows:
+            del row["outcomes"]  # as diagnose.py wrote it before outcomes were kept
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(doc))
+    proc = paired(str(old), "--against", "navrl_like")
+    assert proc.returncode == 65 and "no per-drone outcomes" in proc.stderr
 
 
 def _diagnose(checkpoint: Path, tmp_path: Path, options: list[str], overrides: list[str]):
