@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from navrl_daemon.config import Config, load_config
-from navrl_daemon.rl.evaluate import Evaluation, evaluate, evaluate_recorded
+from navrl_daemon.rl.evaluate import Evaluation, evaluate, evaluate_outcomes, evaluate_recorded
 from navrl_daemon.rl.graphs import traced_capture
 from navrl_daemon.rl.training import make_eval_env, make_policy
 from tests.host_reads import HostData
@@ -56,8 +56,9 @@ def test_a_captured_evaluation_gives_the_op_by_op_numbers() -> None:
     for round_ in range(3):
         if round_ == 2:
             policy.load_state_dict(nudged(policy, g))
-        expected = evaluate(plain_env, policy, seed=3, max_steps=70)
+        expected, outcomes = evaluate_outcomes(plain_env, policy, seed=3, max_steps=70)
         assert captured(policy) == expected, round_
+        assert captured.outcomes() == outcomes, round_  # drone by drone, not only the means
     assert captured.captures == 1
     assert expected["episodes"] == 12
 
@@ -107,6 +108,8 @@ def test_the_captured_evaluation_goes_on_when_some_envs_never_finish() -> None:
     expected = evaluate(make_eval_env(cfg, "cpu"), policy, seed=0, max_steps=20)
     assert captured(policy) == expected
     assert expected["unfinished"] > 0
+    # a drone still flying at the step cap is neither reached nor collided: timed out
+    assert captured.outcomes().count("T") >= expected["unfinished"]
 
 
 def test_evaluations_are_captured_where_rollouts_are() -> None:
@@ -129,6 +132,7 @@ def test_cuda_graph_evaluation_matches_eager_on_its_own_stream() -> None:
         assert got.keys() == want.keys()
         for key in want:
             assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-4), key
+        assert captured.outcomes() == eager.outcomes()  # read on the capture's own stream
     assert captured.captures == 1 and captured.capture_error is None
 
 
