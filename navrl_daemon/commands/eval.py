@@ -60,17 +60,30 @@ def register(sub: Any) -> None:
         help="also probe LiDAR use (flown blind, action gap near pillars) and the altitude "
         "and path of each outcome (embedded env)",
     )
+    p.add_argument(
+        "--against",
+        type=Path,
+        metavar="POLICY",
+        help="also fly this policy (.pt or .nrc, e.g. NavRL's checkpoint) on the same drones "
+        "and compare the two drone by drone: the difference in reach_goal and collision with "
+        "its exact 95 %% interval and McNemar's p-value",
+    )
     json_arg(p)
     p.set_defaults(handler=handle)
 
 
 def handle(cfg: Config, args: argparse.Namespace) -> int:
-    from navrl_daemon.rl.evaluate import evaluate
+    from navrl_daemon.rl.evaluate import Evaluation, evaluate
     from navrl_daemon.rl.training import eval_steps, make_eval_env, make_policy
     from navrl_daemon.storage.policy_file import check_policy_layout, load_any_policy_state
 
     if args.episodes is not None and args.episodes < 1:
         raise UsageError("--episodes must be at least 1")
+    drawn = [
+        f for f, v in (("--plot", args.plot), ("--video", args.video), ("--probe", args.probe)) if v
+    ]
+    if args.against is not None and drawn:
+        raise UsageError(f"--against compares two plain evaluations: not with {', '.join(drawn)}")
     for flag, path, suffixes in (("--plot", args.plot, (".png",)), ("--video", args.video, VIDEO)):
         if path is not None and path.suffix.lower() not in suffixes:
             raise UsageError(f"{flag} writes {' or '.join(suffixes)}: not {path}")
@@ -89,6 +102,20 @@ def handle(cfg: Config, args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     t0 = time.perf_counter()
+    if args.against is not None:
+        other = make_policy(cfg, "cpu")
+        other_state = load_any_policy_state(args.against)
+        check_policy_layout(other_state, other.state_dict(), args.against)
+        other.load_state_dict(other_state)
+        evaluation = Evaluation.for_env(env, seed=cfg.eval.seed, max_steps=max_steps)
+        results = _paired(evaluation, policy, other.to(device), args.against, cfg.eval.num_envs)
+        results = {"checkpoint": str(path), "config": source, "layout": cfg.eval.layout, **results}
+        results["seconds"] = round(time.perf_counter() - t0, 3)
+        if args.json:
+            print_json(results)
+        else:
+            print_fields(_paired_text(results))
+        return 0
     with _progress_bar(cfg.eval.num_envs, max_steps) as progress:
         if args.plot is None and args.video is None:
             results = evaluate(
@@ -110,6 +137,43 @@ def handle(cfg: Config, args: argparse.Namespace) -> int:
     else:
         print_fields(results)
     return 0
+
+
+def _paired(
+    evaluation: Any, policy: Any, other: Any, other_path: Path, drones: int
+) -> dict[str, Any]:
+    """Both policies flown by one `Evaluation` (the same drones), compared drone by drone:
+    the policy's results and outcomes, `against` (the other's), `paired` (ops/paired.py)."""
+    from navrl_daemon.ops.paired import compare_outcomes
+
+    flown = []
+    for one in (policy, other):
+        with _progress_bar(drones, evaluation.max_steps) as progress:
+            results = evaluation(one, progress)
+        flown.append({**results, "outcomes": evaluation.outcomes()})
+    mine, theirs = flown
+    return {
+        **mine,
+        "against": {"checkpoint": str(other_path), **theirs},
+        "paired": compare_outcomes(mine["outcomes"], theirs["outcomes"]),
+    }
+
+
+def _paired_text(results: dict[str, Any]) -> dict[str, Any]:
+    """`--against`'s fields for the text output: each number of both policies, then the
+    difference (this policy's minus the other's) with its interval and p-value."""
+    against = results["against"]
+    fields = {k: v for k, v in results.items() if k not in ("against", "paired", "outcomes")}
+    fields["against"] = against["checkpoint"]
+    for name, paired in results["paired"].items():
+        lo, hi = paired["ci95"]
+        fields[f"{name} vs"] = (
+            f"{paired['share_a']:.4f} against {paired['share_b']:.4f}: "
+            f"{paired['difference']:+.4f} (95 %: {lo:+.4f} to {hi:+.4f}), drones only this "
+            f"one {paired['only_a']}, only the other {paired['only_b']}, "
+            f"McNemar p {paired['p']:.3g}"
+        )
+    return fields
 
 
 def eval_config(cfg: Config, args: argparse.Namespace) -> tuple[Path, Config, str]:

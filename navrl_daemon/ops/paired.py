@@ -95,7 +95,7 @@ def compare(a: str, b: str, outcome: str = "R") -> dict[str, Any]:
         "share_a": sum(hit_a) / n,
         "share_b": sum(hit_b) / n,
         "difference": difference,
-        "ci95": [m / n * (2 * theta_lo - 1), m / n * (2 * theta_hi - 1)],
+        "ci95": [m / n * (2 * theta_lo - 1), m / n * (2 * theta_hi - 1)] if m else [0.0, 0.0],
         "both": sum(x and y for x, y in zip(hit_a, hit_b, strict=True)),
         "only_a": only_a,
         "only_b": only_b,
