@@ -287,35 +287,19 @@ def test_paired_compares_two_checkpoints_drone_by_drone(tmp_path: Path):
     """benchmarks/paired.py on diagnose.py's output of two policies flown on the same
     drones: each shared row compared, its counts those of the rows' outcomes; a file
     without outcomes, or a baseline no checkpoint matches, exits 65 saying so."""
-    from tests.conftest import REPO, SUBPROCESS_ENV
-
     files = {}
     for name, seed in (("navrl_like.pt", 3), ("mine.pt", 4)):
         files[name] = tmp_path / name
         torch.save(_policy(seed).state_dict(), files[name])
     out = tmp_path / "diag.json"
     options = ["--pillars", "30", "--layouts", "navrl", "--maps", "train", "held_out"]
-    run = [sys.executable, "benchmarks/diagnose.py", "--checkpoint", *map(str, files.values())]
-    proc = subprocess.run(
-        [*run, *options, "--held-out-maps", "2", "--out", str(out), *_OVERRIDES],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=SUBPROCESS_ENV,
-        timeout=300,
-    )
+    options += ["--held-out-maps", "2", "--out", str(out)]
+    proc = _script("diagnose.py", "--checkpoint", *map(str, files.values()), *options, *_OVERRIDES)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads(out.read_text())["results"]
 
-    def paired(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "benchmarks/paired.py", *args],
-            capture_output=True,
-            text=True,
-            cwd=REPO,
-            env=SUBPROCESS_ENV,
-            timeout=120,
-        )
+    def paired(*args: str) -> subprocess.CompletedProcess[str]:
+        return _script("paired.py", *args)
 
     proc = paired(str(out), "--against", "navrl_like", "--out", str(tmp_path / "p.json"))
     assert proc.returncode == 0, proc.stderr
@@ -352,25 +336,23 @@ def test_paired_compares_two_checkpoints_drone_by_drone(tmp_path: Path):
 def _diagnose(checkpoint: Path, tmp_path: Path, options: list[str], overrides: list[str]):
     """benchmarks/diagnose.py on one checkpoint, as a user runs it: its rows. The overrides
     come after `--out`, so that no list-valued option takes them."""
+    out = tmp_path / "diag.json"
+    proc = _script(
+        "diagnose.py", "--checkpoint", str(checkpoint), *options, "--out", str(out), *overrides
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(out.read_text())["results"][str(checkpoint)]
+
+
+def _script(name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """benchmarks/NAME run as a user runs it, from the repository root."""
     from tests.conftest import REPO, SUBPROCESS_ENV
 
-    out = tmp_path / "diag.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "benchmarks/diagnose.py",
-            "--checkpoint",
-            str(checkpoint),
-            *options,
-            "--out",
-            str(out),
-            *overrides,
-        ],
+    return subprocess.run(
+        [sys.executable, f"benchmarks/{name}", *args],
         capture_output=True,
         text=True,
         cwd=REPO,
         env=SUBPROCESS_ENV,
         timeout=300,
     )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(out.read_text())["results"][str(checkpoint)]
