@@ -2,9 +2,10 @@
 
 NavRL's evaluation is deterministic: the same env config, map seed and evaluation seed
 give every policy the same drones (starts, goals, maps). Two policies' results on it are
-then paired, and the difference of their shares is far better measured by the drones on
-which they disagree than by two independent binomial intervals: where both fail the same
-hard crossings, those drones add nothing to the difference's noise.
+then paired, and the difference of their shares is measured by the drones on which they
+disagree: where both fail the same hard crossings, those drones add nothing to the
+difference's noise, so its interval can be much narrower than two independent binomial
+intervals would suggest.
 
 An evaluation's outcomes are one character per drone (`OUTCOME_CODES`, in `OUTCOMES`
 order: reached, collided, out of bounds, timed out), as `evaluate.outcome_codes` writes
