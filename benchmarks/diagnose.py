@@ -43,7 +43,7 @@ import torch
 
 from navrl_daemon.config import Config, load_config
 from navrl_daemon.env import make_env
-from navrl_daemon.rl.evaluate import OUTCOMES, evaluate_outcomes, evaluate_recorded
+from navrl_daemon.rl.evaluate import evaluate_outcomes, evaluate_recorded
 from navrl_daemon.rl.probes import (
     collision_hazard,
     goal_distance_use,
@@ -53,9 +53,6 @@ from navrl_daemon.rl.probes import (
 )
 from navrl_daemon.rl.training import eval_steps, make_policy
 from navrl_daemon.storage.policy_file import check_policy_layout, load_any_policy
-
-# OUTCOMES' names as `evaluate.outcome_codes` writes them (their first letters)
-OUTCOME_CODE = {name: name[0].upper() for name in OUTCOMES}
 
 
 def pillar_spec(text: str) -> tuple[int, int | None]:
@@ -144,7 +141,7 @@ def diagnose(cfg: Config, path: Path, args: argparse.Namespace) -> list[dict[str
                     result, flown = evaluate_recorded(
                         env, policy, seed=cfg.eval.seed, max_steps=steps
                     )
-                    outcomes = "".join(OUTCOME_CODE[o] for o in flown.outcomes())
+                    outcomes = flown.codes()
                 else:
                     result, outcomes = evaluate_outcomes(
                         env, policy, seed=cfg.eval.seed, max_steps=steps

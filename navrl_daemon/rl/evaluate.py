@@ -69,6 +69,11 @@ class Trajectories:
             for r, c, o in zip(reach.tolist(), collision.tolist(), out.tolist(), strict=True)
         ]
 
+    def codes(self) -> str:
+        """`outcomes` one character per drone, as `outcome_codes` writes an evaluation's
+        (the first letters of OUTCOMES): the string `ops/paired.py` compares."""
+        return "".join(name[0].upper() for name in self.outcomes())
+
 
 # Told (steps done, envs whose first episode has finished) every CHECK_EVERY steps.
 Progress = Callable[[int, int], None]

@@ -156,3 +156,4 @@ def test_episodes_that_leave_the_height_band_are_counted_as_out_of_bounds() -> N
     recorded, traj = evaluate_recorded(env, policy, seed=0, max_steps=200)
     assert recorded == climbing
     assert traj.outcomes() == ["out of bounds"] * 12  # plots, videos, probes, `eval`
+    assert traj.codes() == "O" * 12
