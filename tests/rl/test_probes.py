@@ -280,7 +280,6 @@ def test_evaluation_outcomes_per_drone_are_its_numbers_and_its_paths():
             assert codes.count(code) == round(result[key] * 12), (codes, result)
         _, flown = evaluate_recorded(env, policy, seed=0, max_steps=60)
         assert codes == flown.codes()  # what diagnose.py writes for a recorded flight
-        assert flown.codes() == "".join(name[0].upper() for name in flown.outcomes())
     assert "C" in codes or "O" in codes or "T" in codes  # not all reached: a real test
 
 
