@@ -464,6 +464,7 @@ def main() -> None:
             "final_episodes": final_cfg.eval.num_envs,  # the final export's, NavRL's, held out
             "max_steps": eval_steps(cfg),
             "seed": cfg.eval.seed,
+            "num_obstacles": cfg.eval.num_obstacles or cfg.env.num_obstacles,
         },
         "budget": {"budget_s": args.budget_s, "frames": args.frames, **budget},
         "curve": curve,

@@ -410,6 +410,11 @@ class EvalConfig(Section):
     # Also evaluate every time on maps of this seed (-1: off); reported beside the main
     # numbers with a `held_out_` prefix (e.g. held_out_reach_goal).
     held_out_seed: Annotated[int, Field(ge=-1)] = -1
+    # Pillars of the evaluation's maps; 0: env.num_obstacles. Another count draws each map
+    # with that many pillars from the same seed (the generator's heights come first, so
+    # they are not the first pillars of the training maps): training can fly denser maps
+    # (map_levels above the count) while every evaluation stays at NavRL's 350.
+    num_obstacles: Annotated[int, Field(ge=0, le=20_000)] = 0
 
 
 class CheckpointConfig(Section):

@@ -99,6 +99,7 @@ def test_resume_from_an_interval_checkpoint_after_kill9_is_also_exact(
         ("env.map_levels=[0,2,4]", "env.min_level=1"),
         ("env.safety_weight=3.0",),
         ("ppo.mirror=true", "env.map_levels=[0,2,4]"),
+        ("env.map_levels=[0,2,4]", "eval.num_obstacles=2", "eval.interval=4"),
         ("ppo.separate_critic=true",),
         (
             "ppo.target_kl=0.001",
@@ -121,6 +122,7 @@ def test_resume_from_an_interval_checkpoint_after_kill9_is_also_exact(
         "min-level",
         "safety-weight",
         "mirror",
+        "eval-pillars",
         "separate-critic",
         "update-guards",
         "reach-hold",
@@ -131,7 +133,8 @@ def test_resume_is_exact_with_density_levels_and_a_spawn_mix(
 ) -> None:
     """Per-env density levels (env.map_levels), the spawn mix (env.crossing_share), hops
     ended at the goal (env.reach_hold), a reward weight (env.safety_weight), mirrored
-    minibatches (ppo.mirror), a critic of its own (ppo.separate_critic) and the update's
+    minibatches (ppo.mirror), evaluations at fewer pillars than training
+    (eval.num_obstacles), a critic of its own (ppo.separate_critic) and the update's
     guards (ppo.target_kl, ppo.feature_extractor_max_grad_norm) keep the resume exact: the
     levels and the hold counts travel in the env state."""
     common = ("checkpoint.interval=2", *extra)

@@ -251,7 +251,8 @@ sweep)
   # env.stage_switch = "episodes") and long_hops_hold_mb4_bar5_then_cross_mirror_stay_guard_r64
   # (the same with ppo.rollout_length = 64) and its _hold twin (the rates held from 18 M
   # frames on) and long_hops_hold_mb4_bar5_then_cross_mirror_stay_guard_r128_hold (the
-  # _hold twin with 128-step rollouts) on request; NAME@SEED runs a recipe
+  # _hold twin with 128-step rollouts) and its _dense twin (training maps of 450 pillars, a
+  # density level above NavRL's 350, evaluations at 350) on request; NAME@SEED runs a recipe
   # with run.seed = SEED, so one sweep can hold several seeds of it). EVAL_EVERY: iterations
   # between evaluations (25; 3 with DEV=cpu). FRAMES: each recipe also stops at this many frames (the CPU
   # goal's 20 M). EXTRA: more KEY=VALUE overrides for every recipe (e.g. for a
@@ -340,17 +341,22 @@ sweep)
         "env.curriculum=[$HOPS_TO_HALF_STAGE, $CROSSINGS_LAST_STAGE]") ;;
     long_hops_hold_mb4_bar5_then_cross_mirror_stay_guard_r64 | \
       long_hops_hold_mb4_bar5_then_cross_mirror_stay_guard_r64_hold | \
-      long_hops_hold_mb4_bar5_then_cross_mirror_stay_guard_r128_hold)
+      long_hops_hold_mb4_bar5_then_cross_mirror_stay_guard_r128_hold | \
+      long_hops_hold_mb4_bar5_then_cross_mirror_stay_guard_r128_hold_dense)
       # The guarded recipe with twice the batch per update (ppo.rollout_length = 64: 16,384
       # frames at 256 envs, 4 minibatches of 4,096; half the update steps per frame);
       # _r128: four times (128-step rollouts, 32,768 frames per update).
       # _hold: lin20's line stopped at 18 M frames (0.189x) and held there, the schedule's
       # last 0.09x being where seed 1 fell twice (docs/learning.md, sessions 24 and 25).
-      rates=("${lin20[@]}") rollout=64
-      case $name in *_hold) rates=(ppo.lr_schedule=linear ppo.schedule_frames=18022400
+      # _dense: maps of 450 pillars with a level above NavRL's 350 (an env that reaches its
+      # goal at 350 goes on to fly 450), evaluated at 350 (eval.num_obstacles).
+      rates=("${lin20[@]}") rollout=64 maps=("${mapped[@]}")
+      case $name in *_hold | *_hold_dense) rates=(ppo.lr_schedule=linear ppo.schedule_frames=18022400
         ppo.lr_final_fraction=0.189) ;; esac
       case $name in *_r128*) rollout=128 ;; esac
-      recipe=("${mapped[@]}" ppo.minibatches=4 "${rates[@]}" ppo.mirror=true ppo.target_kl=0.05
+      case $name in *_dense) maps=(env.num_maps=16 "env.map_levels=${levels%]}, 450]"
+        env.num_obstacles=450 eval.num_obstacles=350) ;; esac
+      recipe=("${maps[@]}" ppo.minibatches=4 "${rates[@]}" ppo.mirror=true ppo.target_kl=0.05
         ppo.feature_extractor_max_grad_norm=5.0 "ppo.rollout_length=$rollout"
         "env.curriculum=[$HOPS_TO_HALF_STAGE, $CROSSINGS_LAST_STAGE]") ;;
     long_hops_hold_mb4_bar5_then_cross_mirror_stay_sep)  # the same with the critic on a

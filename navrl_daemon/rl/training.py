@@ -365,6 +365,7 @@ def eval_env_config(cfg: Config) -> EnvConfig:
             "map_levels": [],
             "min_level": 0,
             "num_maps": cfg.eval.num_maps or cfg.env.num_maps,
+            "num_obstacles": cfg.eval.num_obstacles or cfg.env.num_obstacles,
             "max_episode_length": max(cfg.env.max_episode_length, cfg.eval.max_steps),
             "reach_hold": 0,  # NavRL's evaluation: at the goal when the episode ends
             "safety_weight": 1.0,  # NavRL's reward: evaluation returns compare across runs
@@ -387,4 +388,5 @@ def evaluation_key(cfg: Config) -> dict[str, Any]:
     if cfg.eval.layout == "navrl" and cfg.env.backend == "navigation":
         for key in SPAWN_RULE_KEYS:
             env.pop(key)
-    return {"env": env, "eval": cfg.eval.model_dump(), "seed": cfg.run.seed}
+    section = cfg.eval.model_dump() | {"num_obstacles": env["num_obstacles"]}  # 0: the env's
+    return {"env": env, "eval": section, "seed": cfg.run.seed}

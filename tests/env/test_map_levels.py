@@ -1,5 +1,6 @@
 """Density levels per env (`env.map_levels`), the spawn mix (`env.crossing_share`) and the
-evaluation's maps (`eval.map_seed`, `eval.num_maps`, `eval.held_out_seed`)."""
+evaluation's maps (`eval.map_seed`, `eval.num_maps`, `eval.held_out_seed`,
+`eval.num_obstacles`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from tensordict import TensorDict
 from navrl_daemon.config import load_config
 from navrl_daemon.env.navigation import STAT_KEYS, NavigationEnv
 from navrl_daemon.rl.policy import NavRLPolicy
-from navrl_daemon.rl.training import Evaluations, make_eval_env
+from navrl_daemon.rl.training import Evaluations, evaluation_key, make_eval_env
 from tests.conftest import navrl_cli
 
 LEVELS = [0, 10, 30, 60]
@@ -212,6 +213,28 @@ def test_the_evaluation_flies_the_whole_map_of_the_chosen_seed():
     assert not torch.equal(held_out.pillars.corner_px, NavigationEnv(small().env).pillars.corner_px)
 
 
+def test_the_evaluation_can_fly_fewer_pillars_than_training():
+    """eval.num_obstacles: training flies 60-pillar maps with a level above 30, every
+    evaluation (main and held out) the 30-pillar maps of the same seeds."""
+    cfg = small("env.map_levels=[0, 30, 60]", "eval.num_obstacles=30", "eval.held_out_seed=7")
+    assert NavigationEnv(cfg.env).pillars.corner_px.shape[1] == 60
+    for seed in (None, 7):
+        env = make_eval_env(cfg, "cpu", map_seed=seed)
+        plain = NavigationEnv(small("env.num_obstacles=30").env, seed=seed or 0)
+        assert env.level_counts == [30]
+        assert torch.equal(env.pillars.corner_px, plain.pillars.corner_px)
+        assert torch.equal(env.pillars.height, plain.pillars.height)
+    unset = small("env.map_levels=[0, 30, 60]")
+    assert make_eval_env(unset, "cpu").pillars.corner_px.shape[1] == 60  # 0: the env's count
+
+
+def test_an_evaluation_is_the_same_whether_its_pillar_count_is_named_or_not():
+    """evaluation_key compares what is flown: eval.num_obstacles = 0 and the env's own
+    count fly the same maps; another count does not."""
+    assert evaluation_key(small()) == evaluation_key(small("eval.num_obstacles=60"))
+    assert evaluation_key(small()) != evaluation_key(small("eval.num_obstacles=30"))
+
+
 def test_held_out_evaluations_are_reported_beside_the_main_ones():
     torch.manual_seed(0)
     policy = NavRLPolicy()
@@ -239,6 +262,8 @@ def test_held_out_evaluations_are_reported_beside_the_main_ones():
         (["eval.map_seed=-2"], "eval.map_seed"),
         (["eval.held_out_seed=-5"], "eval.held_out_seed"),
         (["eval.num_maps=-1"], "eval.num_maps"),
+        (["eval.num_obstacles=-1"], "eval.num_obstacles"),
+        (["eval.num_obstacles=20001"], "eval.num_obstacles"),
     ],
 )
 def test_bad_values_exit_78_naming_the_key(overrides: list[str], needle: str):
