@@ -471,3 +471,25 @@ def test_the_iterations_redone_after_a_crash_are_not_archived_twice(tmp_path: Pa
     assert len(seen) == 7 * 8  # every env of every iteration
     skipped = [e["iteration"] for e in log if e["event"].startswith("rollout already archived")]
     assert skipped == [4]
+
+
+def test_a_run_killed_before_its_first_checkpoint_archives_no_rollout_twice(
+    tmp_path: Path,
+) -> None:
+    """A kill -9 after rollouts were archived but before any checkpoint: the restart finds
+    no checkpoint and starts over from rollout 0, which used to be archived a second time
+    (the kill -9 loop hit it on a loaded machine). Rollouts 0..2 archived, no checkpoint."""
+    state = tmp_path / "state"
+    common = ("checkpoint.interval=100", "archive.interval=1", "archive.on_full=block")
+    run(state, *common, "run.total_frames=192")  # rollouts 0..2, the final checkpoint 3
+    for path in (state / "checkpoints").glob("ckpt-*.nrc"):
+        path.unlink()  # as if killed before the first one
+    log = run(state, *common, "run.total_frames=320")
+    assert any(e["event"] == "no checkpoint: starting a new run" for e in log)
+    start = next(e for e in log if e["event"].startswith("archive holds rollouts"))
+    assert (start["resumed_from"], start["archived_through"]) == (0, 2)
+    seen = archived_segments(state)
+    assert set(seen.values()) == {1}, [k for k, n in seen.items() if n > 1]
+    assert sorted({it for it, _ in seen}) == [0, 1, 2, 3, 4]
+    skipped = [e["iteration"] for e in log if e["event"].startswith("rollout already archived")]
+    assert skipped == [0, 1, 2]

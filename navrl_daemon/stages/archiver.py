@@ -12,8 +12,9 @@ or "block" nothing is deleted and a rollout that does not fit is skipped (counte
 drop; the log says so once when the archive fills and once when it has room again).
 `flush` closes the open file, which marks it complete; after a kill -9 the file being
 written reads back up to its last whole segment. A run resumed from a checkpoint redoes
-the iterations a crash lost after it; those that were archived before the crash are not
-archived again (each iteration is in the archive once). A write that fails (disk full,
+the iterations a crash lost after it, and one killed before its first checkpoint starts
+over from rollout 0; those that were archived before the crash are not archived again
+(each iteration is in the archive once). A write that fails (disk full,
 I/O error) turns archiving off until the daemon restarts (HDF5 cannot be trusted after
 one: see `_abandon_file`); it is logged, every rollout not archived counts as a drop, and
 training goes on. The producer sends only due rollouts here; a lease that is not due is
@@ -148,10 +149,17 @@ class RolloutArchiver:
         if removed:
             log.warning("removed half-created archive files", files=[p.name for p in removed])
         self._next_seq = next_sequence(directory)  # a restart never appends to an old file
-        # Resumed from checkpoint `resumed_from`: iterations after it up to this one were
-        # archived before a crash, and are about to be redone.
-        archived = last_archived_iteration(directory) if resumed_from else None
+        # Iterations after checkpoint `resumed_from` up to this one were archived before a
+        # crash, and are about to be redone; so are those of a run killed before its first
+        # checkpoint, which starts over from rollout 0 (resumed_from = 0).
+        archived = last_archived_iteration(directory)
         self._archived_through = archived if archived is not None else -1  # rollouts from 0
+        if archived is not None and archived >= resumed_from:
+            log.info(
+                "archive holds rollouts from before the restart: not archived again",
+                resumed_from=resumed_from,
+                archived_through=archived,
+            )
         self._host: TensorDictBase | None = None  # pinned staging buffer for CUDA rollouts
         self._broken: list[ArchiveWriter] = []  # see _abandon_file
 

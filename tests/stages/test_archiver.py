@@ -48,8 +48,11 @@ async def run_archiver(
     fill: Callable[[TensorDict, int], None],
     sent: list[Lease] | None = None,
     metrics: Metrics | None = None,
+    first: int = 0,
 ) -> tuple[RolloutArchiver, list[tuple[int, int, int]], dict[int, dict[str, np.ndarray]]]:
-    """Produce `rollouts` leases through the archive channel into a RolloutArchiver."""
+    """Produce `rollouts` leases (iterations from `first`) through the archive channel into
+    a RolloutArchiver. A later archiver on the same directory goes on from the iteration
+    after the last one archived: the ones up to it count as archived before a restart."""
     written: list[tuple[int, int, int]] = []
     expected: dict[int, dict[str, np.ndarray]] = {}
     metrics = metrics or Metrics(version="0", torch_version="0", device="cpu")
@@ -68,7 +71,7 @@ async def run_archiver(
 
     async def produce() -> None:
         async with sender:
-            for iteration in range(rollouts):
+            for iteration in range(first, first + rollouts):
                 lease = await pool.acquire()
                 fill(lease.buffer, iteration)
                 lease.meta.update(iteration=iteration, policy_version=100 + iteration)
@@ -165,7 +168,7 @@ async def test_rotate_keeps_the_newest_files_under_the_total_cap(tmp_path: Path)
     assert sample(m, "navrl_archive_disk_bytes") == sum(p.stat().st_size for p in files)
     assert sample(m, "navrl_archive_dropped_total") == 0
     # A new archiver on the same directory continues the numbering.
-    await run_archiver(cfg, tmp_path, pool, 1, fill_random)
+    await run_archiver(cfg, tmp_path, pool, 1, fill_random, first=6)
     assert archive_files(tmp_path)[-1].name == "rollouts-000006.h5"
 
 
@@ -215,7 +218,7 @@ async def test_rotation_skips_the_files_a_reader_holds(tmp_path: Path) -> None:
     held = archive_files(tmp_path)
     assert [p.name for p in held] == ["rollouts-000000.h5", "rollouts-000001.h5"]
     with ArchiveReader(held, workers=1) as reader:
-        await run_archiver(cfg, tmp_path, pool, 6, fill_random)
+        await run_archiver(cfg, tmp_path, pool, 6, fill_random, first=2)
         names = [p.name for p in archive_files(tmp_path)]
         assert names[:2] == ["rollouts-000000.h5", "rollouts-000001.h5"]  # still there
         assert names[-1] == "rollouts-000007.h5" and len(names) < 8  # newer ones rotated
