@@ -33,6 +33,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from navrl_daemon.ops.curves import first_at_bar
 from navrl_daemon.storage.history import HISTORY_FILE, RESULTS_FILE, read_jsonl
 
 EXIT_DATAERR = 65  # sysexits' EX_DATAERR, the daemon's "bad data"
@@ -73,24 +74,11 @@ def stage_starts(evaluations: list[dict[str, Any]], history: list[dict[str, Any]
 
 
 def first_at(evaluations: list[dict[str, Any]], bars: list[float]) -> dict[str, Any]:
-    """Per bar and map set, the frames of the first evaluation at it (None: never)."""
+    """Per map set and bar, the frames of the first evaluation at it (None: never)."""
     out: dict[str, Any] = {}
     for prefix, name in (("", "own"), ("held_out_", "held_out")):
-        reach, collision = f"{prefix}reach_goal", f"{prefix}collision"
-        out[name] = {
-            str(bar): next(
-                (
-                    r["frames"]
-                    for r in evaluations
-                    # rounded: 1 - 0.9 is 0.09999999999999998 in floats, and 0.1 must pass
-                    if r.get(reach) is not None
-                    and r[reach] >= bar
-                    and r[collision] <= round(1.0 - bar, 9)
-                ),
-                None,
-            )
-            for bar in bars
-        }
+        rows = {str(bar): first_at_bar(evaluations, bar, prefix=prefix) for bar in bars}
+        out[name] = {bar: None if row is None else row["frames"] for bar, row in rows.items()}
     return out
 
 

@@ -96,6 +96,7 @@ from typing import Any
 import torch
 
 from navrl_daemon.config import Config, load_config
+from navrl_daemon.ops.curves import first_at_bar
 from navrl_daemon.ops.intervals import share_interval
 from navrl_daemon.ops.paired import compare_outcomes
 from navrl_daemon.ops.plots import Series, curves_plot, write_png
@@ -563,14 +564,9 @@ def frames_to_reach(
     the curve has them, get the same treatment under `held_out`."""
 
     def first(prefix: str, bar: float) -> dict[str, Any] | None:
-        reach, collision = f"{prefix}reach_goal", f"{prefix}collision"
-        for row in curve:
-            if targets is not None and row.get("curriculum_stage") not in targets:
-                continue
-            # Rounded: 1 - 0.9 is 0.09999999999999998 in floats, and 0.1 must pass.
-            if reach in row and row[reach] >= bar and row[collision] <= round(1.0 - bar, 9):
-                return {k: row[k] for k in ("frames", "seconds", reach, collision)}
-        return None
+        row = first_at_bar(curve, bar, prefix=prefix, targets=targets)
+        keys = ("frames", "seconds", f"{prefix}reach_goal", f"{prefix}collision")
+        return None if row is None else {k: row[k] for k in keys}
 
     out: dict[str, Any] = {str(b): first("", b) for b in bars}
     if any("held_out_reach_goal" in row for row in curve):
