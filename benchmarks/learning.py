@@ -16,7 +16,11 @@ curriculum's target), so the last two compare like with like.
 (reach_goal at least, collision at most); `first_eval_at_bar` is the first evaluation of
 the target env that clears it, with its frames and wall seconds since launch; `met` says
 whether that, or the final export, cleared it within `--goal-s` seconds (default 480: the
-issue's 8 minutes of training).
+issue's 8 minutes of training). On a CPU that verdict is always false; `frames_goal` is
+issue #23's CPU goal, per frame: reach_goal >= `--goal-bar` (0.9) with collision <= 1 -
+bar, on the training maps and on held-out maps both, within `--goal-frames` (20 M)
+frames, by an evaluation of the target env (its held-out numbers from
+`eval.held_out_seed`) or by the final export.
 
 `frames_to_reach` (issue #23) gives, per bar b of `--reach-bars` (default 0.5 and 0.9),
 the first evaluation of the target env with reach_goal >= b and collision <= 1 - b, with
@@ -96,7 +100,7 @@ from typing import Any
 import torch
 
 from navrl_daemon.config import Config, load_config
-from navrl_daemon.ops.curves import first_at_bar
+from navrl_daemon.ops.curves import at_bar, first_at_bar
 from navrl_daemon.ops.intervals import share_interval
 from navrl_daemon.ops.paired import compare_outcomes
 from navrl_daemon.ops.plots import Series, curves_plot, write_png
@@ -319,6 +323,13 @@ def main() -> None:
     p.add_argument(
         "--reach-bars", type=float, nargs="+", default=[0.5, 0.9], help="frames_to_reach bars"
     )
+    p.add_argument(
+        "--goal-frames",
+        type=float,
+        default=20e6,
+        help="issue #23's CPU goal (frames_goal): frames to the bar on both map sets",
+    )
+    p.add_argument("--goal-bar", type=float, default=0.9, help="frames_goal's reach bar")
     p.add_argument("--held-out-seed", type=int, default=1000, help="map seed never trained on")
     p.add_argument("--held-out-maps", type=int, default=16, help="held-out maps (drones split)")
     p.add_argument(
@@ -355,6 +366,12 @@ def main() -> None:
         "held-out maps); default eval.num_envs, as the curve's. More drones, a narrower "
         "verdict: the reach of 64 drones is good to about +-0.05",
     )
+    p.add_argument(
+        "--check-config",
+        action="store_true",
+        help="load the run's configs (the daemon's, the final and held-out evaluations'), "
+        "print its curriculum stages as JSON and exit: a recipe checked, nothing run",
+    )
     p.add_argument("overrides", nargs="*", help="KEY=VALUE config overrides")
     args = p.parse_args()
     if args.fork_at is not None and args.fork_from is None:
@@ -379,6 +396,19 @@ def main() -> None:
     cfg = load_config(args.config, overrides, environ={})  # a bad config fails here, not later
     drones = [f"eval.num_envs={args.final_drones}"] if args.final_drones else []
     final_cfg = load_config(args.config, [*overrides, *drones], environ={}) if drones else cfg
+    held_cfg = load_config(
+        args.config, [*overrides, *drones, f"eval.num_maps={args.held_out_maps}"], environ={}
+    )
+    if args.check_config:
+        targets = target_stages(cfg)  # builds every stage's env config
+        stages = [stage.name for stage in cfg.env.curriculum]
+        checked = {"config": "ok", "stages": stages, "num_envs": cfg.env.num_envs}
+        checked["num_obstacles"] = cfg.env.num_obstacles
+        checked["target_stages"] = None if targets is None else sorted(targets)
+        checked["eval_num_obstacles"] = cfg.eval.num_obstacles or cfg.env.num_obstacles
+        checked["held_out_maps"] = held_cfg.eval.num_maps
+        print(json.dumps(checked))
+        return
     if args.fork_from is not None:
         try:
             at = fork_state(args.fork_from, args.keep_state, args.fork_at)
@@ -414,9 +444,6 @@ def main() -> None:
     if args.navrl_checkpoint.exists():
         navrl_state = load_any_policy_state(args.navrl_checkpoint)
         navrl = evaluate_policy(final_cfg, navrl_state)
-    held_cfg = load_config(
-        args.config, [*overrides, *drones, f"eval.num_maps={args.held_out_maps}"], environ={}
-    )
     held_out = {
         "map_seed": args.held_out_seed,
         "maps": args.held_out_maps,
@@ -478,6 +505,14 @@ def main() -> None:
         },
         "frames_to_reach": frames_to_reach(curve, args.reach_bars, targets=targets),
         "goal": goal,
+        "frames_goal": frames_goal(
+            curve,
+            final,
+            held_out.get("final"),
+            bar=args.goal_bar,
+            within_frames=args.goal_frames,
+            targets=targets,
+        ),
         "machine": {
             "platform": platform.platform(),
             "cpus": os.cpu_count(),
@@ -493,7 +528,7 @@ def main() -> None:
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     plot(result, args.out.with_suffix(".png"))
     summary = ("budget", "final", "navrl_checkpoint", "held_out", "paired_with_navrl")
-    summary += ("frames_to_reach", "goal")
+    summary += ("frames_to_reach", "goal", "frames_goal")
     print(json.dumps({k: drop_outcomes(result[k]) for k in summary}, indent=1))
     print(
         json.dumps(
@@ -553,6 +588,57 @@ def goal_check(
         else {k: first[k] for k in ("frames", "seconds", "reach_goal", "collision")},
         "final_at_bar": final_at_bar,
         "met": met,
+    }
+
+
+def frames_goal(
+    curve: list[dict[str, Any]],
+    final: dict[str, Any] | None,
+    held_out_final: dict[str, Any] | None,
+    *,
+    bar: float,
+    within_frames: float,
+    targets: set[int] | None,
+) -> dict[str, Any]:
+    """Issue #23's CPU goal, per frame (so the same on any device): a policy that reaches
+    its goal in at least `bar` of the episodes with at most 1 - `bar` collisions, on its
+    training maps and on held-out maps both, within `within_frames` frames. Met by an
+    evaluation of the target env at the bar on both map sets (the curve's held-out
+    numbers, `eval.held_out_seed`), or by the final export's evaluations (its own drones,
+    `--final-drones`) when it stopped within the frames."""
+    target = [r for r in curve if targets is None or r.get("curriculum_stage") in targets]
+    first = next(
+        (
+            r
+            for r in target
+            if r["frames"] <= within_frames
+            and at_bar(r, bar)
+            and at_bar(r, bar, prefix="held_out_")
+        ),
+        None,
+    )
+    keys = ("frames", "seconds", "reach_goal", "collision")
+    keys += ("held_out_reach_goal", "held_out_collision")
+    final_check = None
+    if final is not None:
+        final_check = {
+            "frames": final.get("frames"),
+            "training_maps": at_bar(final, bar),
+            "held_out": held_out_final is not None and at_bar(held_out_final, bar),
+        }
+    final_met = (
+        final_check is not None
+        and final_check["frames"] is not None
+        and final_check["frames"] <= within_frames
+        and final_check["training_maps"]
+        and final_check["held_out"]
+    )
+    return {
+        "bar": bar,
+        "within_frames": within_frames,
+        "first_eval_at_bar": None if first is None else {k: first[k] for k in keys},
+        "final": final_check,
+        "met": first is not None or final_met,
     }
 
 

@@ -89,6 +89,56 @@ def test_frames_to_reach_on_held_out_maps_when_the_curve_has_them() -> None:
     }
 
 
+def held(r: dict, reach: float, collision: float) -> dict:
+    return {**r, "held_out_reach_goal": reach, "held_out_collision": collision}
+
+
+def cpu_goal(curve, final=None, held_final=None, targets=None):
+    return learning.frames_goal(
+        curve, final, held_final, bar=0.9, within_frames=100, targets=targets
+    )
+
+
+def test_frames_goal_needs_both_map_sets_at_one_evaluation() -> None:
+    """Issue #23's CPU goal: 0.9 / 0.1 on the training maps and held out, at the same
+    evaluation of the target env, within the frames; seconds play no part."""
+    curve = [
+        held(row(10, 5, 0.95, 0.05, 1), 0.85, 0.15),  # held out below the bar
+        held(row(20, 9000, 0.85, 0.1, 1), 0.95, 0.05),  # own maps below the bar
+        held(row(30, 9500, 0.9, 0.1, 0), 0.9, 0.1),  # at the bar, not a target stage
+    ]
+    assert not cpu_goal(curve, targets={1})["met"]
+    assert cpu_goal(curve, targets={1})["first_eval_at_bar"] is None
+    curve.append(held(row(40, 10**5, 0.9, 0.1, 1), 0.9, 0.1))  # both bounds inclusive
+    goal = cpu_goal(curve, targets={1})
+    assert goal["met"] and goal["first_eval_at_bar"]["frames"] == 40
+    assert goal["first_eval_at_bar"]["held_out_reach_goal"] == 0.9
+    late = [held(row(101, 1, 0.95, 0.0, 1), 0.95, 0.0)]  # past the frames
+    assert not cpu_goal(late, targets={1})["met"]
+
+
+def test_frames_goal_without_held_out_numbers_is_not_met_by_the_curve() -> None:
+    goal = cpu_goal([row(10, 5, 1.0, 0.0)])
+    assert goal["first_eval_at_bar"] is None and not goal["met"]
+
+
+def test_frames_goal_by_the_final_export_on_both_map_sets() -> None:
+    curve = [row(10, 5, 0.1, 0.9)]
+    final = {"frames": 100, "reach_goal": 0.92, "collision": 0.08}
+    goal = cpu_goal(curve, final, {"reach_goal": 0.9, "collision": 0.1})
+    assert goal["met"] and goal["final"] == {
+        "frames": 100,
+        "training_maps": True,
+        "held_out": True,
+    }
+    short = cpu_goal(curve, final, {"reach_goal": 0.89, "collision": 0.11})
+    assert short["final"]["held_out"] is False and not short["met"]
+    assert not cpu_goal(curve, final, None)["met"]  # no held-out evaluation
+    late = cpu_goal(curve, {**final, "frames": 101}, {"reach_goal": 0.9, "collision": 0.1})
+    assert late["final"]["training_maps"] and not late["met"]
+    assert cpu_goal(curve)["final"] is None
+
+
 def test_a_resumed_run_counts_the_seconds_the_daemon_ran_in_every_sitting() -> None:
     """Two sittings, 100-160 and 1000-1050: the pause between them is not training time."""
     launches = [(100.0, 160.0), (1000.0, 1050.0)]

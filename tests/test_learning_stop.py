@@ -148,6 +148,13 @@ def test_the_sitting_is_written_from_disk_with_the_newest_checkpoints_policy(
     assert result["held_out"]["untrained"]["episodes"] == 4
     assert (result["eval"]["episodes"], result["eval"]["final_episodes"]) == (2, 4)
     assert out.with_suffix(".png").exists()
+    # Issue #23's CPU goal, read off the final export (the curve has no held-out numbers)
+    goal = result["frames_goal"]
+    assert (goal["bar"], goal["within_frames"], goal["first_eval_at_bar"]) == (0.9, 20e6, None)
+    assert goal["final"]["frames"] == 0
+    for maps, flown in (("training_maps", final), ("held_out", result["held_out"]["final"])):
+        assert goal["final"][maps] == (flown["reach_goal"] >= 0.9 and flown["collision"] <= 0.1)
+    assert goal["met"] == (goal["final"]["training_maps"] and goal["final"]["held_out"])
     # The checkpoint's policy is NavRL's: against NavRL's file drone by drone it flies the
     # very same outcomes on both map sets (the final evaluations fly the same drones).
     assert (

@@ -63,7 +63,7 @@ step() {  # step NAME SECONDS OUTFILE CMD...: a bounded step, its stdout into OU
   fi
   log "end $name rc=$?"
 }
-{
+[ -n "${CHECK:-}" ] || {  # CHECK=1 (recipes' configs only) needs no device
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python3 -c "import sys, torch, tensordict, torchrl, navrl_daemon; print(sys.version); \
 print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.is_available()); \
@@ -187,12 +187,22 @@ learning)
   # 0.5 twice (the best CPU recipe, sessions 16-17: 0.69 and 0.60 on two seeds over
   # 5.7-9.4 M frames against 0.52 and 0.37 with the 0.3) and the update's two guards set
   # loose (ppo.target_kl = 0.05, ppo.feature_extractor_max_grad_norm = 5: session 17's
-  # collapse on seed 1 was one update that moved the policy far).
-  # EXTRA: more KEY=VALUE overrides (e.g. for a CPU smoke run).
+  # collapse on seed 1 was one update that moved the policy far);
+  # RECIPE=dense (default): the best CPU recipe, the sweep's
+  # long_hops_hold_mb4_bar5_then_cross_mirror_stay_guard_r128_hold_dense (level with NavRL's
+  # checkpoint at 20 M frames on the static task, docs/learning.md sessions 29-31), with the
+  # moving obstacles after its crossings: 16 maps of 450 pillars with a level above NavRL's
+  # 350 and evaluations at 350, the hops to the crossing's 0.5, then crossings with 0, 40
+  # slow and NavRL's 80 moving obstacles (crossing spawns to the end: four CPU runs lost
+  # crossing reach after NavRL's border spawns), ppo.mirror, the guards, 4 minibatches and
+  # the rates' line to 0.189x at 18 M frames, then held. NavRL's 32-step rollouts at 1024
+  # envs are the CPU recipe's 32,768 frames per update (128 steps x 256 envs).
+  # EXTRA: more KEY=VALUE overrides (e.g. for a CPU smoke run). CHECK=1: learning.py only
+  # loads the recipe's configs and prints its stages (learning_gpu.log), nothing runs.
   budget=${2:-400}
   levels=${LEVELS:-[0, 50, 100, 175, 250, 350]}
   dynamic='{name = "slow dynamic", num_dynamic_obstacles = 40, dynamic_speed_range = [0.3, 0.8], promote = {reach_goal = 0.6, collision = 0.4, evals = 2}}, {name = "navrl"}'
-  case ${RECIPE:=bar5_then_cross_mirror} in
+  case ${RECIPE:=dense} in
   levels)
     curriculum="[{name = \"static\", num_dynamic_obstacles = 0, promote = {reach_goal = 0.6, collision = 0.35, evals = 2}}, $dynamic]"
     recipe=(env.num_maps=16 "env.map_levels=$levels")
@@ -221,12 +231,21 @@ learning)
     recipe=(env.num_maps=16 "env.map_levels=$levels" eval.max_steps=2200 ppo.mirror=true
       ppo.target_kl=0.05 ppo.feature_extractor_max_grad_norm=5.0)
     ;;
+  dense)  # the CPU's best (above), moving obstacles after its crossings
+    crossings='spawn = "crossing", max_episode_length = 2200, reach_hold = 64'
+    slow="{name = \"slow dynamic crossings\", $crossings, num_dynamic_obstacles = 40, dynamic_speed_range = [0.3, 0.8], promote = {reach_goal = 0.6, collision = 0.4, evals = 2}}"
+    curriculum="[${HOPS_TO_HALF_STAGE%\}}, num_dynamic_obstacles = 0}, ${CROSSINGS_STAGE%\}}, num_dynamic_obstacles = 0}, $slow, {name = \"navrl crossings\", $crossings}]"
+    recipe=(env.num_maps=16 "env.map_levels=${levels%]}, 450]" env.num_obstacles=450
+      eval.num_obstacles=350 eval.max_steps=2200 ppo.minibatches=4 ppo.lr_schedule=linear
+      ppo.schedule_frames=18022400 ppo.lr_final_fraction=0.189 ppo.mirror=true
+      ppo.target_kl=0.05 ppo.feature_extractor_max_grad_norm=5.0)
+    ;;
   *) log "unknown RECIPE ${RECIPE}"; exit 2 ;;
   esac
   # shellcheck disable=SC2206  # EXTRA is meant to split into words
   extra=(${EXTRA:-})
   step learning $((budget + 180)) learning_gpu.log python3 benchmarks/learning.py \
-    --budget-s "$budget" --eval-every 25 --config $CONFIG --final-drones "$FINAL_DRONES" \
+    ${CHECK:+--check-config} --budget-s "$budget" --eval-every 25 --config $CONFIG --final-drones "$FINAL_DRONES" \
     --navrl-checkpoint carry/navrl_checkpoint.pt --out "$OUT/learning_gpu.json" \
     run.device=$DEV "env.curriculum=${CURRICULUM:-$curriculum}" "${recipe[@]}" "${extra[@]}"
   ;;
@@ -260,7 +279,8 @@ sweep)
   # checkpoints for diagnose.py); with RESUME=1 each recipe goes on with its run kept there
   # (learning.py --resume: same recipe, overrides and FRAMES; the budget is this sitting's).
   # The results come back as one sweep.tgz (learning.py writes 3 files per
-  # recipe). The processes share the GPU by time slices: on an H200 six of them made
+  # recipe; WORK=DIR writes them there instead of /tmp/sweep, which a sweep empties first;
+  # CHECK=1: each learning.py only checks its recipe's configs). The processes share the GPU by time slices: on an H200 six of them made
   # ~13k frames/s each (2026-11-28, docs/learning.md; their rollouts ran op by op then, a
   # capture failure fixed since), so fewer recipes get more frames each.
   budget=${2:-330}
@@ -273,7 +293,7 @@ sweep)
   then_static=', {name = "navrl static"}]'  # a curriculum's last stage: NavRL's spawns
   hold=("${mapped[@]}" "env.curriculum=[$LONG_HOPS_HOLD_STAGE$then_static")
   lin20=(ppo.lr_schedule=linear ppo.schedule_frames=20000000)  # lrs to 0.1x at 20 M frames
-  work=/tmp/sweep && rm -rf $work && mkdir -p $work
+  work=${WORK:-/tmp/sweep} && rm -rf "$work" && mkdir -p "$work"
   for entry in ${RECIPES:-stages long_hops long_hops_hold long_hops_hold_mb4 long_hops_hold_lrlin}; do
     name=${entry%@*} tag=$entry seeded=()  # NAME@SEED: the recipe with run.seed = SEED
     if [ "$name" != "$entry" ]; then tag=${name}_s${entry#*@} seeded=("run.seed=${entry#*@}"); fi
@@ -368,14 +388,14 @@ sweep)
     *) log "unknown recipe $name"; exit 2 ;;
     esac
     log "start recipe $tag (budget ${budget}s)"
-    timeout $(((budget + MARGIN) * LIMIT_SCALE)) python3 benchmarks/learning.py --budget-s "$budget" \
+    timeout $(((budget + MARGIN) * LIMIT_SCALE)) python3 benchmarks/learning.py ${CHECK:+--check-config} --budget-s "$budget" \
       ${FRAMES:+--frames "$FRAMES"} ${KEEP:+--keep-state "$KEEP/$tag"} ${RESUME:+--resume} --eval-every "$EVAL_EVERY" --config $CONFIG \
       --final-drones "$FINAL_DRONES" --navrl-checkpoint carry/navrl_checkpoint.pt --out "$work/$tag.json" "${static[@]}" "${recipe[@]}" "${seeded[@]}" "${extra[@]}" \
       > "$work/$tag.out" 2>&1 &
   done
   wait
   log "recipes ended: $(ls $work | tr '\n' ' ')"
-  tar czf "$OUT/sweep.tgz" -C /tmp sweep
+  tar czf "$OUT/sweep.tgz" -C "$(dirname "$work")" "$(basename "$work")"
   ;;
 *) log "unknown mode $MODE"; exit 2 ;;
 esac

@@ -1,0 +1,106 @@
+"""benchmarks/device/gpu_session.sh's recipes: each one's config loads (CHECK=1).
+
+The GPU session runs once in a while on a lent machine with minutes of device time: a
+recipe whose TOML is wrong would cost that sitting. With CHECK=1 every learning.py the
+script would launch only loads the recipe's configs and prints its curriculum stages, so
+every recipe of the `learning` and `sweep` modes is checked here, on the CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+SCRIPT = REPO / "benchmarks" / "device" / "gpu_session.sh"
+
+
+def session(mode: str, out: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    return subprocess.run(
+        ["bash", str(SCRIPT), mode, "60"],
+        cwd=REPO,
+        env={**os.environ, "PATH": path, "DEV": "cpu", "CHECK": "1", "OUT": str(out), **env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def checked(text: str) -> dict:
+    """learning.py --check-config's JSON line."""
+    lines = [line for line in text.splitlines() if line.startswith('{"config"')]
+    assert len(lines) == 1, text[-2000:]
+    return json.loads(lines[0])
+
+
+def case_labels(start: str, end: str) -> list[str]:
+    """The names a `case` of the script knows, between the lines `start` and `end`."""
+    text = SCRIPT.read_text()
+    body = text[text.index(start) :]
+    body = body[: body.index(end)].replace("\\\n", " ")
+    names: list[str] = []
+    for label in re.findall(r"^\s+([a-z0-9_]+(?:\s*\|\s*[a-z0-9_]+)*)\)", body, re.M):
+        names += [name.strip() for name in label.split("|")]
+    return names
+
+
+LEARNING_RECIPES = case_labels("case ${RECIPE:=", 'log "unknown RECIPE')
+SWEEP_RECIPES = case_labels("    case $name in", 'log "unknown recipe')
+
+
+@pytest.mark.parametrize("recipe", [*LEARNING_RECIPES, None])
+def test_every_learning_recipe_loads(recipe: str | None, tmp_path: Path) -> None:
+    assert len(LEARNING_RECIPES) >= 9 and "dense" in LEARNING_RECIPES
+    env = {} if recipe is None else {"RECIPE": recipe}
+    done = session("learning", tmp_path, **env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    log = (tmp_path / "session.log").read_text()
+    assert "end learning rc=0" in log, log[-3000:]
+    stages = checked((tmp_path / "learning_gpu.log").read_text())
+    assert stages["num_envs"] == 1024  # config/navrl.toml's, NavRL's
+    if recipe in (None, "dense"):  # the default: the CPU's best, with moving obstacles after
+        assert stages["stages"] == [
+            "long hops",
+            "crossings",
+            "slow dynamic crossings",
+            "navrl crossings",
+        ]
+        assert stages["target_stages"] == [3]
+        assert (stages["num_obstacles"], stages["eval_num_obstacles"]) == (450, 350)
+
+
+def test_an_unknown_learning_recipe_stops_the_session(tmp_path: Path) -> None:
+    done = session("learning", tmp_path, RECIPE="no_such_recipe")
+    assert done.returncode == 2
+    assert "unknown RECIPE no_such_recipe" in (tmp_path / "session.log").read_text()
+
+
+@pytest.mark.slow  # 28 learning.py processes (~6 s of CPU each): in make test-slow
+def test_every_sweep_recipe_loads(tmp_path: Path) -> None:
+    names = SWEEP_RECIPES
+    assert (
+        len(names) >= 25
+        and "long_hops_hold_mb4_bar5_then_cross_mirror_stay_guard_r128_hold_dense" in names
+    )
+    work = tmp_path / "work"
+    entries = [*names, f"{names[-1]}@3"]  # NAME@SEED too
+    done = session("sweep", tmp_path, WORK=str(work), RECIPES=" ".join(entries))
+    assert done.returncode == 0, done.stderr[-2000:]
+    for entry in entries:
+        tag = entry.replace("@", "_s")
+        stages = checked((work / f"{tag}.out").read_text())
+        assert stages["num_envs"] == 256 and stages["held_out_maps"] == 16
+    assert (tmp_path / "sweep.tgz").exists()
+    dense = checked(
+        (
+            work / "long_hops_hold_mb4_bar5_then_cross_mirror_stay_guard_r128_hold_dense.out"
+        ).read_text()
+    )
+    assert (dense["num_obstacles"], dense["eval_num_obstacles"]) == (450, 350)
