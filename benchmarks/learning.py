@@ -606,17 +606,10 @@ def frames_goal(
     evaluation of the target env at the bar on both map sets (the curve's held-out
     numbers, `eval.held_out_seed`), or by the final export's evaluations (its own drones,
     `--final-drones`) when it stopped within the frames."""
-    target = [r for r in curve if targets is None or r.get("curriculum_stage") in targets]
-    first = next(
-        (
-            r
-            for r in target
-            if r["frames"] <= within_frames
-            and at_bar(r, bar)
-            and at_bar(r, bar, prefix="held_out_")
-        ),
-        None,
+    held_at_bar = (
+        r for r in curve if r["frames"] <= within_frames and at_bar(r, bar, prefix="held_out_")
     )
+    first = first_at_bar(held_at_bar, bar, targets=targets)  # and at the bar on its own maps
     keys = ("frames", "seconds", "reach_goal", "collision")
     keys += ("held_out_reach_goal", "held_out_collision")
     final_check = None
@@ -626,12 +619,12 @@ def frames_goal(
             "training_maps": at_bar(final, bar),
             "held_out": held_out_final is not None and at_bar(held_out_final, bar),
         }
-    final_met = (
-        final_check is not None
-        and final_check["frames"] is not None
-        and final_check["frames"] <= within_frames
+    final_met = bool(
+        final_check
         and final_check["training_maps"]
         and final_check["held_out"]
+        and final_check["frames"] is not None
+        and final_check["frames"] <= within_frames
     )
     return {
         "bar": bar,

@@ -55,9 +55,14 @@ LEARNING_RECIPES = case_labels("case ${RECIPE:=", 'log "unknown RECIPE')
 SWEEP_RECIPES = case_labels("    case $name in", 'log "unknown recipe')
 
 
+def test_the_case_lists_are_read_off_the_script() -> None:
+    assert len(LEARNING_RECIPES) >= 9 and "dense" in LEARNING_RECIPES
+    assert len(SWEEP_RECIPES) >= 27
+    assert "long_hops_hold_mb4_bar5_then_cross_mirror_stay_guard_r128_hold_dense" in SWEEP_RECIPES
+
+
 @pytest.mark.parametrize("recipe", [*LEARNING_RECIPES, None])
 def test_every_learning_recipe_loads(recipe: str | None, tmp_path: Path) -> None:
-    assert len(LEARNING_RECIPES) >= 9 and "dense" in LEARNING_RECIPES
     env = {} if recipe is None else {"RECIPE": recipe}
     done = session("learning", tmp_path, **env)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -85,10 +90,6 @@ def test_an_unknown_learning_recipe_stops_the_session(tmp_path: Path) -> None:
 @pytest.mark.slow  # 28 learning.py processes (~6 s of CPU each): in make test-slow
 def test_every_sweep_recipe_loads(tmp_path: Path) -> None:
     names = SWEEP_RECIPES
-    assert (
-        len(names) >= 25
-        and "long_hops_hold_mb4_bar5_then_cross_mirror_stay_guard_r128_hold_dense" in names
-    )
     work = tmp_path / "work"
     entries = [*names, f"{names[-1]}@3"]  # NAME@SEED too
     done = session("sweep", tmp_path, WORK=str(work), RECIPES=" ".join(entries))

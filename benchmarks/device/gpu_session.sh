@@ -102,6 +102,13 @@ CROSSINGS_STAGE="${CROSSINGS_LAST_STAGE%\}}, promote = {reach_goal = 0.6, collis
 # NavRL's border spawns, after which the crossing fell in three runs (docs/learning.md,
 # session 12: the fork at the plateau that trained at 350 pillars only).
 CROSSINGS_TO_TOP_STAGE=${CROSSINGS_STAGE/reach_goal = 0.6, collision = 0.35/reach_goal = 0.5, collision = 0.5}
+LEVELS=${LEVELS:-[0, 50, 100, 175, 250, 350]}  # the per-env density levels (env.map_levels)
+GUARDS=(ppo.target_kl=0.05 ppo.feature_extractor_max_grad_norm=5.0)  # the update's guards, loose
+# the rates' line to 0.1x at 20 M frames stopped at 18 M (0.189x) and held there (_hold)
+HELD_RATES=(ppo.lr_schedule=linear ppo.schedule_frames=18022400 ppo.lr_final_fraction=0.189)
+# _dense: 16 maps of 450 pillars with a level above NavRL's 350, evaluations at 350
+DENSE_MAPS=(env.num_maps=16 "env.map_levels=${LEVELS%]}, 450]" env.num_obstacles=450
+  eval.num_obstacles=350)
 case $MODE in
 throughput)
   # Issue #22: the CUDA tests (captured rollouts and evaluations, the lag-1 capture in
@@ -200,7 +207,7 @@ learning)
   # EXTRA: more KEY=VALUE overrides (e.g. for a CPU smoke run). CHECK=1: learning.py only
   # loads the recipe's configs and prints its stages (learning_gpu.log), nothing runs.
   budget=${2:-400}
-  levels=${LEVELS:-[0, 50, 100, 175, 250, 350]}
+  levels=$LEVELS
   dynamic='{name = "slow dynamic", num_dynamic_obstacles = 40, dynamic_speed_range = [0.3, 0.8], promote = {reach_goal = 0.6, collision = 0.4, evals = 2}}, {name = "navrl"}'
   case ${RECIPE:=dense} in
   levels)
@@ -229,16 +236,14 @@ learning)
   bar5_then_cross_mirror)  # the hops to the crossing's 0.5, crossings, moving obstacles
     curriculum="[${HOPS_TO_HALF_STAGE%\}}, num_dynamic_obstacles = 0}, ${CROSSINGS_STAGE%\}}, num_dynamic_obstacles = 0}, $dynamic]"
     recipe=(env.num_maps=16 "env.map_levels=$levels" eval.max_steps=2200 ppo.mirror=true
-      ppo.target_kl=0.05 ppo.feature_extractor_max_grad_norm=5.0)
+      "${GUARDS[@]}")
     ;;
   dense)  # the CPU's best (above), moving obstacles after its crossings
     crossings='spawn = "crossing", max_episode_length = 2200, reach_hold = 64'
     slow="{name = \"slow dynamic crossings\", $crossings, num_dynamic_obstacles = 40, dynamic_speed_range = [0.3, 0.8], promote = {reach_goal = 0.6, collision = 0.4, evals = 2}}"
     curriculum="[${HOPS_TO_HALF_STAGE%\}}, num_dynamic_obstacles = 0}, ${CROSSINGS_STAGE%\}}, num_dynamic_obstacles = 0}, $slow, {name = \"navrl crossings\", $crossings}]"
-    recipe=(env.num_maps=16 "env.map_levels=${levels%]}, 450]" env.num_obstacles=450
-      eval.num_obstacles=350 eval.max_steps=2200 ppo.minibatches=4 ppo.lr_schedule=linear
-      ppo.schedule_frames=18022400 ppo.lr_final_fraction=0.189 ppo.mirror=true
-      ppo.target_kl=0.05 ppo.feature_extractor_max_grad_norm=5.0)
+    recipe=("${DENSE_MAPS[@]}" eval.max_steps=2200 ppo.minibatches=4 "${HELD_RATES[@]}"
+      ppo.mirror=true "${GUARDS[@]}")
     ;;
   *) log "unknown RECIPE ${RECIPE}"; exit 2 ;;
   esac
@@ -284,7 +289,7 @@ sweep)
   # ~13k frames/s each (2026-11-28, docs/learning.md; their rollouts ran op by op then, a
   # capture failure fixed since), so fewer recipes get more frames each.
   budget=${2:-330}
-  levels=${LEVELS:-[0, 50, 100, 175, 250, 350]}
+  levels=$LEVELS
   static=(run.device=$DEV env.num_envs=256 env.num_dynamic_obstacles=0 eval.num_envs=64
     eval.max_steps=2200 eval.held_out_seed=1000)
   # shellcheck disable=SC2206  # EXTRA is meant to split into words
@@ -352,12 +357,12 @@ sweep)
     long_hops_hold_mb4_bar5_then_cross_mirror_stay_guard)  # the same with the update's two
       # guards set loose (ppo.target_kl, ppo.feature_extractor_max_grad_norm): they act on
       # an update far off the usual (session 17's collapse was one), not on the usual ones
-      recipe=("${mapped[@]}" ppo.minibatches=4 "${lin20[@]}" ppo.mirror=true ppo.target_kl=0.05
-        ppo.feature_extractor_max_grad_norm=5.0 "env.curriculum=[$HOPS_TO_HALF_STAGE, $CROSSINGS_LAST_STAGE]") ;;
+      recipe=("${mapped[@]}" ppo.minibatches=4 "${lin20[@]}" ppo.mirror=true "${GUARDS[@]}"
+        "env.curriculum=[$HOPS_TO_HALF_STAGE, $CROSSINGS_LAST_STAGE]") ;;
     long_hops_hold_mb4_bar5_then_cross_mirror_stay_guard_carry)  # the same with the
       # switch to crossings carrying the hops in flight (env.stage_switch = "episodes")
-      recipe=("${mapped[@]}" ppo.minibatches=4 "${lin20[@]}" ppo.mirror=true ppo.target_kl=0.05
-        ppo.feature_extractor_max_grad_norm=5.0 env.stage_switch=episodes
+      recipe=("${mapped[@]}" ppo.minibatches=4 "${lin20[@]}" ppo.mirror=true "${GUARDS[@]}"
+        env.stage_switch=episodes
         "env.curriculum=[$HOPS_TO_HALF_STAGE, $CROSSINGS_LAST_STAGE]") ;;
     long_hops_hold_mb4_bar5_then_cross_mirror_stay_guard_r64 | \
       long_hops_hold_mb4_bar5_then_cross_mirror_stay_guard_r64_hold | \
@@ -371,13 +376,11 @@ sweep)
       # _dense: maps of 450 pillars with a level above NavRL's 350 (an env that reaches its
       # goal at 350 goes on to fly 450), evaluated at 350 (eval.num_obstacles).
       rates=("${lin20[@]}") rollout=64 maps=("${mapped[@]}")
-      case $name in *_hold | *_hold_dense) rates=(ppo.lr_schedule=linear ppo.schedule_frames=18022400
-        ppo.lr_final_fraction=0.189) ;; esac
+      case $name in *_hold | *_hold_dense) rates=("${HELD_RATES[@]}") ;; esac
       case $name in *_r128*) rollout=128 ;; esac
-      case $name in *_dense) maps=(env.num_maps=16 "env.map_levels=${levels%]}, 450]"
-        env.num_obstacles=450 eval.num_obstacles=350) ;; esac
-      recipe=("${maps[@]}" ppo.minibatches=4 "${rates[@]}" ppo.mirror=true ppo.target_kl=0.05
-        ppo.feature_extractor_max_grad_norm=5.0 "ppo.rollout_length=$rollout"
+      case $name in *_dense) maps=("${DENSE_MAPS[@]}") ;; esac
+      recipe=("${maps[@]}" ppo.minibatches=4 "${rates[@]}" ppo.mirror=true "${GUARDS[@]}"
+        "ppo.rollout_length=$rollout"
         "env.curriculum=[$HOPS_TO_HALF_STAGE, $CROSSINGS_LAST_STAGE]") ;;
     long_hops_hold_mb4_bar5_then_cross_mirror_stay_sep)  # the same with the critic on a
       # feature extractor of its own (ppo.separate_critic)
