@@ -131,6 +131,9 @@ CURVE_KEYS = (
 DAEMON = [sys.executable, "-m", "navrl_daemon", "run"]
 # How long the daemon may take to stop after SIGTERM before it is killed.
 STOP_WAIT_S = 600.0
+# A stalled daemon's stack dump (navrl_daemon/commands/run.py), and the time it is given.
+STACKS_SIGNAL = signal.SIGUSR2
+STACKS_WAIT_S = 2.0
 
 
 def train(
@@ -140,26 +143,45 @@ def train(
     budget_s: float,
     frames: int | None,
     log_path: Path,
+    *,
+    stall_s: float = 0.0,
+    stop_wait_s: float | None = None,
 ) -> dict[str, Any]:
     """The daemon, until the budget: its exit code, wall seconds and why it ended.
 
     A daemon that fails (its own error, or a stop that went wrong after the budget's
     SIGTERM) does not lose the run: its evaluations and checkpoints are on disk, so the
-    caller still reports them; `error` then holds the exit code and the log's tail."""
+    caller still reports them; `error` then holds the exit code and the log's tail.
+    `stall_s` (0: off): a daemon whose log has not grown for that long is stalled: its
+    threads' tracebacks go to its log (SIGUSR2, `navrl-daemon run`'s stack dump), then it
+    is stopped as at the budget (`ended_by` "stalled"). `stop_wait_s` (default
+    STOP_WAIT_S): how long a stop may take before the daemon is killed."""
     args = [*DAEMON, "--config", str(cfg_path), "--state-dir", str(state), *overrides]
     if frames is not None:
         args.append(f"run.total_frames={frames}")
     t0 = time.time()
     signals: list[int] = []
+    stalled = False
     with log_path.open("w") as log, _stop_signals(signals):
         # A session of its own: a Ctrl-C in the terminal reaches this script only, which
         # passes one SIGTERM on (a second signal would cut the daemon's update short).
         proc = subprocess.Popen(
             args, cwd=REPO, stderr=log, stdout=subprocess.DEVNULL, start_new_session=True
         )
+        grown_at, size = t0, 0
         while proc.poll() is None and time.time() - t0 < budget_s and not signals:
             time.sleep(0.2)
-        if proc.poll() is not None:
+            now, new_size = time.time(), log_path.stat().st_size
+            if new_size != size:
+                grown_at, size = now, new_size
+            elif stall_s and now - grown_at > stall_s:
+                stalled = True
+                proc.send_signal(STACKS_SIGNAL)
+                time.sleep(STACKS_WAIT_S)  # the dump is written from the daemon's handler
+                break
+        if stalled:
+            ended = "stalled"
+        elif proc.poll() is not None:
             ended = "frames"
         else:
             ended = signal.Signals(signals[0]).name if signals else "budget"
@@ -167,7 +189,7 @@ def train(
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
         try:
-            code = proc.wait(timeout=STOP_WAIT_S)
+            code = proc.wait(timeout=STOP_WAIT_S if stop_wait_s is None else stop_wait_s)
         except subprocess.TimeoutExpired:
             proc.kill()
             code = proc.wait()
@@ -179,9 +201,12 @@ def train(
         "exit_code": code,
         "log": str(log_path),
     }
-    if code != 0:
-        tail = log_path.read_text()[-3000:]
-        result["error"] = f"daemon exited with {code}:\n{tail}"
+    if code != 0 or stalled:
+        tail = log_path.read_text()[-6000 if stalled else -3000 :]
+        what = "daemon exited with"
+        if stalled:
+            what = f"daemon stalled (log silent for {stall_s:g} s), exited with"
+        result["error"] = f"{what} {code}:\n{tail}"
     return result
 
 
@@ -329,6 +354,18 @@ def main() -> None:
         default=20e6,
         help="issue #23's CPU goal (frames_goal): frames to the bar on both map sets",
     )
+    p.add_argument(
+        "--stall-s",
+        type=float,
+        default=0.0,
+        help="a daemon whose log is silent this long is stalled: stack dump, stop (0: off)",
+    )
+    p.add_argument(
+        "--stop-wait-s",
+        type=float,
+        default=STOP_WAIT_S,
+        help="seconds a daemon may take to stop after its SIGTERM before it is killed",
+    )
     p.add_argument("--goal-bar", type=float, default=0.9, help="frames_goal's reach bar")
     p.add_argument("--held-out-seed", type=int, default=1000, help="map seed never trained on")
     p.add_argument("--held-out-maps", type=int, default=16, help="held-out maps (drones split)")
@@ -420,13 +457,21 @@ def main() -> None:
     load_before = load_average()
     with tempfile.TemporaryDirectory(prefix="navrl-learning-") as tmp:
         state = args.keep_state or Path(tmp) / "state"
-        budget = train(
-            args.config, overrides, state, args.budget_s, args.frames, Path(tmp) / "daemon.log"
-        )
-        load_after = load_average()
+        # Beside the JSON from the start: a sitting killed from outside leaves its log.
         log_copy = args.out.with_suffix(".daemon.log")
         log_copy.parent.mkdir(parents=True, exist_ok=True)
-        log_copy.write_text(Path(budget.pop("log")).read_text())
+        budget = train(
+            args.config,
+            overrides,
+            state,
+            args.budget_s,
+            args.frames,
+            log_copy,
+            stall_s=args.stall_s,
+            stop_wait_s=args.stop_wait_s,
+        )
+        load_after = load_average()
+        budget.pop("log")
         rows = list(read_results(state / RESULTS_FILE))
         launched = budget.pop("launched")
         launches = [(launched, launched + budget["wall_s"])]

@@ -3,12 +3,17 @@
 Each command lives in `navrl_daemon/commands/<name>.py`; this file only builds the parser
 from them, resolves the config and maps `NavrlError`s to their exit codes. Stop signals are
 handled from the first line of `main` (runtime/signals.py), before the commands are
-imported: some import torch, which takes seconds.
+imported: some import torch, which takes seconds. So is SIGUSR2, from then on: it writes
+every thread's Python traceback to stderr and changes nothing else, to see where a process
+that seems stuck is (a start-up that never reaches its first iteration, a stage that
+stopped moving) without stopping it (docs/operations.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -41,8 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+STACKS_SIGNAL = signal.SIGUSR2  # every thread's traceback to stderr; the process goes on
+STDERR_FD = 2  # fd 2 itself (the journal under systemd), written from the signal handler
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     signals = StopSignals().install()
+    faulthandler.register(STACKS_SIGNAL, file=STDERR_FD, all_threads=True, chain=False)
     logging_ready = False
     try:
         args = build_parser().parse_args(argv)

@@ -34,11 +34,15 @@ class Daemon:
             **popen,
         )
         self.events: list[dict] = []
+        self.text: list[str] = []  # stderr lines that are not JSON (a SIGUSR2 stack dump)
 
     def wait_for(self, event: str, count: int = 1) -> None:
         assert self.proc.stderr is not None
         seen = 0
         for line in self.proc.stderr:
+            if not line.startswith("{"):
+                self.text.append(line.rstrip("\n"))
+                continue
             self.events.append(json.loads(line))
             if self.events[-1]["event"] == event:
                 seen += 1
@@ -52,6 +56,7 @@ class Daemon:
         rest = self.proc.stderr.read()
         code = self.proc.wait(timeout=timeout)
         self.events += [json.loads(x) for x in rest.splitlines() if x.startswith("{")]
+        self.text += [x for x in rest.splitlines() if not x.startswith("{")]
         return code, time.monotonic() - t0
 
     def names(self) -> list[str]:

@@ -59,6 +59,23 @@ def test_signal_during_update(tmp_path: Path, sig: signal.Signals) -> None:
     assert_clean_stop(d, tmp_path)
 
 
+def test_sigusr2_dumps_every_thread_and_the_run_goes_on(tmp_path: Path) -> None:
+    d = Daemon(tmp_path, *LONG_COLLECT)
+    d.wait_for("collecting", count=2)
+    d.proc.send_signal(signal.SIGUSR2)
+    d.wait_for("collecting", count=2)  # still training after the dump
+    dump = "\n".join(d.text)
+    # faulthandler's format: one block per thread, the event loop's and the producer's
+    # compute thread among them, each with its frames
+    assert dump.count("Thread 0x") >= 2 and "Current thread" in dump, dump[-3000:]
+    assert "navrl_daemon/pipeline/daemon.py" in dump, dump[-3000:]
+    assert "navrl_daemon/runtime/compute.py" in dump or "concurrent/futures" in dump
+    d.proc.send_signal(signal.SIGTERM)
+    code, _ = d.finish()
+    assert code == 0
+    assert_clean_stop(d, tmp_path)
+
+
 def test_second_sigint_during_shutdown_aborts_the_update(tmp_path: Path) -> None:
     d = Daemon(tmp_path, "ppo.rollout_length=8", "ppo.epochs=1000", "ppo.minibatches=4")
     d.wait_for("updating", count=1)

@@ -49,9 +49,17 @@ def clean(*_):
     (state / "stopped").write_text("SIGTERM")
     sys.exit(0)
 handlers = {"fail": stop, "clean": clean, "ignore": signal.SIG_IGN}
-signal.signal(signal.SIGTERM, handlers[mode])
+if mode in ("hang", "chatty"):  # silent, or a log line every 0.1 s; stacks on SIGUSR2
+    import faulthandler
+    faulthandler.register(signal.SIGUSR2, file=2, all_threads=True)
+    signal.signal(signal.SIGTERM, clean)
+else:
+    signal.signal(signal.SIGTERM, handlers[mode])
 while True:
-    time.sleep(0.05)
+    time.sleep(0.05 if mode != "chatty" else 0.1)
+    if mode == "chatty":
+        sys.stderr.write("{}\\n")
+        sys.stderr.flush()
 """.replace("ROW_VALUE", repr(ROW))
 
 
@@ -84,6 +92,43 @@ def test_a_daemon_that_ignores_sigterm_is_killed_after_the_wait(
     budget = learning.train(Path("c.toml"), [], tmp_path / "s", 1.0, None, tmp_path / "d.log")
     assert budget["exit_code"] == -9
     assert budget["error"].startswith("daemon exited with -9")
+
+
+def test_a_silent_daemon_is_stalled_dumps_its_stacks_and_is_stopped(
+    stand_in, tmp_path: Path
+) -> None:
+    """A daemon whose log stays silent for --stall-s (the 2026-12-04 H200 start-ups that
+    never reached their first iteration) ends the sitting well before the budget, with
+    its threads' tracebacks in the log and in the error."""
+    stand_in("hang")
+    state, log = tmp_path / "state", tmp_path / "d.log"
+    t0 = time.monotonic()
+    budget = learning.train(Path("c.toml"), [], state, 120.0, None, log, stall_s=1.0)
+    assert time.monotonic() - t0 < 30
+    assert budget["ended_by"] == "stalled"
+    assert budget["exit_code"] == 0  # its own clean stop after the dump
+    assert (state / "stopped").read_text() == "SIGTERM"
+    assert budget["error"].startswith("daemon stalled (log silent for 1 s), exited with 0")
+    dump = log.read_text()
+    assert "(most recent call first)" in dump and 'daemon.py", line' in dump
+    assert dump in budget["error"]
+
+
+def test_a_daemon_that_keeps_logging_is_not_stalled(stand_in, tmp_path: Path) -> None:
+    stand_in("chatty")
+    budget = learning.train(
+        Path("c.toml"), [], tmp_path / "s", 3.0, None, tmp_path / "d.log", stall_s=1.0
+    )
+    assert budget["ended_by"] == "budget" and "error" not in budget
+
+
+def test_a_stop_wait_of_its_own_bounds_the_wait_for_a_hung_daemon(stand_in, tmp_path: Path) -> None:
+    stand_in("ignore")
+    t0 = time.monotonic()
+    budget = learning.train(
+        Path("c.toml"), [], tmp_path / "s", 1.0, None, tmp_path / "d.log", stop_wait_s=1.0
+    )
+    assert budget["exit_code"] == -9 and time.monotonic() - t0 < 30
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])

@@ -10,6 +10,13 @@
 #   bash benchmarks/device/gpu_session.sh sweep 330      (issue #23: recipes side by side, ~9.5 min)
 #   bash benchmarks/device/gpu_session.sh streams        (issue #22: pipeline.trainer_stream, ~3 min)
 #   bash benchmarks/device/gpu_session.sh compile        (issue #22: ppo.compile, update and end to end, ~6 min)
+#   bash benchmarks/device/gpu_session.sh tests          (the CUDA tests alone, ~30 s)
+# Modes can share the machine (the wheels install once, under a lock), as on 2026-12-04:
+#   bash benchmarks/device/gpu_session.sh tests & RECIPES="NAME@1 NAME@2" FRAMES=20000000 \
+#     bash benchmarks/device/gpu_session.sh sweep 380 & bash benchmarks/device/gpu_session.sh learning 380; wait
+# where all three daemons hung before their first iteration and nothing came back
+# (docs/learning.md, session 32). Until that is understood: `tests` alone first, then one
+# mode at a time; STALL_S (below) ends a stalled daemon with its tracebacks in $OUT.
 # Results land in $OUT (at most 8 files come back); steps run most important first, and
 # each writes its file as it ends (throughput.py rewrites its JSON after every variant),
 # so a run stopped at its limit still returns the rest.
@@ -31,6 +38,7 @@ if [ "$DEV" = cpu ]; then          # the same steps at sizes a CPU finishes in t
   # A learning recipe's time after its budget: the daemon's stop waits for an evaluation in
   # flight (~200 s at 350 pillars on the 2-core CPU), then learning.py evaluates the export.
   MARGIN=${MARGIN:-900}
+  STALL_S=${STALL_S:-0} STOP_WAIT_S=${STOP_WAIT_S:-600}  # learning.py's defaults
 else
   SIZE_1024=${SIZE_1024:-""}
   SIZE_4096=${SIZE_4096:-"env.num_envs=4096"}
@@ -41,13 +49,25 @@ else
   # not measured yet; on the 2-core CPU 2.6-4.2x that of 64 drones)
   FINAL_DRONES=${FINAL_DRONES:-256}
   MARGIN=${MARGIN:-150}
+  # A daemon whose log is silent for STALL_S is stalled: learning.py writes its threads'
+  # tracebacks into its log (SIGUSR2) and stops it, so a start-up that hangs (2026-12-04:
+  # three daemons side by side never reached their first iteration in 9 minutes) comes
+  # back as a traceback, not as a call that ran out its time. A stop may take STOP_WAIT_S.
+  STALL_S=${STALL_S:-180} STOP_WAIT_S=${STOP_WAIT_S:-90}
 fi
 OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 if [ -d .whl ] && [ "$DEV" != cpu ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
+  # Once per machine, under a lock: two modes side by side (`sweep ... & learning ...`)
+  # share one /tmp/site, and a second install would replace files the first one imports.
+  (
+    flock 9
+    [ -e /tmp/site/.installed ] || {
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl && touch /tmp/site/.installed
+    }
+  ) 9> /tmp/site.lock || exit 1
   export PYTHONPATH=/tmp/site:$PWD:$PWD/examples
 else
   export PYTHONPATH=$PWD:$PWD/examples
@@ -109,16 +129,25 @@ HELD_RATES=(ppo.lr_schedule=linear ppo.schedule_frames=18022400 ppo.lr_final_fra
 # _dense: 16 maps of 450 pillars with a level above NavRL's 350, evaluations at 350
 DENSE_MAPS=(env.num_maps=16 "env.map_levels=${LEVELS%]}, 450]" env.num_obstacles=450
   eval.num_obstacles=350)
+cuda_tests() {  # the CUDA tests: captured rollouts (the learning recipes' envs among them)
+  # and evaluations, the lag-1 capture in another thread, the update paths, masked resets
+  # -v names each test as it starts, so a test that hangs is named; faulthandler_timeout
+  # writes its threads' tracebacks after 60 s; --tb=short keeps a failure's cause short.
+  step tests 100 gpu_tests.log python3 -m pytest -v --tb=short -rfE -o faulthandler_timeout=60 \
+    -p no:cacheprovider -k "${PYTEST_K:-cuda}" \
+    tests/rl/test_captured_rollout.py tests/rl/test_evaluation.py tests/rl/test_fast_update.py \
+    tests/env/test_masked_reset.py
+}
 case $MODE in
+tests)  # the CUDA tests alone (~30 s), e.g. beside a learning run and a sweep
+  cuda_tests
+  ;;
 throughput)
-  # Issue #22: the CUDA tests (captured rollouts and evaluations, the lag-1 capture in
-  # another thread, the update paths, masked resets), then end to end at NavRL's 1024
+  # Issue #22: the CUDA tests, then end to end at NavRL's 1024
   # envs and at 4096 (eager, captured update only, both captured; lag 0 and 1; evaluation
   # every 25 iterations on and off), where a rollout's time goes per collection path
   # (captured vs op by op, masked vs indexed reset: what `auto` picks), the LiDAR's share.
-  step tests 100 gpu_tests.log python3 -m pytest -q -p no:cacheprovider -k "${PYTEST_K:-cuda}" \
-    tests/rl/test_captured_rollout.py tests/rl/test_evaluation.py tests/rl/test_fast_update.py \
-    tests/env/test_masked_reset.py
+  cuda_tests
   step throughput_1024 160 - python3 benchmarks/throughput.py \
     --device $DEV --config $CONFIG --warmup 4 --iterations ${ITERS:-55} --repeats 1 \
     --variants eager_lag0@8,cuda_graph_lag0,cuda_graph_lag1,cuda_graph_lag0_eval,update_graph_lag0@12 \
@@ -250,7 +279,7 @@ learning)
   # shellcheck disable=SC2206  # EXTRA is meant to split into words
   extra=(${EXTRA:-})
   step learning $((budget + 180)) learning_gpu.log python3 benchmarks/learning.py \
-    ${CHECK:+--check-config} --budget-s "$budget" --eval-every 25 --config $CONFIG --final-drones "$FINAL_DRONES" \
+    ${CHECK:+--check-config} --budget-s "$budget" --stall-s "$STALL_S" --stop-wait-s "$STOP_WAIT_S" --eval-every 25 --config $CONFIG --final-drones "$FINAL_DRONES" \
     --navrl-checkpoint carry/navrl_checkpoint.pt --out "$OUT/learning_gpu.json" \
     run.device=$DEV "env.curriculum=${CURRICULUM:-$curriculum}" "${recipe[@]}" "${extra[@]}"
   ;;
@@ -290,8 +319,10 @@ sweep)
   # capture failure fixed since), so fewer recipes get more frames each.
   budget=${2:-330}
   levels=$LEVELS
+  # Each process two CPU threads (session 9's setting): several daemons side by side on
+  # 16 cores with torch's default of 16 threads each oversubscribe them.
   static=(run.device=$DEV env.num_envs=256 env.num_dynamic_obstacles=0 eval.num_envs=64
-    eval.max_steps=2200 eval.held_out_seed=1000)
+    eval.max_steps=2200 eval.held_out_seed=1000 "run.torch_threads=${TORCH_THREADS:-2}")
   # shellcheck disable=SC2206  # EXTRA is meant to split into words
   extra=(${EXTRA:-})
   mapped=(env.num_maps=16 "env.map_levels=$levels")  # 16 maps, per-env density levels
@@ -392,7 +423,7 @@ sweep)
     esac
     log "start recipe $tag (budget ${budget}s)"
     timeout $(((budget + MARGIN) * LIMIT_SCALE)) python3 benchmarks/learning.py ${CHECK:+--check-config} --budget-s "$budget" \
-      ${FRAMES:+--frames "$FRAMES"} ${KEEP:+--keep-state "$KEEP/$tag"} ${RESUME:+--resume} --eval-every "$EVAL_EVERY" --config $CONFIG \
+      --stall-s "$STALL_S" --stop-wait-s "$STOP_WAIT_S" ${FRAMES:+--frames "$FRAMES"} ${KEEP:+--keep-state "$KEEP/$tag"} ${RESUME:+--resume} --eval-every "$EVAL_EVERY" --config $CONFIG \
       --final-drones "$FINAL_DRONES" --navrl-checkpoint carry/navrl_checkpoint.pt --out "$work/$tag.json" "${static[@]}" "${recipe[@]}" "${seeded[@]}" "${extra[@]}" \
       > "$work/$tag.out" 2>&1 &
   done
