@@ -131,7 +131,7 @@ CURVE_KEYS = (
 DAEMON = [sys.executable, "-m", "navrl_daemon", "run"]
 # How long the daemon may take to stop after SIGTERM before it is killed.
 STOP_WAIT_S = 600.0
-# A stalled daemon's stack dump (navrl_daemon/commands/run.py), and the time it is given.
+# A stalled daemon's stack dump (navrl_daemon/cli.py), and the time it is given.
 STACKS_SIGNAL = signal.SIGUSR2
 STACKS_WAIT_S = 2.0
 
@@ -153,7 +153,7 @@ def train(
     SIGTERM) does not lose the run: its evaluations and checkpoints are on disk, so the
     caller still reports them; `error` then holds the exit code and the log's tail.
     `stall_s` (0: off): a daemon whose log has not grown for that long is stalled: its
-    threads' tracebacks go to its log (SIGUSR2, `navrl-daemon run`'s stack dump), then it
+    threads' tracebacks go to its log (SIGUSR2, `navrl-daemon`'s stack dump), then it
     is stopped as at the budget (`ended_by` "stalled"). `stop_wait_s` (default
     STOP_WAIT_S): how long a stop may take before the daemon is killed."""
     args = [*DAEMON, "--config", str(cfg_path), "--state-dir", str(state), *overrides]
