@@ -458,15 +458,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="navrl-learning-") as tmp:
         state = args.keep_state or Path(tmp) / "state"
         # Beside the JSON from the start: a sitting killed from outside leaves its log.
-        log_copy = args.out.with_suffix(".daemon.log")
-        log_copy.parent.mkdir(parents=True, exist_ok=True)
+        daemon_log = args.out.with_suffix(".daemon.log")
+        daemon_log.parent.mkdir(parents=True, exist_ok=True)
         budget = train(
             args.config,
             overrides,
             state,
             args.budget_s,
             args.frames,
-            log_copy,
+            daemon_log,
             stall_s=args.stall_s,
             stop_wait_s=args.stop_wait_s,
         )
@@ -479,7 +479,7 @@ def main() -> None:
             earlier = launches_file.read_text().splitlines() if launches_file.exists() else []
             launches = [tuple(json.loads(line)) for line in earlier] + launches
             launches_file.write_text("".join(json.dumps(list(w)) + "\n" for w in launches))
-        final_state, final_at = final_policy(state, log_copy)
+        final_state, final_at = final_policy(state, daemon_log)
         final = (
             None if final_state is None else {**final_at, **evaluate_policy(final_cfg, final_state)}
         )

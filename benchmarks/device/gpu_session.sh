@@ -319,8 +319,8 @@ sweep)
   # capture failure fixed since), so fewer recipes get more frames each.
   budget=${2:-330}
   levels=$LEVELS
-  # Each process two CPU threads (session 9's setting): several daemons side by side on
-  # 16 cores with torch's default of 16 threads each oversubscribe them.
+  # Each process two CPU threads (session 9's setting), not torch's default of one per
+  # core for every daemon side by side; what that default costs there is not measured.
   static=(run.device=$DEV env.num_envs=256 env.num_dynamic_obstacles=0 eval.num_envs=64
     eval.max_steps=2200 eval.held_out_seed=1000 "run.torch_threads=${TORCH_THREADS:-2}")
   # shellcheck disable=SC2206  # EXTRA is meant to split into words
