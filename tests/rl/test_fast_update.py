@@ -42,14 +42,15 @@ TOL = {"rtol": 1e-4, "atol": 1e-5}
 @pytest.fixture(autouse=True)
 def _no_tf32_on_cuda(request):
     """The CUDA cases compare two paths at TOL, and cuDNN's convolutions use TF32 by
-    default. Fused and for-each Adam leave weights one float32 ulp apart after a step;
-    TF32 rounds a convolution's inputs to 10 mantissa bits, so such a pair can round to
-    values ~1e-3 apart at the next step, far above TOL. Session 32's H200 failed
-    `fused-cuda-mirror` (no traceback came back; the cause is not known). With TF32 off,
-    what is left between the paths is their own maths and float32 rounding."""
+    default: it rounds their inputs to 10 mantissa bits, so weights that fused and
+    for-each Adam leave a float32 ulp apart can round ~1e-3 apart at the next step, far
+    above TOL. A guess at session 32's `fused-cuda-mirror` failure (no traceback came
+    back). With TF32 off, what is left between the paths is their maths."""
     if "cuda" not in request.node.name:
         yield
         return
+    # Not monkeypatch: it takes the old value from the instance __dict__, where these
+    # modules (flags behind __getattr__/__setattr__) keep none, so its undo raises.
     before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     try:
