@@ -441,9 +441,13 @@ def main() -> None:
         stages = [stage.name for stage in cfg.env.curriculum]
         checked = {"config": "ok", "stages": stages, "num_envs": cfg.env.num_envs}
         checked["num_obstacles"] = cfg.env.num_obstacles
+        checked["num_maps"] = cfg.env.num_maps
+        checked["eval_num_maps"] = cfg.eval.num_maps or cfg.env.num_maps
         checked["target_stages"] = None if targets is None else sorted(targets)
         checked["eval_num_obstacles"] = cfg.eval.num_obstacles or cfg.env.num_obstacles
         checked["held_out_maps"] = held_cfg.eval.num_maps
+        if args.fork_from is not None:  # what the run would fork (nothing is copied here)
+            checked["fork"] = {"from": str(args.fork_from), "at": args.fork_at}
         print(json.dumps(checked))
         return
     if args.fork_from is not None:

@@ -57,7 +57,7 @@ SWEEP_RECIPES = case_labels("    case $name in", 'log "unknown recipe')
 
 def test_the_case_lists_are_read_off_the_script() -> None:
     assert len(LEARNING_RECIPES) >= 9 and "dense" in LEARNING_RECIPES
-    assert len(SWEEP_RECIPES) >= 27
+    assert len(SWEEP_RECIPES) >= 28
     assert "long_hops_hold_mb4_bar5_then_cross_mirror_stay_guard_r128_hold_dense" in SWEEP_RECIPES
 
 
@@ -87,7 +87,7 @@ def test_an_unknown_learning_recipe_stops_the_session(tmp_path: Path) -> None:
     assert "unknown RECIPE no_such_recipe" in (tmp_path / "session.log").read_text()
 
 
-@pytest.mark.slow  # 28 learning.py processes (~6 s of CPU each): in make test-slow
+@pytest.mark.slow  # 29 learning.py processes (~6 s of CPU each): in make test-slow
 def test_every_sweep_recipe_loads(tmp_path: Path) -> None:
     names = SWEEP_RECIPES
     work = tmp_path / "work"
@@ -105,3 +105,46 @@ def test_every_sweep_recipe_loads(tmp_path: Path) -> None:
         ).read_text()
     )
     assert (dense["num_obstacles"], dense["eval_num_obstacles"]) == (450, 350)
+    assert (dense["num_maps"], dense["eval_num_maps"]) == (16, 16)
+
+
+def test_the_maps256_recipe_trains_on_256_maps_and_evaluates_on_dense_s_16(
+    tmp_path: Path,
+) -> None:
+    name = "long_hops_hold_mb4_bar5_then_cross_mirror_stay_guard_r128_hold_dense_maps256"
+    work = tmp_path / "work"
+    done = session("sweep", tmp_path, WORK=str(work), RECIPES=name)
+    assert done.returncode == 0, done.stderr[-2000:]
+    stages = checked((work / f"{name}.out").read_text())
+    assert (stages["num_maps"], stages["eval_num_maps"]) == (256, 16)
+    assert (stages["num_obstacles"], stages["eval_num_obstacles"]) == (450, 350)
+    assert stages["held_out_maps"] == 16
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"FORK": "/runs/a@260"}, "FORK=SRC@ITER needs KEEP and no RESUME"),
+        ({"FORK": "/runs/a@260", "KEEP": "/k", "RESUME": "1"}, "needs KEEP and no RESUME"),
+        ({"FORK": "/runs/a", "KEEP": "/k"}, "FORK=/runs/a: expected SRC@ITER"),
+    ],
+)
+def test_a_sweep_fork_without_its_parts_stops_before_any_recipe(
+    env: dict[str, str], message: str, tmp_path: Path
+) -> None:
+    done = session("sweep", tmp_path, WORK=str(tmp_path / "work"), RECIPES="levels", **env)
+    assert done.returncode == 2
+    log = (tmp_path / "session.log").read_text()
+    assert message in log and "start recipe" not in log
+
+
+def test_a_sweep_fork_hands_learning_py_the_source_and_iteration(tmp_path: Path) -> None:
+    keep, work = tmp_path / "keep", tmp_path / "work"
+    src = tmp_path / "src"  # CHECK=1 stops before the copy: SRC need not exist
+    done = session(
+        "sweep", tmp_path, WORK=str(work), KEEP=str(keep), FORK=f"{src}@260", RECIPES="levels"
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    stages = checked((work / "levels.out").read_text())
+    assert stages["fork"] == {"from": str(src), "at": 260}
+    assert not keep.exists()  # a check copies nothing

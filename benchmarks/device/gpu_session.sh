@@ -312,6 +312,9 @@ sweep)
   # CPU smoke run). KEEP=DIR keeps each recipe's state dir as DIR/TAG (a new folder;
   # checkpoints for diagnose.py); with RESUME=1 each recipe goes on with its run kept there
   # (learning.py --resume: same recipe, overrides and FRAMES; the budget is this sitting's).
+  # FORK=SRC@ITER: each recipe starts as a fork of the kept run SRC at its checkpoint of
+  # iteration ITER (learning.py --fork-from SRC --fork-at ITER, into KEEP/TAG): a lever
+  # against its control on the same frames. Needs KEEP; not with RESUME.
   # The results come back as one sweep.tgz (learning.py writes 3 files per
   # recipe; WORK=DIR writes them there instead of /tmp/sweep, which a sweep empties first;
   # CHECK=1: each learning.py only checks its recipe's configs). The processes share the GPU by time slices: on an H200 six of them made
@@ -330,6 +333,12 @@ sweep)
   hold=("${mapped[@]}" "env.curriculum=[$LONG_HOPS_HOLD_STAGE$then_static")
   lin20=(ppo.lr_schedule=linear ppo.schedule_frames=20000000)  # lrs to 0.1x at 20 M frames
   work=${WORK:-/tmp/sweep} && rm -rf "$work" && mkdir -p "$work"
+  fork=()
+  if [ -n "${FORK:-}" ]; then
+    [ -n "${KEEP:-}" ] && [ -z "${RESUME:-}" ] || { log "FORK=SRC@ITER needs KEEP and no RESUME"; exit 2; }
+    [ "${FORK%@*}" != "$FORK" ] || { log "FORK=$FORK: expected SRC@ITER"; exit 2; }
+    fork=(--fork-from "${FORK%@*}" --fork-at "${FORK##*@}")
+  fi
   for entry in ${RECIPES:-stages long_hops long_hops_hold long_hops_hold_mb4 long_hops_hold_lrlin}; do
     name=${entry%@*} tag=$entry seeded=()  # NAME@SEED: the recipe with run.seed = SEED
     if [ "$name" != "$entry" ]; then tag=${name}_s${entry#*@} seeded=("run.seed=${entry#*@}"); fi
@@ -398,7 +407,8 @@ sweep)
     long_hops_hold_mb4_bar5_then_cross_mirror_stay_guard_r64 | \
       long_hops_hold_mb4_bar5_then_cross_mirror_stay_guard_r64_hold | \
       long_hops_hold_mb4_bar5_then_cross_mirror_stay_guard_r128_hold | \
-      long_hops_hold_mb4_bar5_then_cross_mirror_stay_guard_r128_hold_dense)
+      long_hops_hold_mb4_bar5_then_cross_mirror_stay_guard_r128_hold_dense | \
+      long_hops_hold_mb4_bar5_then_cross_mirror_stay_guard_r128_hold_dense_maps256)
       # The guarded recipe with twice the batch per update (ppo.rollout_length = 64: 16,384
       # frames at 256 envs, 4 minibatches of 4,096; half the update steps per frame);
       # _r128: four times (128-step rollouts, 32,768 frames per update).
@@ -406,10 +416,13 @@ sweep)
       # last 0.09x being where seed 1 fell twice (docs/learning.md, sessions 24 and 25).
       # _dense: maps of 450 pillars with a level above NavRL's 350 (an env that reaches its
       # goal at 350 goes on to fly 450), evaluated at 350 (eval.num_obstacles).
+      # _maps256: the same on 256 maps (one per env at 256 envs, each map drawn once),
+      # evaluated on the 16 maps _dense evaluates on (eval.num_maps = 16).
       rates=("${lin20[@]}") rollout=64 maps=("${mapped[@]}")
-      case $name in *_hold | *_hold_dense) rates=("${HELD_RATES[@]}") ;; esac
+      case $name in *_hold | *_hold_dense*) rates=("${HELD_RATES[@]}") ;; esac
       case $name in *_r128*) rollout=128 ;; esac
       case $name in *_dense) maps=("${DENSE_MAPS[@]}") ;; esac
+      case $name in *_dense_maps256) maps=("${DENSE_MAPS[@]/#env.num_maps=16/env.num_maps=256}" eval.num_maps=16) ;; esac
       recipe=("${maps[@]}" ppo.minibatches=4 "${rates[@]}" ppo.mirror=true "${GUARDS[@]}"
         "ppo.rollout_length=$rollout"
         "env.curriculum=[$HOPS_TO_HALF_STAGE, $CROSSINGS_LAST_STAGE]") ;;
@@ -423,7 +436,7 @@ sweep)
     esac
     log "start recipe $tag (budget ${budget}s)"
     timeout $(((budget + MARGIN) * LIMIT_SCALE)) python3 benchmarks/learning.py ${CHECK:+--check-config} --budget-s "$budget" \
-      --stall-s "$STALL_S" --stop-wait-s "$STOP_WAIT_S" ${FRAMES:+--frames "$FRAMES"} ${KEEP:+--keep-state "$KEEP/$tag"} ${RESUME:+--resume} --eval-every "$EVAL_EVERY" --config $CONFIG \
+      --stall-s "$STALL_S" --stop-wait-s "$STOP_WAIT_S" ${FRAMES:+--frames "$FRAMES"} ${KEEP:+--keep-state "$KEEP/$tag"} ${RESUME:+--resume} "${fork[@]}" --eval-every "$EVAL_EVERY" --config $CONFIG \
       --final-drones "$FINAL_DRONES" --navrl-checkpoint carry/navrl_checkpoint.pt --out "$work/$tag.json" "${static[@]}" "${recipe[@]}" "${seeded[@]}" "${extra[@]}" \
       > "$work/$tag.out" 2>&1 &
   done
