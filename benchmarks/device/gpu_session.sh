@@ -421,8 +421,10 @@ sweep)
       rates=("${lin20[@]}") rollout=64 maps=("${mapped[@]}")
       case $name in *_hold | *_hold_dense*) rates=("${HELD_RATES[@]}") ;; esac
       case $name in *_r128*) rollout=128 ;; esac
-      case $name in *_dense) maps=("${DENSE_MAPS[@]}") ;; esac
-      case $name in *_dense_maps256) maps=("${DENSE_MAPS[@]/#env.num_maps=16/env.num_maps=256}" eval.num_maps=16) ;; esac
+      case $name in  # a later override of a key wins (learning.py's KEY=VALUE)
+      *_dense) maps=("${DENSE_MAPS[@]}") ;;
+      *_dense_maps256) maps=("${DENSE_MAPS[@]}" env.num_maps=256 eval.num_maps=16) ;;
+      esac
       recipe=("${maps[@]}" ppo.minibatches=4 "${rates[@]}" ppo.mirror=true "${GUARDS[@]}"
         "ppo.rollout_length=$rollout"
         "env.curriculum=[$HOPS_TO_HALF_STAGE, $CROSSINGS_LAST_STAGE]") ;;
