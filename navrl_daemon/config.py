@@ -431,6 +431,19 @@ class CheckpointConfig(Section):
     # Also keep the N checkpoints with the best eval reach_goal (0 = off): by default the
     # best one survives however many newer ones come (`checkpoints export --best`).
     keep_best: Annotated[int, Field(ge=0, le=100_000)] = 1
+    # Also keep, for good, every checkpoint whose iteration is a multiple of N (0 = off):
+    # milestones to roll a run back to or fork it from (benchmarks/learning.py --fork-at).
+    # A multiple of `interval`, so that snapshots land on them.
+    keep_every: NonNegInt = 0
+
+    @model_validator(mode="after")
+    def _milestones_land(self) -> CheckpointConfig:
+        if self.keep_every and (self.interval == 0 or self.keep_every % self.interval):
+            raise ValueError(
+                f"keep_every ({self.keep_every}) must be a multiple of interval "
+                f"({self.interval}): no snapshot would land on those iterations"
+            )
+        return self
 
 
 class ArchiveConfig(Section):

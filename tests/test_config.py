@@ -98,6 +98,9 @@ BAD = [
     (["env.num_envs=[1,"], "override env.num_envs"),
     (["env.num_envs="], "override env.num_envs: empty value"),
     (["env.num_envs=2", "env.num_envs.x=1"], "env.num_envs: is a value"),
+    (["checkpoint.interval=20", "checkpoint.keep_every=30"], "keep_every (30) must be a multi"),
+    (["checkpoint.interval=0", "checkpoint.keep_every=100"], "keep_every (100) must be a multi"),
+    (["checkpoint.keep_every=-1"], "checkpoint.keep_every"),
 ]
 
 

@@ -134,11 +134,16 @@ class CheckpointWriter:
         )
 
     def _prune(self, newest: Path, iteration: int) -> list[Path]:
-        """Delete old files (keep_last, keep_best); forget the scores no file can use."""
+        """Delete old files (keep_last, keep_best, keep_every); forget the scores no file
+        can use."""
         scores = {self.directory.path / f"ckpt-{it:09d}.nrc": s for it, s in self.scores.items()}
         try:
             removed = self.directory.prune(
-                self.cfg.keep_last, self.cfg.keep_best, scores, newest_valid=newest
+                self.cfg.keep_last,
+                self.cfg.keep_best,
+                scores,
+                newest_valid=newest,
+                keep_every=self.cfg.keep_every,
             )
         except OSError as err:
             log.warning("pruning old checkpoints failed", error=_describe(err))

@@ -462,9 +462,11 @@ class CheckpointDir:
         keep_best: int = 0,
         scores: dict[Path, float] | None = None,
         newest_valid: Path | None = None,
+        keep_every: int = 0,
     ) -> list[Path]:
         """Delete all but the `keep_last` newest valid files, the `keep_best` best-scored
-        valid ones and the newest valid one; returns the deleted paths. Files that are not
+        valid ones, those of an iteration that is a multiple of `keep_every` (if > 0) and
+        the newest valid one; returns the deleted paths. Files that are not
         valid never take a place: they are moved aside (`reject`; listed in `rejected`).
         With no valid file at all, nothing is deleted or moved. `newest_valid`: the caller
         knows it (it just wrote it), so that file is not re-read."""
@@ -472,6 +474,8 @@ class CheckpointDir:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
         if keep_best < 0:
             raise ValueError(f"keep_best must be >= 0, got {keep_best}")
+        if keep_every < 0:
+            raise ValueError(f"keep_every must be >= 0, got {keep_every}")
         self.rejected = []
         files = self.files()
         problems = {p: (None if p == newest_valid else self.problem(p)) for p in files}
@@ -481,7 +485,8 @@ class CheckpointDir:
         self.rejected = self.reject((p, why) for p, why in problems.items() if why is not None)
         by_name = {Path(p).name: s for p, s in (scores or {}).items()}
         scored = sorted((p for p in valid if p.name in by_name), key=lambda p: -by_name[p.name])
-        keep = {*valid[-keep_last:], *scored[:keep_best], valid[-1]}
+        milestones = [p for p in valid if keep_every and checkpoint_iteration(p) % keep_every == 0]
+        keep = {*valid[-keep_last:], *scored[:keep_best], *milestones, valid[-1]}
         doomed = [p for p in valid if p not in keep]
         # Manifest first: a crash mid-deletion leaves extra files, never a manifest naming gaps.
         try:

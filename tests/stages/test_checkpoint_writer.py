@@ -111,6 +111,17 @@ async def test_keep_last_and_keep_best_by_eval_reach_goal(tmp_path: Path) -> Non
 
 
 @pytest.mark.anyio
+async def test_keep_every_keeps_milestones_beside_keep_last(tmp_path: Path) -> None:
+    h = Harness(tmp_path, interval=2, keep_last=1, keep_best=0, keep_every=4, queue_size=16)
+    for it in range(2, 15, 2):
+        await h.sender.send(h.snapshot(it))
+    h.sender.close()
+    await h.writer.run()
+    kept = [p.name for p in CheckpointDir(tmp_path).files()]
+    assert kept == [f"ckpt-{it:09d}.nrc" for it in (4, 8, 12, 14)]
+
+
+@pytest.mark.anyio
 async def test_flush_writes_what_run_left_in_the_queue(tmp_path: Path) -> None:
     h = Harness(tmp_path)
     await h.sender.send(h.snapshot(3))

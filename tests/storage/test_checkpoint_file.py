@@ -349,6 +349,23 @@ def test_prune_keeps_last_and_best(tmp_path):
     assert d.files() == [paths[5]] and d.prune(keep_last=1) == []
 
 
+def test_prune_keeps_every_milestone_for_good(tmp_path):
+    d = CheckpointDir(tmp_path)
+    paths = {i: d.write(small(i), i) for i in range(1, 11)}
+    corrupt(paths[6])
+    scores = {paths[3]: 0.9}
+    deleted = d.prune(keep_last=2, keep_best=1, scores=scores, keep_every=4)
+    assert deleted == [paths[i] for i in (1, 2, 5, 7)]
+    assert d.files() == [paths[i] for i in (3, 4, 8, 9, 10)]
+    assert [p for p, _ in d.rejected] == [paths[6]]  # a broken milestone is no milestone
+    assert manifest(d)["files"] == [p.name for p in d.files()]
+    assert d.prune(keep_last=1, keep_every=4) == [paths[3], paths[9]]
+    assert d.files() == [paths[4], paths[8], paths[10]]
+    assert d.prune(keep_last=1) == [paths[4], paths[8]]  # off: only the newest stays
+    with pytest.raises(ValueError, match="keep_every"):
+        d.prune(keep_last=1, keep_every=-2)
+
+
 def test_prune_never_deletes_newest_valid(tmp_path):
     d = CheckpointDir(tmp_path)
     paths = [d.write(small(i), i) for i in range(1, 5)]
