@@ -446,6 +446,7 @@ def main() -> None:
         checked["target_stages"] = None if targets is None else sorted(targets)
         checked["eval_num_obstacles"] = cfg.eval.num_obstacles or cfg.env.num_obstacles
         checked["held_out_maps"] = held_cfg.eval.num_maps
+        checked["lr_schedule"] = cfg.ppo.lr_schedule
         if args.fork_from is not None:  # what the run would fork (nothing is copied here)
             checked["fork"] = {"from": str(args.fork_from), "at": args.fork_at}
         print(json.dumps(checked))

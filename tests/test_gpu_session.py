@@ -70,7 +70,7 @@ def test_every_learning_recipe_loads(recipe: str | None, tmp_path: Path) -> None
     assert "end learning rc=0" in log, log[-3000:]
     stages = checked((tmp_path / "learning_gpu.log").read_text())
     assert stages["num_envs"] == 1024  # config/navrl.toml's, NavRL's
-    if recipe in (None, "dense"):  # the default: the CPU's best, with moving obstacles after
+    if recipe in (None, "dense", "dense_const"):  # the CPU's best, moving obstacles after
         assert stages["stages"] == [
             "long hops",
             "crossings",
@@ -79,6 +79,7 @@ def test_every_learning_recipe_loads(recipe: str | None, tmp_path: Path) -> None
         ]
         assert stages["target_stages"] == [3]
         assert (stages["num_obstacles"], stages["eval_num_obstacles"]) == (450, 350)
+        assert stages["lr_schedule"] == ("linear" if recipe == "dense" else "constant")
 
 
 def test_an_unknown_learning_recipe_stops_the_session(tmp_path: Path) -> None:

@@ -224,7 +224,7 @@ learning)
   # 5.7-9.4 M frames against 0.52 and 0.37 with the 0.3) and the update's two guards set
   # loose (ppo.target_kl = 0.05, ppo.feature_extractor_max_grad_norm = 5: session 17's
   # collapse on seed 1 was one update that moved the policy far);
-  # RECIPE=dense (default): the best CPU recipe, the sweep's
+  # RECIPE=dense: the best CPU recipe, the sweep's
   # long_hops_hold_mb4_bar5_then_cross_mirror_stay_guard_r128_hold_dense (level with NavRL's
   # checkpoint at 20 M frames on the static task, docs/learning.md sessions 29-31), with the
   # moving obstacles after its crossings: 16 maps of 450 pillars with a level above NavRL's
@@ -233,12 +233,13 @@ learning)
   # crossing reach after NavRL's border spawns), ppo.mirror, the guards, 4 minibatches and
   # the rates' line to 0.189x at 18 M frames, then held. NavRL's 32-step rollouts at 1024
   # envs are the CPU recipe's 32,768 frames per update (128 steps x 256 envs).
+  # RECIPE=dense_const (default since session 37): the same at NavRL's constant rates (below).
   # EXTRA: more KEY=VALUE overrides (e.g. for a CPU smoke run). CHECK=1: learning.py only
   # loads the recipe's configs and prints its stages (learning_gpu.log), nothing runs.
   budget=${2:-400}
   levels=$LEVELS
   dynamic='{name = "slow dynamic", num_dynamic_obstacles = 40, dynamic_speed_range = [0.3, 0.8], promote = {reach_goal = 0.6, collision = 0.4, evals = 2}}, {name = "navrl"}'
-  case ${RECIPE:=dense} in
+  case ${RECIPE:=dense_const} in
   levels)
     curriculum="[{name = \"static\", num_dynamic_obstacles = 0, promote = {reach_goal = 0.6, collision = 0.35, evals = 2}}, $dynamic]"
     recipe=(env.num_maps=16 "env.map_levels=$levels")
@@ -267,11 +268,17 @@ learning)
     recipe=(env.num_maps=16 "env.map_levels=$levels" eval.max_steps=2200 ppo.mirror=true
       "${GUARDS[@]}")
     ;;
-  dense)  # the CPU's best (above), moving obstacles after its crossings
+  dense | dense_const)  # the CPU's best (above), moving obstacles after its crossings;
+    # dense_const at NavRL's constant learning rates instead of the line held from 18 M
+    # frames: a fork of seed 3 onto NavRL's moving obstacles learnt them faster at NavRL's
+    # rates than at the held 0.189x (+0.09 / +0.07 held out on 256 drones after 5.5 M
+    # frames; docs/learning.md, session 37), and in this recipe the moving obstacles come
+    # after the crossings' promotion, so most of a GPU run's frames are theirs
     crossings='spawn = "crossing", max_episode_length = 2200, reach_hold = 64'
     slow="{name = \"slow dynamic crossings\", $crossings, num_dynamic_obstacles = 40, dynamic_speed_range = [0.3, 0.8], promote = {reach_goal = 0.6, collision = 0.4, evals = 2}}"
     curriculum="[${HOPS_TO_HALF_STAGE%\}}, num_dynamic_obstacles = 0}, ${CROSSINGS_STAGE%\}}, num_dynamic_obstacles = 0}, $slow, {name = \"navrl crossings\", $crossings}]"
-    recipe=("${DENSE_MAPS[@]}" eval.max_steps=2200 ppo.minibatches=4 "${HELD_RATES[@]}"
+    rates=("${HELD_RATES[@]}") && [ "$RECIPE" = dense_const ] && rates=(ppo.lr_schedule=constant)
+    recipe=("${DENSE_MAPS[@]}" eval.max_steps=2200 ppo.minibatches=4 "${rates[@]}"
       ppo.mirror=true "${GUARDS[@]}")
     ;;
   *) log "unknown RECIPE ${RECIPE}"; exit 2 ;;
