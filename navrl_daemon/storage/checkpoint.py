@@ -485,7 +485,9 @@ class CheckpointDir:
         self.rejected = self.reject((p, why) for p, why in problems.items() if why is not None)
         by_name = {Path(p).name: s for p, s in (scores or {}).items()}
         scored = sorted((p for p in valid if p.name in by_name), key=lambda p: -by_name[p.name])
-        milestones = [p for p in valid if keep_every and checkpoint_iteration(p) % keep_every == 0]
+        milestones = (
+            [p for p in valid if checkpoint_iteration(p) % keep_every == 0] if keep_every else []
+        )
         keep = {*valid[-keep_last:], *scored[:keep_best], *milestones, valid[-1]}
         doomed = [p for p in valid if p not in keep]
         # Manifest first: a crash mid-deletion leaves extra files, never a manifest naming gaps.
