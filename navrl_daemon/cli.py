@@ -6,19 +6,18 @@ handled from the first line of `main` (runtime/signals.py), before the commands 
 imported: some import torch, which takes seconds. So is SIGUSR2, from then on: it writes
 every thread's Python traceback to stderr and changes nothing else, to see where a process
 that seems stuck is (a start-up that never reaches its first iteration, a stage that
-stopped moving) without stopping it (docs/operations.md).
+stopped moving) without stopping it (docs/operations.md, runtime/signals.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import faulthandler
 import signal
 import sys
 from collections.abc import Sequence
 
 from navrl_daemon.errors import NavrlError
-from navrl_daemon.runtime.signals import StopRequested, StopSignals
+from navrl_daemon.runtime.signals import StopRequested, StopSignals, dump_stacks_on
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,12 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 STACKS_SIGNAL = signal.SIGUSR2  # every thread's traceback to stderr; the process goes on
-STDERR_FD = 2  # fd 2 itself (the journal under systemd), written from the signal handler
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     signals = StopSignals().install()
-    faulthandler.register(STACKS_SIGNAL, file=STDERR_FD, all_threads=True, chain=False)
+    dump_stacks_on(STACKS_SIGNAL)
     logging_ready = False
     try:
         args = build_parser().parse_args(argv)
