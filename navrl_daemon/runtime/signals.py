@@ -48,13 +48,13 @@ def dump_stacks_on(sig: signal.Signals) -> None:
     Not `faulthandler.register`: its handler runs at the C level, in whichever thread the
     signal lands on, and walks the other threads' frames while they run. A thread that
     pushes or pops a frame meanwhile makes it read freed memory: the daemon died of SIGSEGV
-    in about one dump in ten under load (tests/test_daemon_signals.py). A Python-level
-    handler runs on the main thread with the GIL held, when every other thread is parked
-    outside the interpreter, so their frames stand still while they are read. The cost: the
-    dump waits for the main thread's next bytecode. A blocking system call there returns
-    early for it (EINTR, PEP 475) and the event loop's sleep is woken by the wakeup fd that
-    `StopSignals` sets; only one long C call holding the GIL (none in the event loop) would
-    delay it."""
+    in 5 dumps of 40 under load (tests/test_daemon_signals.py). A Python-level handler
+    runs on the main thread with the GIL held, when every other thread is parked outside
+    the interpreter, so their frames stand still while they are read. The cost: the dump
+    waits for the main thread's next bytecode. A blocking system call there returns early
+    for it when the signal lands on the main thread (EINTR, PEP 475); one that lands on
+    another thread wakes the event loop through the wakeup fd that `StopSignals` sets. Only
+    one long C call holding the GIL would delay it."""
     signal.signal(sig, _dump_stacks)
 
 
