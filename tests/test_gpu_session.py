@@ -80,6 +80,8 @@ def test_every_learning_recipe_loads(recipe: str | None, tmp_path: Path) -> None
         assert stages["target_stages"] == [3]
         assert (stages["num_obstacles"], stages["eval_num_obstacles"]) == (450, 350)
         assert stages["lr_schedule"] == ("linear" if recipe == "dense" else "constant")
+        # the moving obstacles' stages floored at 250 pillars, none before them
+        assert (stages["min_level"], stages["stage_min_levels"]) == (0, [None, None, 4, 4])
 
 
 def test_an_unknown_learning_recipe_stops_the_session(tmp_path: Path) -> None:
