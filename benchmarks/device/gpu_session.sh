@@ -273,7 +273,7 @@ learning)
     # frames: a fork of seed 3 onto NavRL's moving obstacles learnt them faster at NavRL's
     # rates than at the held 0.189x (+0.09 / +0.07 held out on 256 drones after 5.5 M
     # frames; docs/learning.md, session 37), and in this recipe the moving obstacles come
-    # after the crossings' promotion, so most of a GPU run's frames are theirs
+    # after the crossings' promotion, so most of a GPU run's frames are theirs.
     # The moving-obstacle stages keep every env at 250 pillars or more (min_level 4 of the
     # default LEVELS): without a floor their collisions sent the envs down to 0-175 pillars
     # within 2 M frames, where they forgot the dense static task; with the floor the same

@@ -46,8 +46,9 @@ def dump_stacks_on(sig: signal.Signals) -> None:
     format, and the process goes on (main thread only).
 
     Not `faulthandler.register`: its handler runs at the C level, in whichever thread the
-    signal lands on, and walks the other threads' frames while they run. A thread that
-    pushes or pops a frame meanwhile makes it read freed memory: the daemon died of SIGSEGV
+    signal lands on, and walks the other threads' frames while they run, so a thread that
+    pushes or pops a frame meanwhile can leave it reading freed memory (a dump just before
+    one crash showed line 1193655264 of an asyncio function): the daemon died of SIGSEGV
     in 5 dumps of 40 under load (tests/test_daemon_signals.py). A Python-level handler
     runs on the main thread with the GIL held, when every other thread is parked outside
     the interpreter, so their frames stand still while they are read. The cost: the dump
