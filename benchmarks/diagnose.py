@@ -20,7 +20,11 @@ density levels when it is a `.nrc` that holds them) for STEPS steps with actions
 as in training, and reports the share of frames flown within reach of the goal
 (`goal_hover_share`). With `--hazard`, every row also gives collisions per 100 m flown and
 the collision share by start-goal distance (`collision_hazard`): on the training layout's
-hops, whether a policy collides mid-flight at a rate per metre or at the start and goal.
+hops, whether a policy collides mid-flight at a rate per metre or at the start and goal;
+and how each collision met its pillar (`collision_approach`: head-on, oblique or glancing,
+the speed, the pillar's height). With `--pillar-pass`, each checkpoint also flies the
+scripted scene of one pillar on the goal line shifted sideways by -0.4..0.4 m
+(`pillar_pass`): whether it passes, on which side, and its shortest beam.
 Every row keeps its drones' outcomes (`outcomes`, one of "RCOT" per drone: reached,
 collided, out of bounds, timed out): two policies' rows of the same maps and drones compare
 drone by drone with `benchmarks/paired.py`.
@@ -45,11 +49,14 @@ from navrl_daemon.config import Config, load_config
 from navrl_daemon.env import make_env
 from navrl_daemon.rl.evaluate import evaluate_outcomes, evaluate_recorded
 from navrl_daemon.rl.probes import (
+    collision_approach,
     collision_hazard,
     goal_distance_use,
     goal_hover_share,
     lidar_use,
     path_stats,
+    pillar_pass,
+    pillar_pass_env,
 )
 from navrl_daemon.rl.training import eval_steps, make_policy
 from navrl_daemon.storage.policy_file import check_policy_layout, load_any_policy
@@ -150,6 +157,8 @@ def diagnose(cfg: Config, path: Path, args: argparse.Namespace) -> list[dict[str
                 row["outcomes"] = outcomes  # per drone: benchmarks/paired.py compares them
                 if args.hazard:
                     row["hazard"] = collision_hazard(flown)
+                    boxes = [env.pillars.boxes(m, env.level_counts[-1]) for m in range(count)]
+                    row["hazard"]["approach"] = collision_approach(flown, boxes, env.cfg.dt)
                 if probe:
                     row["lidar_use"] = lidar_use(env, policy, seed=cfg.eval.seed, max_steps=steps)
                     row["paths"] = path_stats(flown, env.cfg.dt)
@@ -160,6 +169,13 @@ def diagnose(cfg: Config, path: Path, args: argparse.Namespace) -> list[dict[str
                 row["seconds"] = round(time.perf_counter() - t0, 1)
                 print(json.dumps(row), flush=True)
                 rows.append(row)
+    if args.pillar_pass:
+        t0 = time.perf_counter()
+        scene = pillar_pass_env(cfg.env)
+        row = {"probe": "pillar_pass", **pillar_pass(scene, policy)}
+        row["seconds"] = round(time.perf_counter() - t0, 1)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
     if args.hover_share:
         t0 = time.perf_counter()
         row = hover_row(cfg, policy, snap, args)
@@ -200,6 +216,12 @@ def main() -> None:
         "--hazard",
         action="store_true",
         help="every row also gives collisions per 100 m flown and by start-goal distance",
+    )
+    p.add_argument(
+        "--pillar-pass",
+        action="store_true",
+        help="also fly the scripted scene of one pillar on the goal line, shifted sideways "
+        "(rl/probes.py pillar_pass): collisions, the shortest beam and the side passed",
     )
     p.add_argument("--out", type=Path)
     p.add_argument("overrides", nargs="*", help="KEY=VALUE config overrides")

@@ -12,6 +12,15 @@
   their start-goal distance. A policy whose collisions grow with the distance it flies
   collides mid-flight at a rate per metre (what a 48 m crossing magnifies); one whose
   collisions do not grow with distance fails at the start or at the goal.
+- `collision_approach`: how each collision of a static map happened: the drone's heading
+  over its last steps against the direction to the pillar it hit (head-on, oblique or
+  glancing), its speed, and that pillar's height. A policy that flies head-on into
+  pillars it had seen for metres decided late; one that grazes them cut a corner.
+- `pillar_pass`: a scripted scene, one pillar on the goal line and nothing else, shifted
+  sideways by a few centimetres per drone: does the policy pass it, on which side, and how
+  close? A policy that mirrors its choice with the pillar's offset (as `ppo.mirror`
+  trains it to) has a tie near the line, where it may pass closer; one that keeps to one
+  side has none.
 - `goal_distance_use`: the evaluation flown again with the goal distance the policy reads
   (the state's d_xy, in metres and not normalised) capped at each of some distances. A
   policy trained on short hops that flies NavRL's 48 m crossing differently when it reads
@@ -30,9 +39,12 @@ from typing import Any
 
 import torch
 from tensordict import TensorDictBase
+from torch import Tensor
 from torchrl.envs import EnvBase
 
-from navrl_daemon.env.navigation import REACH_RADIUS
+from navrl_daemon.config import EnvConfig
+from navrl_daemon.env.lidar import LIDAR_RANGE
+from navrl_daemon.env.navigation import COLLISION_DISTANCE, REACH_RADIUS, NavigationEnv
 from navrl_daemon.rl.evaluate import OUTCOMES, Trajectories, evaluate_op_by_op
 from navrl_daemon.rl.policy import OBS_KEY, NavRLPolicy
 
@@ -182,6 +194,154 @@ def collision_hazard(traj: Trajectories, bins: tuple[float, ...] = HAZARD_BINS) 
         "collisions": int(collided.sum()),
         "collisions_per_100m": 100.0 * float(collided.sum()) / max(metres, 1e-6),
         "by_distance_m": by_distance,
+    }
+
+
+# `collision_approach`: cosines (heading against the direction to the pillar hit) at and
+# above which a collision is head-on, below which it is glancing; steps the heading spans.
+HEAD_ON_COS = 0.7
+GLANCING_COS = 0.3
+APPROACH_STEPS = 5
+
+
+def collision_approach(traj: Trajectories, boxes: list[Tensor], dt: float) -> dict[str, Any]:
+    """How the collided drones of a flight met their pillar. `boxes[m]` are map m's pillar
+    boxes [B,5] (x0, y0, x1, y1, height). Per collision: the box nearest (in x-y) to the
+    drone's last position; the horizontal heading over its last APPROACH_STEPS steps
+    against the direction to that box's nearest point (cosine ≥ HEAD_ON_COS head-on,
+    < GLANCING_COS glancing, oblique between) and its speed. A collision with no pillar
+    within reach of a beam (the LiDAR's COLLISION_DISTANCE, plus 5 cm) is counted as
+    `not_a_pillar` (a moving obstacle's, or the height band's)."""
+    counts = dict.fromkeys(("head_on", "oblique", "glancing", "not_a_pillar"), 0)
+    speeds: list[float] = []
+    heights: list[float] = []
+    for i, outcome in enumerate(traj.outcomes()):
+        if outcome != "collided":
+            continue
+        end = int(traj.steps[i])
+        p = traj.positions[end, i].double()
+        back = min(end, APPROACH_STEPS)
+        v = (p[:2] - traj.positions[end - back, i, :2].double()) / (max(back, 1) * dt)
+        b = boxes[int(traj.map_id[i])].double()
+        nearest = torch.stack(
+            (
+                torch.maximum(b[:, 0], torch.minimum(p[0], b[:, 2])),
+                torch.maximum(b[:, 1], torch.minimum(p[1], b[:, 3])),
+            ),
+            -1,
+        )  # [B,2]: each box's point closest to the drone
+        gap = (nearest - p[:2]).norm(dim=-1)
+        j = int(gap.argmin()) if len(gap) else -1
+        if j < 0 or float(gap[j]) > COLLISION_DISTANCE + 0.05:
+            counts["not_a_pillar"] += 1
+            continue
+        to = nearest[j] - p[:2]
+        cos = float(v @ to) / max(float(v.norm() * to.norm()), 1e-9)
+        kind = "head_on" if cos >= HEAD_ON_COS else "glancing" if cos < GLANCING_COS else "oblique"
+        counts[kind] += 1
+        speeds.append(float(v.norm()))
+        heights.append(float(b[j, 4]))
+    return {
+        **counts,
+        "speed_mps_median": _median(speeds),
+        "pillar_height_m_median": _median(heights),
+    }
+
+
+def _median(values: list[float]) -> float | None:
+    return round(float(torch.tensor(values).median()), 3) if values else None
+
+
+# `pillar_pass`: the pillar's sideways offsets from the goal line (m) and the drone's
+# start distances before it (m).
+PASS_OFFSETS = tuple(round(-0.4 + 0.05 * k, 2) for k in range(17))
+PASS_STARTS = (3.0, 6.0)
+
+
+def pillar_pass_env(
+    cfg: EnvConfig, drones: int = len(PASS_OFFSETS), device: str | torch.device = "cpu"
+) -> NavigationEnv:
+    """An embedded env of `cfg`'s dynamics and sensor with `drones` drones, each on a map of
+    its own (the scene `pillar_pass` draws), no moving obstacles and no curriculum."""
+    scene = cfg.model_copy(
+        update={
+            "num_obstacles": 1,
+            "map_levels": [],
+            "min_level": 0,
+            "num_maps": drones,
+            "num_dynamic_obstacles": 0,
+            "curriculum": [],
+        }
+    )
+    return NavigationEnv(scene, device=device, num_envs=drones, layout="navrl")
+
+
+@torch.no_grad()
+def pillar_pass(
+    env: NavigationEnv,
+    policy: NavRLPolicy,
+    *,
+    offsets: tuple[float, ...] = PASS_OFFSETS,
+    starts: tuple[float, ...] = PASS_STARTS,
+    width: float = 0.8,
+    beyond: float = 8.0,
+    altitude: float = 2.0,
+) -> dict[str, Any]:
+    """One square pillar `width` wide (5 m tall) centred `offsets[k]` m beside the goal
+    line, drone k starting `start` m before it and its goal `beyond` m after it, at
+    `altitude`, flown with deterministic actions (the evaluation's) for each of `starts`.
+    `env` holds one drone per offset (`pillar_pass_env`). Per start and offset: collided,
+    the shortest beam while flying (m), and the side it passed on (+1 / -1, the sign of x
+    where it crossed the pillar's line; 0 if it never did). Summary: collisions, the
+    shortest beam of all, and `one_side_share`, the share of passes on the side taken most."""
+    n = len(offsets)
+    if env.batch_size[0] != n or env.num_maps != n:
+        raise ValueError(f"pillar_pass: one drone and one map per offset ({n}): pillar_pass_env")
+    device = env.device
+    off = torch.tensor(offsets, dtype=torch.float32, device=device)
+    half = width / 2
+    env.set_pillars([torch.tensor([[o - half, -half, o + half, half, 5.0]]) for o in offsets])
+    speed = 2.0 * policy.action_limit  # the fastest the drone can fly along the line (m/s)
+    by_start: dict[str, dict[str, list[Any]]] = {}
+    for start in starts:
+        start_at = torch.zeros(n, 3, device=device)
+        start_at[:, 1], start_at[:, 2] = start, altitude
+        goal = start_at.clone()
+        goal[:, 1] = -beyond
+        td = env.place_drones(start_at, goal)
+        ended = torch.zeros(n, dtype=torch.bool, device=device)
+        collided = torch.zeros_like(ended)
+        beam = torch.full((n,), float("inf"), device=device)
+        side = torch.zeros(n, device=device)
+        past = torch.zeros_like(ended)  # crossed the pillar's line (y = 0) while flying
+        steps = int(4 * (start + beyond) / (speed * env.cfg.dt))  # 4x the fastest flight
+        for _ in range(steps):
+            record, td = env.step_and_maybe_reset(policy.act(td.copy(), deterministic=True))
+            end = record.get(("next", "done")).reshape(-1) & ~ended
+            hit = record.get(("next", "stats", "collision")).reshape(-1) > 0.5
+            collided |= end & hit
+            # The step's scan from its record (an ended drone's env is already reset).
+            seen = LIDAR_RANGE - record.get(("next", *LIDAR_KEY)).flatten(1).amax(-1)
+            beam = torch.where(ended, beam, torch.minimum(beam, seen))
+            cross = ~ended & ~end & ~past & (env.pos[:, 1] <= 0)
+            side = torch.where(cross, torch.sign(env.pos[:, 0] - off), side)
+            past |= cross
+            ended |= end
+            if bool((ended | (past & (env.pos[:, 1] < -2 * width))).all()):
+                break
+        by_start[f"{start:g}"] = {
+            "collided": collided.tolist(),
+            "shortest_beam_m": [round(v, 3) for v in beam.tolist()],
+            "side": [int(v) for v in side.tolist()],
+        }
+    sides = [s for row in by_start.values() for s in row["side"] if s != 0]
+    most = max(sides.count(1), sides.count(-1)) if sides else 0
+    return {
+        "offsets_m": list(offsets),
+        "by_start_m": by_start,
+        "collisions": sum(sum(row["collided"]) for row in by_start.values()),
+        "shortest_beam_m": min(min(row["shortest_beam_m"]) for row in by_start.values()),
+        "one_side_share": round(most / len(sides), 3) if sides else None,
     }
 
 

@@ -9,18 +9,23 @@ import sys
 from pathlib import Path
 
 import anyio
+import pytest
 import torch
 
 from navrl_daemon.config import load_config
 from navrl_daemon.env import make_env
 from navrl_daemon.rl.evaluate import Trajectories, evaluate
-from navrl_daemon.rl.policy import NavRLPolicy
+from navrl_daemon.rl.policy import OBS_KEY, NavRLPolicy
 from navrl_daemon.rl.probes import (
+    PASS_OFFSETS,
+    collision_approach,
     collision_hazard,
     goal_distance_use,
     goal_hover_share,
     lidar_use,
     path_stats,
+    pillar_pass,
+    pillar_pass_env,
 )
 from navrl_daemon.rl.training import make_eval_env
 
@@ -162,6 +167,83 @@ def test_collision_hazard_counts_metres_flown_until_each_end():
     assert by["30-"] == {"episodes": 0.0, "collision": None}
 
 
+def test_collision_approach_tells_head_on_from_glancing_hits():
+    """A pillar box from x 2 to 3, y -1 to 1 (1.5 m tall). Drone 0 flies along x into its
+    face (head-on, ends 0.25 m from it); drone 1 slides along y past its side, 0.2 m from
+    it (glancing); drone 2 comes in at 60 degrees (oblique); drone 3 collides 2 m from
+    any pillar (not a pillar's); drone 4 reaches its goal (not counted)."""
+    positions = torch.zeros(6, 5, 3)
+    positions[:, 0, 0] = torch.linspace(0.75, 1.75, 6)
+    positions[:, 1, 0] = 1.8
+    positions[:, 1, 1] = torch.linspace(-2.0, -0.5, 6)
+    positions[:, 2, 0] = torch.linspace(1.125, 1.75, 6)  # 60 degrees off the face's normal
+    positions[:, 2, 1] = torch.linspace(-1.0825, 0.0, 6)
+    positions[:, 3, 0] = -3.0
+    traj = _flights(positions, [5, 5, 5, 5, 5], [[9.0, 0.0, 0.0]] * 5, [1, 1, 1, 1, 0])
+    box = torch.tensor([[2.0, -1.0, 3.0, 1.0, 1.5]])
+    out = collision_approach(traj, [box], dt=0.1)
+    assert {k: out[k] for k in ("head_on", "oblique", "glancing", "not_a_pillar")} == {
+        "head_on": 1,
+        "oblique": 1,
+        "glancing": 1,
+        "not_a_pillar": 1,
+    }
+    assert out["pillar_height_m_median"] == 1.5
+    # speeds over the last 5 steps of 0.1 s: 2.0, 3.0 and 2.5 m/s
+    assert out["speed_mps_median"] == 2.5
+
+
+def test_pillar_pass_a_drone_that_flies_straight_hits_every_pillar_on_its_line():
+    """A policy that flies straight at the goal (no steering) hits the 0.8 m pillar at
+    every offset up to 0.4 m; the scene's env is one drone per offset."""
+    env = pillar_pass_env(_scene_cfg())
+    assert env.batch_size[0] == env.num_maps == len(PASS_OFFSETS)
+    out = pillar_pass(env, _Straight(), starts=(3.0,), beyond=3.0)
+    row = out["by_start_m"]["3"]
+    assert all(row["collided"]) and out["collisions"] == len(PASS_OFFSETS)
+    assert set(row["side"]) == {0} and out["one_side_share"] is None  # none got past
+    assert out["shortest_beam_m"] < 0.3  # the collision rule: a beam under 0.3 m
+
+
+def test_pillar_pass_a_drone_that_veers_one_way_passes_on_that_side():
+    """A policy that flies forward and sideways at once passes every offset on one side;
+    the scene is replayed exactly (same numbers on a second flight)."""
+    env = pillar_pass_env(_scene_cfg())
+    out = pillar_pass(env, _Straight(sideways=1.0), starts=(3.0,), beyond=3.0)
+    row = out["by_start_m"]["3"]
+    assert not any(row["collided"]) and out["one_side_share"] == 1.0
+    assert len(set(row["side"])) == 1 and row["side"][0] != 0
+    assert out == pillar_pass(env, _Straight(sideways=1.0), starts=(3.0,), beyond=3.0)
+
+
+def test_pillar_pass_refuses_an_env_that_is_not_its_scene():
+    env = make_env(_cfg().env, num_envs=4, layout="navrl")
+    with pytest.raises(ValueError, match="one drone and one map per offset"):
+        pillar_pass(env, _Straight())
+
+
+def _scene_cfg():
+    return _cfg().env.model_copy(update={"max_episode_length": 1000})  # no time-out
+
+
+class _Straight:
+    """Flies at 1 m/s towards the goal in the goal frame, plus `sideways` m/s to its left
+    (the action in NavRL's normalised Beta space: v = (2a - 1) * 2)."""
+
+    action_limit = 2.0
+
+    def __init__(self, sideways: float = 0.0) -> None:
+        self.sideways = sideways
+
+    def act(self, td, deterministic=False, generator=None):
+        n = td.batch_size[0]
+        v = torch.tensor([1.0, self.sideways, 0.0]).expand(n, 3)
+        normalized = (v / self.action_limit + 1.0) / 2.0
+        direction = td.get((*OBS_KEY, "direction"))
+        td.set(("agents", "action"), NavRLPolicy.to_world(self, normalized, direction))  # type: ignore[arg-type]
+        return td
+
+
 class _Still:
     """Commands zero velocity: a drone stays where it is."""
 
@@ -257,6 +339,8 @@ def test_diagnose_hazard_and_probe_rows_keep_the_evaluations_numbers(tmp_path: P
         assert row["outcomes"].count("R") == round(row["reach_goal"] * row["episodes"])
         h = row["hazard"]
         assert h["collisions"] == round(row["collision"] * row["episodes"])
+        kinds = ("head_on", "oblique", "glancing", "not_a_pillar")
+        assert sum(h["approach"][k] for k in kinds) == h["collisions"]
         assert sum(b["episodes"] for b in h["by_distance_m"].values()) == row["episodes"]
     navrl, train = probed
     assert sum(p["episodes"] for p in navrl["paths"].values()) == navrl["episodes"]
