@@ -447,6 +447,7 @@ def main() -> None:
         checked["eval_num_obstacles"] = cfg.eval.num_obstacles or cfg.env.num_obstacles
         checked["held_out_maps"] = held_cfg.eval.num_maps
         checked["lr_schedule"] = cfg.ppo.lr_schedule
+        checked["torch_threads"] = cfg.run.torch_threads
         checked["min_level"] = cfg.env.min_level  # the [env] floor, and each stage's own
         checked["stage_min_levels"] = [stage.min_level for stage in cfg.env.curriculum]
         if args.fork_from is not None:  # what the run would fork (nothing is copied here)

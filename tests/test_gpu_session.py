@@ -141,6 +141,24 @@ def test_a_sweep_fork_without_its_parts_stops_before_any_recipe(
     assert message in log and "start recipe" not in log
 
 
+@pytest.mark.parametrize(
+    ("env", "threads"),
+    [
+        ({"CPUS": "2"}, 1),  # two recipes on two cores: one thread each
+        ({"CPUS": "16"}, 2),  # the GPU machine: session 9's two
+        ({"CPUS": "2", "TORCH_THREADS": "3"}, 3),  # asked for
+    ],
+)
+def test_sweep_processes_hold_no_more_threads_than_the_cores(
+    env: dict[str, str], threads: int, tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    done = session("sweep", tmp_path, WORK=str(work), RECIPES="levels hops", **env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for tag in ("levels", "hops"):
+        assert checked((work / f"{tag}.out").read_text())["torch_threads"] == threads
+
+
 def test_a_sweep_fork_hands_learning_py_the_source_and_iteration(tmp_path: Path) -> None:
     keep, work = tmp_path / "keep", tmp_path / "work"
     src = tmp_path / "src"  # CHECK=1 stops before the copy: SRC need not exist

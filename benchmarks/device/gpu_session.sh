@@ -335,10 +335,19 @@ sweep)
   # capture failure fixed since), so fewer recipes get more frames each.
   budget=${2:-330}
   levels=$LEVELS
+  recipes=${RECIPES:-stages long_hops long_hops_hold long_hops_hold_mb4 long_hops_hold_lrlin}
   # Each process two CPU threads (session 9's setting), not torch's default of one per
   # core for every daemon side by side; what that default costs there is not measured.
+  # Fewer where the recipes would hold more threads than the machine has cores (CPUS,
+  # default nproc): two daemons of two threads each on the 2-core CPU took 2.6-5.8x as
+  # long per iteration as two of one thread (session 39, docs/learning.md). TORCH_THREADS
+  # wins.
+  # shellcheck disable=SC2086  # the recipes are meant to split into words
+  set -- $recipes
+  per=$((${CPUS:-$(nproc)} / $#))
+  threads=${TORCH_THREADS:-$((per >= 2 ? 2 : 1))}
   static=(run.device=$DEV env.num_envs=256 env.num_dynamic_obstacles=0 eval.num_envs=64
-    eval.max_steps=2200 eval.held_out_seed=1000 "run.torch_threads=${TORCH_THREADS:-2}")
+    eval.max_steps=2200 eval.held_out_seed=1000 "run.torch_threads=$threads")
   # shellcheck disable=SC2206  # EXTRA is meant to split into words
   extra=(${EXTRA:-})
   mapped=(env.num_maps=16 "env.map_levels=$levels")  # 16 maps, per-env density levels
@@ -352,7 +361,7 @@ sweep)
     [ "${FORK%@*}" != "$FORK" ] || { log "FORK=$FORK: expected SRC@ITER"; exit 2; }
     fork=(--fork-from "${FORK%@*}" --fork-at "${FORK##*@}")
   fi
-  for entry in ${RECIPES:-stages long_hops long_hops_hold long_hops_hold_mb4 long_hops_hold_lrlin}; do
+  for entry in $recipes; do
     name=${entry%@*} tag=$entry seeded=()  # NAME@SEED: the recipe with run.seed = SEED
     if [ "$name" != "$entry" ]; then tag=${name}_s${entry#*@} seeded=("run.seed=${entry#*@}"); fi
     case $name in
