@@ -291,8 +291,9 @@ def pillar_pass(
     line, drone k starting `start` m before it and its goal `beyond` m after it, at
     `altitude`, flown with deterministic actions (the evaluation's) for each of `starts`.
     `env` holds one drone per offset (`pillar_pass_env`). Per start and offset: collided,
-    the shortest beam while flying (m), and the side it passed on (+1 / -1, the sign of x
-    where it crossed the pillar's line; 0 if it never did). Summary: collisions, the
+    the shortest beam while flying (m), and the side it passed on (+1 / -1: the sign of its
+    x less the pillar's centre where it crossed the pillar's line; 0 if it never did; x is
+    left of the flight for a drone flying towards -y). Summary: collisions, the
     shortest beam of all, and `one_side_share`, the share of passes on the side taken most."""
     n = len(offsets)
     if env.batch_size[0] != n or env.num_maps != n:
