@@ -14,6 +14,7 @@ import torch
 
 from navrl_daemon.config import load_config
 from navrl_daemon.env import make_env
+from navrl_daemon.env.geometry import goal_to_world, yaw_of
 from navrl_daemon.rl.evaluate import Trajectories, evaluate
 from navrl_daemon.rl.policy import OBS_KEY, NavRLPolicy
 from navrl_daemon.rl.probes import (
@@ -227,8 +228,7 @@ def _scene_cfg():
 
 
 class _Straight:
-    """Flies at 1 m/s towards the goal in the goal frame, plus `sideways` m/s to its left
-    (the action in NavRL's normalised Beta space: v = (2a - 1) * 2)."""
+    """Flies at 1 m/s towards the goal in the goal frame, plus `sideways` m/s to its left."""
 
     action_limit = 2.0
 
@@ -236,11 +236,9 @@ class _Straight:
         self.sideways = sideways
 
     def act(self, td, deterministic=False, generator=None):
-        n = td.batch_size[0]
-        v = torch.tensor([1.0, self.sideways, 0.0]).expand(n, 3)
-        normalized = (v / self.action_limit + 1.0) / 2.0
-        direction = td.get((*OBS_KEY, "direction"))
-        td.set(("agents", "action"), NavRLPolicy.to_world(self, normalized, direction))  # type: ignore[arg-type]
+        direction = td.get((*OBS_KEY, "direction"))  # [n,1,3]
+        v = torch.tensor([1.0, self.sideways, 0.0]).expand_as(direction)
+        td.set(("agents", "action"), goal_to_world(v, yaw_of(direction)))
         return td
 
 
