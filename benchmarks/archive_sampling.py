@@ -41,7 +41,7 @@ PILLARS = ["run.device=cpu", "env.spawn=local", "env.goal_distance=[5.0, 15.0]"]
 
 
 def collect(num_envs: int, rollouts: int) -> list[dict[str, np.ndarray]]:
-    cfg = load_config("config/navrl.toml", [*PILLARS, f"env.num_envs={num_envs}"])
+    cfg = load_config("config/navrl-original.toml", [*PILLARS, f"env.num_envs={num_envs}"])
     training = Training.build(cfg, "cpu")
     for _ in range(2):  # let the episodes get under way
         training.collector.collect(training.buffer)

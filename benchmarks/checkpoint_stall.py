@@ -1,7 +1,7 @@
 """Checkpoint cost to training vs a synchronous save, and what each LZ4 level buys. JSON out.
 
 Two states:
-- `navrl`: the real snapshot of a NavRL-scale run (config/navrl.toml on this device): the
+- `navrl`: the real snapshot of a NavRL-scale run (config/navrl-original.toml on this device): the
   learner (NavRL's policy with ValueNorm, three Adams, RNG) and the collector (env state of
   1024 drones, the running TensorDict, process RNGs);
 - `synthetic_200mb`: 200 MB of float32 tensors in 50 parameters, with Adam-like moments.
@@ -77,7 +77,7 @@ def sync_save(state: dict[str, Any], path: Path) -> None:
 
 
 def navrl_training(device: str) -> Training:
-    cfg = load_config(REPO / "config" / "navrl.toml", [f"run.device={device}"], environ={})
+    cfg = load_config(REPO / "config" / "navrl-original.toml", [f"run.device={device}"], environ={})
     training = Training.build(cfg, device)
     training.step()  # Adam moments exist after the first update
     return training

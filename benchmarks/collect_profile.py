@@ -13,7 +13,7 @@ and the top ops. The masked over indexed speed without capture is what `env.rese
 "auto"` decides on; captured over eager-indexed is what `env.collect_path = "auto"` gains.
 Prints the JSON summary last; `--table FILE` also writes the profiler tables there.
 
-Run: `.venv/bin/python benchmarks/collect_profile.py [--config config/navrl.toml]
+Run: `.venv/bin/python benchmarks/collect_profile.py [--config config/navrl-original.toml]
 [--device cuda] [--paths eager_indexed,eager_masked,cuda_graph] [KEY=VALUE ...]`
 """
 

@@ -1,5 +1,5 @@
-"""Learning runs' evaluations summed up per span of frames, side by side: the tables in
-docs/learning.md that compare a lever with its control on the same frames.
+"""Learning runs' evaluations summed up per span of frames, side by side: how
+docs/results.md compares a lever with its control on the same frames.
 
 Each RUN is a state dir that benchmarks/learning.py kept (`--keep-state`: its
 `eval/results.jsonl` and `history.jsonl`, readable while the run goes on) or a JSON that

@@ -30,7 +30,7 @@ collided, out of bounds, timed out): two policies' rows of the same maps and dro
 drone by drone with `benchmarks/paired.py`.
 
 Run: `.venv/bin/python benchmarks/diagnose.py --checkpoint A.nrc [B.pt ...] --config
-config/navrl.toml --pillars 100 350 350:100 --probe --out diag.json [KEY=VALUE ...]`
+config/navrl-original.toml --pillars 100 350 350:100 --probe --out diag.json [KEY=VALUE ...]`
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ def diagnose(cfg: Config, path: Path, args: argparse.Namespace) -> list[dict[str
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", type=Path, nargs="+", required=True)
-    p.add_argument("--config", type=Path, default=Path("config/navrl.toml"))
+    p.add_argument("--config", type=Path, default=Path("config/navrl-original.toml"))
     p.add_argument("--pillars", nargs="*", default=["100", "350"])
     p.add_argument("--layouts", nargs="+", default=["navrl", "train"])
     p.add_argument(

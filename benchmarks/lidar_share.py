@@ -10,7 +10,7 @@ A masked-reset step casts twice (the step's scan and the fresh episodes' one), s
 share is 2 × cast / step. Also: the culling grid's candidate boxes per cell (K: each ray
 is tested against K boxes) against the boxes of a whole map (what brute force tests).
 
-Run: `.venv/bin/python benchmarks/lidar_share.py --device cuda --config config/navrl.toml
+Run: `.venv/bin/python benchmarks/lidar_share.py --device cuda --config config/navrl-original.toml
 --num-envs 1024 4096`
 """
 

@@ -11,7 +11,7 @@ untrained policy crashes sooner). Prints JSON: per length and mode median [min, 
 rollout seconds, frames/s, resets per rollout, host reads per rollout; masked / indexed
 speed.
 
-Run: `.venv/bin/python benchmarks/reset_modes.py [--config config/navrl.toml]
+Run: `.venv/bin/python benchmarks/reset_modes.py [--config config/navrl-original.toml]
 [--device cuda] [--repeats 7] [--episode-lengths 50,2200] [KEY=VALUE ...]`
 """
 
@@ -112,7 +112,7 @@ def measure(
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--config", type=Path, default=REPO / "config" / "navrl.toml")
+    p.add_argument("--config", type=Path, default=REPO / "config" / "navrl-original.toml")
     p.add_argument("--device", default="cpu")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument(

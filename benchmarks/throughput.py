@@ -25,7 +25,7 @@ is rewritten there after every run, so a run stopped from outside keeps what it 
 
 Run: `.venv/bin/python benchmarks/throughput.py` (CPU, config/default.toml), or at
 NavRL's scale on a GPU: `.venv/bin/python benchmarks/throughput.py --device cuda
---config config/navrl.toml --variants eager_lag0,cuda_graph_lag0,cuda_graph_lag1`.
+--config config/navrl-original.toml --variants eager_lag0,cuda_graph_lag0,cuda_graph_lag1`.
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ class RunConfig(Section):
 
 class PromotionRule(Section):
     # An evaluation passes when reach_goal >= reach_goal and collision <= collision; `evals`
-    # passes in a row at this stage move training to the next one (docs/learning.md).
+    # passes in a row at this stage move training to the next one (docs/training-navrl.md).
     reach_goal: Annotated[float, Field(ge=0.0, le=1.0)] = 0.8
     collision: Annotated[float, Field(ge=0.0, le=1.0)] = 1.0
     evals: Annotated[int, Field(ge=1, le=1_000_000)] = 2
@@ -789,8 +789,8 @@ def _walk(value: Any, where: str = "") -> Iterable[tuple[str, Any]]:
 RETIRED: dict[tuple[str, str], tuple[Any, str]] = {
     ("ppo", "mirror_ratio"): (
         "behaviour",
-        'removed: "own" diverged within 50 iterations where it was tried (docs/learning.md, '
-        "session 18); ppo.mirror always takes a reflection's ratio over the collected row's "
+        'removed: "own" diverged within 50 iterations where it was tried (docs/results.md); '
+        "ppo.mirror always takes a reflection's ratio over the collected row's "
         'log-prob ("behaviour")',
     ),
 }

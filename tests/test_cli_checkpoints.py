@@ -112,7 +112,14 @@ def test_import_then_eval_equals_eval_of_the_navrl_file(
     assert imp.returncode == 0, imp.stderr
     ckpt = state / "checkpoints" / "ckpt-000000000.nrc"
     assert ckpt.exists()
-    common = ["--config", "config/navrl.toml", "--episodes", "8", "--json", "run.device=cpu"]
+    common = [
+        "--config",
+        "config/navrl-original.toml",
+        "--episodes",
+        "8",
+        "--json",
+        "run.device=cpu",
+    ]
     common += ["eval.max_steps=300"]
     a = navrl_cli("eval", "--checkpoint", str(navrl_checkpoint), *common)
     b = navrl_cli("eval", "--checkpoint", str(ckpt), *common)

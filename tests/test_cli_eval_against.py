@@ -14,7 +14,7 @@ from tests.conftest import NAVRL_CHECKPOINT, navrl_cli
 # NavRL's static task on a small field, cheap enough for the CI machine: 12 drones, 300
 # steps, a 16 m field of 60 pillars, no moving obstacles (NavRL's policy flies all 12 to
 # the step cap; with its actor nudged 3 of them collide).
-COMMON = ["--config", "config/navrl.toml", "--episodes", "12", "run.device=cpu"]
+COMMON = ["--config", "config/navrl-original.toml", "--episodes", "12", "run.device=cpu"]
 COMMON += ["eval.max_steps=300", "env.num_dynamic_obstacles=0", "env.field_size=16.0"]
 COMMON += ["env.num_obstacles=60"]
 

@@ -34,7 +34,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_shipped_cpu_config_uses_one_torch_thread() -> None:
-    """Two OpenMP threads on a shared 2-core CPU collapse throughput (docs/learning.md)."""
+    """Two OpenMP threads on a shared 2-core CPU collapse throughput (docs/results.md)."""
     assert load_config(REPO / "config" / "default.toml").run.torch_threads == 1
 
 

@@ -50,7 +50,7 @@ def test_eval_runs_the_published_checkpoint(navrl_checkpoint: Path) -> None:
     proc = navrl_cli(
         "eval",
         "--config",
-        "config/navrl.toml",
+        "config/navrl-original.toml",
         "--checkpoint",
         str(navrl_checkpoint),
         "--episodes",

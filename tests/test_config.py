@@ -22,7 +22,9 @@ def test_defaults_are_navrl_numbers() -> None:
     assert cfg.ppo.clip_ratio == 0.1 and cfg.ppo.entropy_coef == 1e-3
 
 
-@pytest.mark.parametrize("name", ["default.toml", "navrl.toml"])
+@pytest.mark.parametrize(
+    "name", ["default.toml", "navrl.toml", "navrl-static.toml", "navrl-original.toml"]
+)
 def test_shipped_configs_validate(name: str) -> None:
     load_config(REPO / "config" / name, environ={})
 

@@ -2,7 +2,8 @@
 # The wheels the lent GPU machine lacks (it has torch 2.11, anyio, h5py, prometheus-client,
 # numpy, matplotlib, pytest, hypothesis; Python 3.12, no network), in the versions this
 # project's .venv runs, into .whl/ (git-ignored via .git/info/exclude). Run here, in the
-# repo root, before a device call that names `.whl` (and `carry`) in carry.
+# repo root, before a device call that names `.whl` in carry (NavRL's checkpoint travels as
+# tests/data/navrl_checkpoint.pt, a tracked file).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
@@ -19,7 +20,4 @@ for w in "${WHEELS[@]}"; do
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     --platform manylinux1_x86_64 -d .whl "$w"
 done
-# NavRL's published checkpoint (tests/data), for benchmarks/learning.py there.
-mkdir -p carry
-cp tests/data/navrl_checkpoint.pt carry/
-du -sh .whl carry
+du -sh .whl

@@ -25,7 +25,7 @@ from navrl_daemon.rl.training import eval_steps, make_eval_env, make_policy
 from navrl_daemon.storage.policy_file import load_any_policy_state
 from tests.conftest import REPO, TINY, navrl_cli
 
-NAVRL_TOML = REPO / "config" / "navrl.toml"
+NAVRL_TOML = REPO / "config" / "navrl-original.toml"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # A smaller field than NavRL's 40 m, so the crossing ends within the eval: the outcomes
 # reached, collided and timed out all occur with the published policy.

@@ -144,7 +144,7 @@ def test_a_new_env_or_policy_is_captured_again() -> None:
     assert rollout.captures == 3
 
 
-# The learning recipes' env (docs/learning.md): hops and crossings among density levels,
+# The learning recipes' env (docs/training-navrl.md): hops and crossings among density levels,
 # episodes that end once the goal is held.
 LEVELS_HOPS_HOLD = {"map_levels": [0, 10, 40], "reach_hold": 3, **HOPS_AND_CROSSINGS}
 

@@ -44,8 +44,8 @@ def _no_tf32_on_cuda(request):
     """The CUDA cases compare two paths at TOL, and cuDNN's convolutions use TF32 by
     default: it rounds their inputs to 10 mantissa bits, so weights that fused and
     for-each Adam leave a float32 ulp apart can round ~1e-3 apart at the next step, far
-    above TOL. A guess at session 32's `fused-cuda-mirror` failure (no traceback came
-    back). With TF32 off, what is left between the paths is their maths."""
+    above TOL. A guess at the `fused-cuda-mirror` failure seen once on an H200 (no
+    traceback came back). With TF32 off, what is left between the paths is their maths."""
     if "cuda" not in request.node.name:
         yield
         return
