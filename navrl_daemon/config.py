@@ -45,9 +45,37 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
 
 
+# The longest file name (one path component) Linux file systems take: NAME_MAX.
+NAME_MAX_BYTES = 255
+
+
+def state_dir_problem(path: str) -> str | None:
+    """Why `path` cannot be a state dir whatever is on disk, or None. Checked before
+    anything is made: no system call takes a NUL byte, TensorBoard writes the path as
+    UTF-8 (a byte that is not UTF-8 reaches Python as a surrogate escape), and no file
+    system takes a component longer than NAME_MAX_BYTES."""
+    shown = os.fsencode(path).decode("utf-8", "backslashreplace").replace("\0", "\\x00")
+    if "\0" in path:
+        return f"{shown}: holds a NUL byte, which no path can"
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError as err:
+        byte = os.fsencode(path[err.start : err.end])[0]
+        return f"{shown}: byte 0x{byte:02x} is not UTF-8 (TensorBoard writes paths as UTF-8)"
+    for part in Path(path).parts:
+        if len(part.encode()) > NAME_MAX_BYTES:
+            return (
+                f"{shown}: a component of {len(part.encode())} bytes, longer than a file "
+                f"name may be ({NAME_MAX_BYTES} bytes)"
+            )
+    return None
+
+
 class RunConfig(Section):
     # Seeds the weights, the maps and the action sampling: the same seed, the same run.
-    seed: NonNegInt = 0
+    # At most 2**63 - 1: what TOML (config.toml) holds; ranks add their rank to it for
+    # torch.manual_seed, which takes up to 2**64 - 1.
+    seed: Annotated[int, Field(ge=0, le=2**63 - 1)] = 0
     # "cpu", "cuda", "cuda:N", or "auto" (cuda when torch sees a GPU, else cpu).
     device: Annotated[str, Field(pattern=r"^(auto|cpu|cuda(:\d+)?)$")] = "auto"
     # Environment frames to train on (over all envs); the run stops there (NavRL: 1.2 G).
@@ -58,6 +86,18 @@ class RunConfig(Section):
     shutdown_timeout_s: PosFloat = 60.0
     # 0 keeps torch's default intra-op thread count.
     torch_threads: NonNegInt = 0
+    # A start-up that has not finished its first iteration after this many seconds logs its
+    # phase and every thread's stack and exits 70, for systemd to restart it (0: no limit).
+    # Building NavRL-scale maps, CUDA graphs and a compiled update fit well inside it.
+    startup_timeout_s: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 600.0
+
+    @field_validator("state_dir")
+    @classmethod
+    def _usable_state_dir(cls, v: str) -> str:
+        problem = state_dir_problem(v)
+        if problem is not None:
+            raise ValueError(problem)
+        return v
 
 
 class PromotionRule(Section):

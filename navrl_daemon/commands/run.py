@@ -7,7 +7,8 @@ import argparse
 from typing import Any
 
 from navrl_daemon.commands.common import config_args, state_dir, state_dir_arg
-from navrl_daemon.config import Config
+from navrl_daemon.config import Config, state_dir_problem
+from navrl_daemon.errors import ConfigError
 
 
 def register(sub: Any) -> None:
@@ -22,6 +23,10 @@ def handle(cfg: Config, args: argparse.Namespace) -> int:
     from navrl_daemon.runtime.distributed import World
 
     root = state_dir(cfg, args)
+    # Before anything is made there; run.state_dir was checked with the config.
+    problem = state_dir_problem(str(root)) if args.state_dir is not None else None
+    if problem is not None:
+        raise ConfigError(f"--state-dir {problem}")
     code = daemon.run(cfg, root, args.stop_signals)
     if World.from_environ().leader:  # rank 0 owns the state dir it describes
         print_run_summary(cfg, root)

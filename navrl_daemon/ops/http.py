@@ -186,8 +186,9 @@ class MetricsServer:
                             if not self._accept(listener, sel, clients):
                                 sel.unregister(listener)
                                 paused_until = time.monotonic() + ACCEPT_PAUSE_S
-                        else:
+                        elif clients.get(key.fileobj) is key.data:
                             self._step(key.data, events, sel, clients)
+                        # else: closed earlier in this batch (evicted by an accept)
                     now = time.monotonic()
                     if paused_until and now >= paused_until:
                         sel.register(listener, selectors.EVENT_READ)
@@ -230,10 +231,16 @@ class MetricsServer:
                     sock.close()
                     continue
                 self._close(min(waiting, key=lambda c: c.deadline), sel, clients, "evicted")
-            sock.setblocking(False)
             client = _Exchange(sock, str(peer[0]), time.monotonic() + self.request_timeout_s)
+            try:
+                sock.setblocking(False)
+                sel.register(sock, selectors.EVENT_READ, client)
+            except OSError as err:  # the kernel's epoll watches ran out, say
+                log.debug("metrics connection not served", error=str(err))
+                self.dropped["refused"] += 1
+                sock.close()
+                continue
             clients[sock] = client
-            sel.register(sock, selectors.EVENT_READ, client)
         return True
 
     def _step(
@@ -300,9 +307,11 @@ class MetricsServer:
         clients: dict[socket.socket, _Exchange],
         dropped: str | None = None,
     ) -> None:
+        """Close a connection once: `clients` holds exactly the open, registered ones."""
+        if clients.pop(client.sock, None) is None:
+            return
         if dropped is not None:
             self.dropped[dropped] += 1
-        clients.pop(client.sock, None)
         sel.unregister(client.sock)
         client.sock.close()
 

@@ -133,18 +133,22 @@ async def serve(
         **({"rank": world.rank, "world_size": world.world_size} if world.distributed else {}),
     )
     telemetry = Telemetry(cfg, device, observe, world, cadence)
+    startup = telemetry.startup.start()  # from here to the first iteration's end
     shutdown = Shutdown()
     threads = ComputeThreads(device.type)
     coordinator: Coordinator = SingleProcess()
     failure: StageFailed | None = None
     try:
         if world.distributed:
-            coordinator = await anyio.to_thread.run_sync(
-                Ranks, world, device, cfg.distributed.timeout_s
-            )
+            with startup.phase("ranks"):
+                coordinator = await anyio.to_thread.run_sync(
+                    Ranks, world, device, cfg.distributed.timeout_s
+                )
         telemetry.start()
         ctx = RunContext(cfg, state_dir, device, shutdown, threads, telemetry, coordinator, cadence)
-        stages = await threads.producer.run(build_stages, ctx)
+        with startup.phase("build stages"):
+            stages = await threads.producer.run(build_stages, ctx)
+        startup.enter("first iteration")
 
         def on_state(state: State) -> None:
             telemetry.state(state, shutdown.reason)
@@ -179,32 +183,36 @@ async def serve(
 def build_stages(ctx: RunContext) -> list[Stage]:
     """Everything heavy (env, policy, buffers) is built here, off the event loop."""
     cfg, world, telemetry = ctx.cfg, ctx.world, ctx.telemetry
+    phase = telemetry.startup.phase
     offline.refuse_distributed(cfg, world.distributed)
     if cfg.offline.objective == "bc":  # no env: prefetcher → offline trainer (offline.py)
         return offline.bc_stages(ctx)
     memory.require(*rollout_memory(cfg), ctx.device, fix="lower env.num_envs or ppo.rollout_length")
     checkpoints = CheckpointDir(ctx.state_dir / "checkpoints", accept=resume.CheckpointFit(cfg))
-    found = ctx.coordinator.newest_checkpoint(checkpoints)
+    with phase("newest checkpoint"):
+        found = ctx.coordinator.newest_checkpoint(checkpoints)
     torch.manual_seed(cfg.run.seed)  # the same initial weights on every rank
-    policy = make_policy(cfg, ctx.device)
-    bc = offline.PPOPlusBC(ctx) if cfg.offline.objective == "ppo+bc" else None
-    learner = Learner.build(  # ConfigError (78) here if ppo.update_path cannot run with these
-        cfg,
-        policy,
-        ctx.device,
-        reducer=ctx.coordinator.reducer,
-        minibatches=(
-            CompressedMinibatches(cfg.pipeline.compress_workers)
-            if cfg.pipeline.compress_rollouts
-            else ppo.frame_minibatches
-        ),
-        aux_loss=bc.term if bc is not None else None,
-    )
+    with phase("policy and update"):
+        policy = make_policy(cfg, ctx.device)
+        bc = offline.PPOPlusBC(ctx) if cfg.offline.objective == "ppo+bc" else None
+        learner = Learner.build(  # ConfigError (78) here if ppo.update_path cannot run
+            cfg,
+            policy,
+            ctx.device,
+            reducer=ctx.coordinator.reducer,
+            minibatches=(
+                CompressedMinibatches(cfg.pipeline.compress_workers)
+                if cfg.pipeline.compress_rollouts
+                else ppo.frame_minibatches
+            ),
+            aux_loss=bc.term if bc is not None else None,
+        )
     if world.distributed:
         torch.manual_seed(cfg.run.seed + world.rank)  # each rank samples its own actions
     curriculum = Curriculum(cfg.env) if cfg.env.curriculum else None
     train_cfg = cfg.model_copy(update={"env": curriculum.env_config(0)}) if curriculum else cfg
-    collector = Collector.build(_rank_config(train_cfg, world), acting_copy(policy), ctx.device)
+    with phase("training envs"):
+        collector = Collector.build(_rank_config(train_cfg, world), acting_copy(policy), ctx.device)
     masked = getattr(collector.env, "masked_reset", None)  # the embedded env's choice
     if masked is not None:
         captured = isinstance(collector.rollout, CapturedRollout)
@@ -214,7 +222,8 @@ def build_stages(ctx: RunContext) -> list[Stage]:
             collect_path="cuda_graph" if captured else "eager",
         )
     first = collector.new_buffer()
-    start = _resume(ctx, found, learner, collector, curriculum)
+    with phase("resume"):
+        start = _resume(ctx, found, learner, collector, curriculum)
     ctx.coordinator.share_weights(policy)  # rank 0's weights, whatever happened above
     collector.policy.load_state_dict(policy.state_dict())
     pool = LeasePool([first, *(first.clone() for _ in range(cfg.pipeline.lease_pool - 1))])
@@ -228,9 +237,10 @@ def build_stages(ctx: RunContext) -> list[Stage]:
     if world.leader:  # the final snapshot's env state: every rank's, gathered by the
         # producers when they stopped together
         final_state = lambda: producer.final_state  # noqa: E731
-        owned = _state_dir_stages(
-            ctx, checkpoints, policy, curriculum, final_state, resumed_from=start.iteration
-        )
+        with phase("evaluation and state dir"):
+            owned = _state_dir_stages(
+                ctx, checkpoints, policy, curriculum, final_state, resumed_from=start.iteration
+            )
     trainer_stream = (
         torch.cuda.Stream(ctx.device)
         if cfg.pipeline.trainer_stream and ctx.device.type == "cuda"

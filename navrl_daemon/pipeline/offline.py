@@ -259,6 +259,7 @@ class OfflineProgress:
     def __call__(self, record: StepRecord) -> None:
         t = self.telemetry
         if self.window_samples is None:  # the first step of this process
+            t.startup.started()
             t.notifier.ready(f"training offline: step {record.step}")
             self.window_samples = record.samples - self.batch_size
         t.watchdog.progress()

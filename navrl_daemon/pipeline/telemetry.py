@@ -23,6 +23,7 @@ from navrl_daemon.ops.metrics import Metrics
 from navrl_daemon.ops.tensorboard import TensorBoardLog, open_tensorboard
 from navrl_daemon.runtime.distributed import World
 from navrl_daemon.runtime.sd_notify import ProgressWatchdog, SystemdNotifier
+from navrl_daemon.runtime.startup import StartupWatchdog
 from navrl_daemon.runtime.supervisor import Shutdown, State
 from navrl_daemon.stages.cadence import Cadence
 from navrl_daemon.stages.progress import ProgressLog
@@ -70,6 +71,8 @@ class Telemetry:
         self.observe = observe
         self.notifier = SystemdNotifier()
         self.watchdog = ProgressWatchdog(self.notifier)
+        # Until the first iteration ends; its phases are logged (runtime/startup.py).
+        self.startup = StartupWatchdog(cfg.run.startup_timeout_s)
         self.metrics = Metrics(
             version=__version__,
             torch_version=torch.__version__,
@@ -175,6 +178,7 @@ class Telemetry:
             await anyio.sleep(EXTEND_STOP_S / 3)
 
     def iteration(self, record: IterationRecord) -> None:
+        self.startup.started()
         if record.iteration == 1:
             self.notifier.ready(f"training: iteration {record.iteration}")
         self.watchdog.progress()
@@ -277,6 +281,7 @@ class Telemetry:
         self.metrics.stage_time("checkpoint_writer", "write", seconds)
 
     def close(self) -> None:
+        self.startup.close()
         self.progress.summarise()
         self.progress.close()
         if self.tensorboard is not None:

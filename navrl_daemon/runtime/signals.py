@@ -9,7 +9,10 @@ What a stop signal does depends on how far the process has come:
   an exception raised where it cannot propagate (a weakref callback of the import
   machinery, a `__del__`), so the stop is also remembered, and `queued()` raises it again
   before the event loop starts: a stop is never lost. Python's "Exception ignored in ..."
-  traceback for the dropped one is not printed (`sys.unraisablehook`).
+  traceback for the dropped one is not printed (`sys.unraisablehook`). A stop that lands
+  in Python code that C code runs during an import (torch's C++ start-up calls back into
+  Python) is not raised there, where unwinding C++ frames aborts the process: it is sent
+  again a moment later, or raised by `queued()`.
 - **queued** (inside `queued()`, i.e. while the event loop runs): the signal is queued and
   the supervisor takes it from `next()`. The first stops the pipeline cleanly (final
   checkpoint, export), a second aborts the work in flight. One that arrives while the
@@ -28,9 +31,11 @@ import collections
 import contextlib
 import enum
 import faulthandler
+import os
 import signal
 import socket
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from types import FrameType
 from typing import Any
@@ -39,6 +44,17 @@ import anyio
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 STDERR_FD = 2  # fd 2 itself (the journal under systemd)
+RETRY_S = 0.05  # a stop that arrived inside an import is sent again after this long
+IMPORT_FRAMES = "<frozen importlib._bootstrap"  # importlib's own frames' file names
+
+
+def _inside_import(frame: FrameType | None) -> bool:
+    """Whether Python code is running an import somewhere up this frame's stack."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(IMPORT_FRAMES):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def dump_stacks_on(sig: signal.Signals) -> None:
@@ -88,6 +104,7 @@ class StopSignals:
         self._queue: collections.deque[str] = collections.deque()
         self._previous: dict[signal.Signals, Any] = {}
         self._previous_wakeup_fd = -1
+        self._retrying: int | None = None  # a stop deferred out of an import, sent again
         # A waiting next() wakes up through this pair: Python's C-level handler writes to it
         # (set_wakeup_fd) even when the signal lands on a compute thread while the event
         # loop sleeps, and `_handle` then runs on the main thread.
@@ -166,11 +183,31 @@ class StopSignals:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
-        self.received.append(name)
+        if self._retrying == signum:  # our own repeat of a stop that arrived in an import
+            self._retrying = None
+        else:
+            self.received.append(name)
         if self.phase is Phase.STARTING:
+            if _inside_import(frame):
+                # C code running an import calls back into Python (torch's C++ start-up
+                # does): raised here, the exception would unwind through C++ frames, which
+                # abort the process (rc 134). Ask again shortly, out of the import by then
+                # or at `queued()`, which raises it at a Python boundary.
+                self._repeat_later(signum)
+                return
             raise StopRequested(name)
         if self.phase is Phase.QUEUED:
             self._deliver(name)
+
+    def _send_again(self, signum: int) -> None:
+        if self._retrying == signum and self.phase is Phase.STARTING:  # not handled since
+            os.kill(os.getpid(), signum)
+
+    def _repeat_later(self, signum: int) -> None:
+        self._retrying = signum
+        timer = threading.Timer(RETRY_S, self._send_again, (signum,))
+        timer.daemon = True
+        timer.start()
 
     def _deliver(self, name: str) -> None:
         self._queue.append(name)

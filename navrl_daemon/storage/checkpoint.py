@@ -5,7 +5,8 @@ payload: `torch.save` bytes of a state of tensors and plain values, cut into `ch
 pieces that are LZ4-frame-compressed independently (so a thread pool compresses and
 decompresses them in parallel; lz4 releases the GIL) and stored back to back; the header's
 `chunks` lists their stored sizes. Loading goes through `torch.load(weights_only=True)`
-only, after magic, length and checksum.
+only, after magic, length and checksum, with every size the header claims bounded by the
+file's own size first; a state the writer would refuse (a non-finite tensor) is not loaded.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import numpy as np
 
 from navrl_daemon.errors import DataError
 from navrl_daemon.storage.atomic import fsync_dir, write_atomic
+from navrl_daemon.storage.codec import CodecError, decompress_frame
 
 if TYPE_CHECKING:
     import torch
@@ -85,12 +87,13 @@ def _checksum(payload: bytes) -> str:
 
 
 def _check_state(value: Any, path: str) -> None:
-    """Refuse what `torch.load(weights_only=True)` could not read back, and non-finite floats."""
+    """Refuse what `torch.load(weights_only=True)` could not read back, and non-finite floats:
+    the writer never writes such a state, and a file that holds one is not a checkpoint."""
     import torch  # here, not at the top: `status` and `checkpoints list` read headers only
 
     if isinstance(value, torch.Tensor):
         if (value.is_floating_point() or value.is_complex()) and not _all_finite(value):
-            raise ValueError(f"state {path}: non-finite values; a checkpoint is never written")
+            raise ValueError(f"{path}: non-finite values; a checkpoint never holds them")
     elif type(value) in (dict, OrderedDict):
         for k, v in value.items():
             if not isinstance(k, str | int):
@@ -213,13 +216,13 @@ def _decompress(header: CheckpointHeader, payload: bytes, executor: Executor | N
         starts.append(starts[-1] + size)
     pieces = [view[a:b] for a, b in itertools.pairwise(starts)]
 
-    def decompress(piece: memoryview) -> bytes:
-        return lz4.frame.decompress(piece)
+    def decompress(piece: memoryview) -> bytearray:
+        return decompress_frame(piece, header.raw_bytes)  # no chunk holds more than all
 
     try:
         return b"".join(executor.map(decompress, pieces) if executor else map(decompress, pieces))
-    except RuntimeError as e:
-        raise _Invalid(f"payload is not an LZ4 frame: {e}") from None
+    except CodecError as e:
+        raise _Invalid(f"payload: {e}") from None
 
 
 def _load(
@@ -228,12 +231,14 @@ def _load(
     try:
         with open(path, "rb") as f:
             header = _read_header(f)
-            payload = f.read(header.stored_bytes + 1)
+            # The header's sizes are claims: the file's own size bounds what is read.
+            held = os.fstat(f.fileno()).st_size - f.tell()
+            payload = f.read(max(0, min(held, header.stored_bytes)))
     except OSError as e:
         raise _Invalid(f"unreadable: {e.strerror or e}") from None
     if len(payload) < header.stored_bytes:
         raise _Invalid(f"truncated: payload has {len(payload)} of {header.stored_bytes} bytes")
-    if len(payload) > header.stored_bytes:
+    if held > header.stored_bytes:
         raise _Invalid(f"trailing data after the {header.stored_bytes}-byte payload")
     actual = _checksum(payload)
     if actual != header.checksum:
@@ -249,6 +254,10 @@ def _load(
         raise _Invalid(f"payload refused by torch.load(weights_only=True): {_gist(e)}") from None
     if not isinstance(state, dict):
         raise _Invalid(f"payload is a {type(state).__name__}, not a dict")
+    try:
+        _check_state(state, "state")  # the writer's own check: a NaN weight never loads
+    except (TypeError, ValueError) as e:
+        raise _Invalid(str(e)) from None
     return header, state
 
 

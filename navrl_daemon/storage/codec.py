@@ -46,10 +46,32 @@ MODES: tuple[Mode, ...] = ("episode", "frame")
 CODEC = "lz4-frame"
 
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+# The most one stored byte of an LZ4 frame can decode to: the block format's densest
+# sequence is a run of match-length bytes of 255 each (all zeros reach about 243).
+LZ4_MAX_RATIO = 255
 
 
 class CodecError(ValueError):
     """A blob does not decode to the array its key describes."""
+
+
+def decompress_frame(blob: bytes | memoryview, limit: int) -> bytearray:
+    """One LZ4 frame's bytes, at most `limit` of them; CodecError for anything else.
+
+    The frame's own header says how much to allocate, so a crafted one claiming an
+    exabyte is refused by that claim, before any allocation; no valid frame decodes to
+    more than LZ4_MAX_RATIO times its size either."""
+    limit = min(limit, LZ4_MAX_RATIO * memoryview(blob).nbytes)
+    try:
+        claimed = lz4.frame.get_frame_info(blob)["content_size"]  # 0: not stored
+        if claimed > limit:
+            raise CodecError(f"LZ4 frame claims {claimed} bytes, at most {limit} possible here")
+        raw = lz4.frame.decompress(blob, return_bytearray=True)
+    except RuntimeError as e:  # lz4 reports bad frames as RuntimeError
+        raise CodecError(f"not a valid LZ4 frame: {e}") from None
+    if len(raw) > limit:
+        raise CodecError(f"LZ4 frame decoded to {len(raw)} bytes, at most {limit} possible here")
+    return raw
 
 
 @dataclass(frozen=True)
@@ -144,10 +166,7 @@ class KeyCodec:
 
     def _decompress(self, blob: bytes | memoryview, length: int) -> bytearray:
         expected = length * self.step_bytes
-        try:
-            raw = lz4.frame.decompress(blob, return_bytearray=True)
-        except RuntimeError as e:  # lz4 reports bad frames as RuntimeError
-            raise CodecError(f"not a valid LZ4 frame: {e}") from None
+        raw = decompress_frame(blob, expected)
         if len(raw) != expected:
             raise CodecError(f"decoded {len(raw)} bytes, expected {expected} for {length} steps")
         return raw
@@ -235,10 +254,7 @@ class PackedCodec:
     def _decompress(self, blob: bytes | memoryview, length: int) -> np.ndarray:
         expected = length * self.step_bytes
         if self.mode == "episode":
-            try:
-                raw = lz4.frame.decompress(blob, return_bytearray=True)
-            except RuntimeError as e:
-                raise CodecError(f"not a valid LZ4 frame: {e}") from None
+            raw = decompress_frame(blob, expected)
             if len(raw) != expected:
                 raise CodecError(
                     f"decoded {len(raw)} bytes, expected {expected} for {length} steps"
@@ -292,9 +308,9 @@ def _frames(blob: bytes | memoryview, length: int, step_bytes: int) -> np.ndarra
     rows = []
     for t, (start, end) in enumerate(spans):
         try:
-            row = lz4.frame.decompress(view[start:end])
-        except RuntimeError as e:
-            raise CodecError(f"step {t}: not a valid LZ4 frame: {e}") from None
+            row = decompress_frame(view[start:end], step_bytes)
+        except CodecError as e:
+            raise CodecError(f"step {t}: {e}") from None
         if len(row) != step_bytes:
             raise CodecError(f"step {t}: decoded {len(row)} bytes, expected {step_bytes}")
         rows.append(row)

@@ -125,6 +125,10 @@ def test_unit_settings_the_daemon_relies_on() -> None:
     assert "75" not in one("Service.RestartPreventExitStatus").split()  # a lock holder may exit
     # The stop timeout must leave room for the final flush the daemon itself bounds.
     assert seconds(one("Service.TimeoutStopSec")) > RunConfig().shutdown_timeout_s
+    # The daemon's own start-up limit fires first, with its phase and stacks in the journal,
+    # and its exit (70) is one systemd restarts.
+    assert seconds(one("Service.TimeoutStartSec")) > RunConfig().startup_timeout_s
+    assert "70" not in one("Service.RestartPreventExitStatus").split()
     assert one("Service.StateDirectory") == "navrl-daemon"
     assert one("Service.LogsDirectory") == "navrl-daemon"
     assert one("Service.User") == "navrl"

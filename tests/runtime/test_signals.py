@@ -5,9 +5,11 @@ went on to train)."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import sys
+import time
 import weakref
 
 import anyio
@@ -37,6 +39,28 @@ def test_a_stop_swallowed_while_starting_is_raised_again_before_the_event_loop(
     finally:
         signals.restore()
     assert "Traceback" not in capsys.readouterr().err  # no "Exception ignored in ..."
+
+
+MODULE = "tests.runtime.signal_during_import"
+
+
+def test_a_stop_inside_an_import_is_raised_after_it_not_inside_it() -> None:
+    """Raised inside an import, the stop would unwind through whatever C code runs the
+    import (torch's C++ start-up calls back into Python: rc 134, `terminate called after
+    throwing pybind11::error_already_set`). It is raised once the import is done."""
+    sys.modules.pop(MODULE, None)
+    signals = StopSignals().install()
+    try:
+        with pytest.raises(StopRequested) as stop:
+            importlib.import_module(MODULE)  # sends SIGTERM to itself, runs on 0.5 s
+            time.sleep(5)  # the repeat lands here, outside the import
+            pytest.fail("the stop was lost")
+        assert stop.value.signal_name == "SIGTERM"
+        assert sys.modules[MODULE].completed  # an exception inside would have undone it
+        assert signals.received == ["SIGTERM"]  # the repeat is not a second stop
+    finally:
+        signals.restore()
+        sys.modules.pop(MODULE, None)
 
 
 def test_other_unraisable_exceptions_still_reach_the_previous_hook() -> None:
