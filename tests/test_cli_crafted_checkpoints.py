@@ -49,8 +49,8 @@ def test_verify_refuses_crafted_files_and_run_resumes_past_them(
     state = Path(shutil.copytree(trained, tmp_path / "state"))
     ckpts = CheckpointDir(state / "checkpoints")
     write_nan_weight(ckpts, ckpts.path / "ckpt-000000003.nrc", 4)
-    (ckpts.path / "ckpt-000000005.nrc").write_bytes(exabyte_frame(None))
-    (ckpts.path / "ckpt-000000006.nrc").write_bytes(exabyte_payload())
+    (ckpts.path / "ckpt-000000005.nrc").write_bytes(exabyte_frame(None, iteration=5))
+    (ckpts.path / "ckpt-000000006.nrc").write_bytes(exabyte_payload(iteration=6))
 
     proc = navrl_cli("checkpoints", "verify", "--state-dir", str(state), "--json")
     assert proc.returncode == 65, proc.stderr[-3000:]

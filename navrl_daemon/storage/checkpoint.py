@@ -228,6 +228,11 @@ def _decompress(header: CheckpointHeader, payload: bytes, executor: Executor | N
 def _load(
     path: Path, map_location: Any, executor: Executor | None = None
 ) -> tuple[CheckpointHeader, dict[str, Any]]:
+    named = _FILE_NAME.fullmatch(path.name)
+    if named is not None and path.is_symlink():
+        # A run writes its checkpoints itself: a link could name any iteration (and its
+        # target is removed by the run's own pruning).
+        raise _Invalid("a symbolic link, not a file the run wrote")
     try:
         with open(path, "rb") as f:
             header = _read_header(f)
@@ -236,6 +241,12 @@ def _load(
             payload = f.read(max(0, min(held, header.stored_bytes)))
     except OSError as e:
         raise _Invalid(f"unreadable: {e.strerror or e}") from None
+    if named is not None and int(named.group(1)) != header.iteration:
+        # A copy or a rename: resuming from it would cut the history back to its iteration.
+        raise _Invalid(
+            f"named for iteration {int(named.group(1))}, but it holds iteration "
+            f"{header.iteration} (a copy or a rename)"
+        )
     if len(payload) < header.stored_bytes:
         raise _Invalid(f"truncated: payload has {len(payload)} of {header.stored_bytes} bytes")
     if held > header.stored_bytes:

@@ -83,18 +83,21 @@ def raw_state(iteration: int) -> bytes:
     return buf.getvalue()
 
 
-def exabyte_frame(raw_bytes: int | None) -> bytes:
+def exabyte_frame(raw_bytes: int | None, iteration: int = 9) -> bytes:
     """The issue's file (about 260 bytes): one chunk, an LZ4 frame claiming 2**60 bytes."""
     raw = b"x" * 200
     payload = frame_claiming(2**60, raw)
-    return container(payload, raw_bytes=len(raw) if raw_bytes is None else raw_bytes)
+    raw_size = len(raw) if raw_bytes is None else raw_bytes
+    return container(payload, raw_bytes=raw_size, iteration=iteration)
 
 
-def exabyte_payload() -> bytes:
+def exabyte_payload(iteration: int = 9) -> bytes:
     """A header claiming 2**62 stored bytes in one chunk; the file holds about 1.5 KB."""
-    raw = raw_state(9)
+    raw = raw_state(iteration)
     payload = lz4.frame.compress(raw)
-    return container(payload, raw_bytes=len(raw), stored_bytes=2**62, chunks=[2**62])
+    return container(
+        payload, raw_bytes=len(raw), stored_bytes=2**62, chunks=[2**62], iteration=iteration
+    )
 
 
 CRAFTED: dict[str, Callable[[], bytes]] = {
@@ -164,6 +167,27 @@ def test_a_non_finite_tensor_is_invalid_and_the_newest_valid_one_is_used(
     assert found is not None and found[0] == valid[-1] and found[2]["i"] == 5
     assert [p.name for p in (d.path / REJECTED).iterdir()] == [bad.name]
     assert d.newest_valid()[0] == valid[-1]  # and so does a rollback (load_learner)
+
+
+@pytest.mark.parametrize("how", ["symlink", "copy"])
+def test_a_checkpoint_under_a_newer_name_is_invalid_and_resume_does_not_go_back(
+    tmp_path: Path, how: str
+) -> None:
+    """`ln -s ckpt-26 ckpt-999999999` (or a copy) made a run resume from iteration 26, cut
+    its history back, and its first write removed the checkpoint it had just written."""
+    d = CheckpointDir(tmp_path / "checkpoints")
+    valid = written(d, range(1, 6))
+    stranger = d.path / "ckpt-999999999.nrc"
+    if how == "symlink":
+        stranger.symlink_to(valid[1].name)
+    else:
+        stranger.write_bytes(valid[1].read_bytes())
+    why = dict(verify(d.files()))[stranger]
+    assert why is not None and ("symbolic link" if how == "symlink" else "holds iteration 2") in why
+    found = newest_checkpoint(d)
+    assert found is not None and found[0] == valid[-1] and found[2]["i"] == 5
+    assert [p.name for p in (d.path / REJECTED).iterdir()] == [stranger.name]
+    assert all(p.exists() for p in valid)  # the link's target is left where it was
 
 
 @pytest.mark.parametrize("mode", ["episode", "frame"])
