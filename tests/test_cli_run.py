@@ -76,7 +76,7 @@ def test_eval_human_readable(navrl_checkpoint: Path) -> None:
 @pytest.mark.parametrize(
     ("content", "needle"),
     [
-        (b"not a torch file", "not a loadable torch state_dict"),
+        (b"not a torch file", "not a policy file (a torch state_dict) nor a checkpoint"),
         (None, "not NavRL's policy layout"),
     ],
 )
@@ -89,6 +89,15 @@ def test_eval_bad_checkpoint_exits_65(tmp_path: Path, content: bytes | None, nee
     proc = navrl_cli("eval", "--checkpoint", str(path), *TINY)
     assert proc.returncode == 65
     assert needle in proc.stderr
+
+
+def test_eval_of_a_text_file_exits_65_without_torch_s_advice_to_unpickle_it() -> None:
+    # torch's own message says to re-run with weights_only=False, i.e. to run the file's code
+    proc = navrl_cli("eval", "--checkpoint", "README.md", *TINY)
+    assert proc.returncode == 65
+    [line] = [x for x in proc.stderr.splitlines() if x.strip()]
+    assert line.startswith("navrl-daemon: error: checkpoint README.md: not a policy file")
+    assert "weights_only` set to `False`" not in proc.stderr and "arbitrary code" not in proc.stderr
 
 
 def test_eval_missing_checkpoint_exits_65(tmp_path: Path) -> None:

@@ -262,7 +262,9 @@ def _load(
     try:
         state = torch.load(io.BytesIO(raw), weights_only=True, map_location=map_location)
     except Exception as e:  # the trust boundary: whatever torch refuses, we refuse
-        raise _Invalid(f"payload refused by torch.load(weights_only=True): {_gist(e)}") from None
+        raise _Invalid(
+            f"payload refused by torch.load(weights_only=True): {torch_refusal(e)}"
+        ) from None
     if not isinstance(state, dict):
         raise _Invalid(f"payload is a {type(state).__name__}, not a dict")
     try:
@@ -280,11 +282,15 @@ def parse_header(data: bytes) -> CheckpointHeader:
         raise DataError(f"encoded checkpoint: {e}") from None
 
 
-def _gist(err: Exception) -> str:
-    """torch's refusal runs to a page of advice; keep the line that says what was refused."""
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    why = next((line for line in lines if "Unpickler error" in line), lines[0] if lines else "")
-    return (why or type(err).__name__)[:300]
+def torch_refusal(err: Exception) -> str:
+    """What `torch.load(weights_only=True)` refused, without the page of advice around it
+    (which suggests weights_only=False: running whatever code the file holds)."""
+    text = str(err)
+    if "Unpickler error:" in text:  # the reason follows it, the advice around it
+        text = text.split("Unpickler error:", 1)[1].split("Check the documentation", 1)[0]
+        return (" ".join(text.split()) or type(err).__name__)[:300]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return (lines[0] if lines else type(err).__name__)[:300]
 
 
 def read_header(path: Path) -> CheckpointHeader:

@@ -30,7 +30,12 @@ def load_policy_state(path: Path) -> dict[str, torch.Tensor]:
     except FileNotFoundError:
         raise DataError(f"checkpoint {path}: not found") from None
     except (pickle.UnpicklingError, RuntimeError, zipfile.BadZipFile, EOFError, OSError) as e:
-        raise DataError(f"checkpoint {path}: not a loadable torch state_dict: {e}") from None
+        from navrl_daemon.storage.checkpoint import torch_refusal
+
+        raise DataError(
+            f"checkpoint {path}: not a policy file (a torch state_dict) nor a checkpoint "
+            f"(.nrc): torch.load(weights_only=True) refused it: {torch_refusal(e)}"
+        ) from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise DataError(f"checkpoint {path}: expected a state_dict of tensors")
     return state
