@@ -257,3 +257,23 @@ def test_the_way_to_the_command_is_told(tmp_path: Path, monkeypatch: pytest.Monk
     assert command_prefix() == "navrl-daemon"
     monkeypatch.setattr(sys, "argv", ["/x/navrl_daemon/__main__.py", "run"])
     assert command_prefix().endswith(" -m navrl_daemon")
+
+
+def test_the_summary_s_tensorboard_command_runs_as_printed(
+    run_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`make` installs tensorboard in .venv/bin, which is not on PATH unless the venv is
+    activated: the summary names it by its path then, and the command runs as printed."""
+    import shlex
+
+    from navrl_daemon.commands.run_summary import run_summary
+    from navrl_daemon.config import Config
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no venv on it
+    command = run_summary(Config(), run_dir)["tensorboard"]
+    program, *args = shlex.split(command)
+    assert args == ["--logdir", str(run_dir / "tensorboard")]
+    assert shutil.which(program) is None or "/" in program  # not left to a PATH without it
+    done = subprocess.run([program, "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "--logdir" in done.stdout

@@ -17,6 +17,7 @@ from typing import Any
 import structlog
 
 from navrl_daemon.config import Config
+from navrl_daemon.ops.tensorboard import view_command
 
 log = structlog.get_logger("run")
 
@@ -53,9 +54,7 @@ def run_summary(cfg: Config, state_dir: Path) -> dict[str, Any]:
         "last_eval": None
         if not scored
         else {k: scored[-1].get(k) for k in ("iteration", "reach_goal", "collision")},
-        "tensorboard": f"tensorboard --logdir {shlex.quote(str(tensorboard))}"
-        if tensorboard.is_dir()
-        else None,
+        "tensorboard": view_command(tensorboard) if tensorboard.is_dir() else None,
         "next": [
             f"{cmd} report --state-dir {sd}",
             f"{cmd} eval --state-dir {sd} --video eval.gif",

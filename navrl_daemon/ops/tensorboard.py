@@ -12,6 +12,9 @@ from there on, as `history.jsonl` drops its rows.
 
 from __future__ import annotations
 
+import shlex
+import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -124,5 +127,25 @@ def open_tensorboard(state_dir: Path, resumed_at_frames: int) -> TensorBoardLog 
     except (ImportError, OSError) as err:
         log.warning("no TensorBoard event files", path=str(log_dir), error=str(err))
         return None
-    log.info("TensorBoard event files", logdir=str(log_dir), view=f"tensorboard --logdir {log_dir}")
+    log.info("TensorBoard event files", logdir=str(log_dir), view=view_command(log_dir))
     return board
+
+
+def view_command(log_dir: Path) -> str:
+    """`tensorboard --logdir DIR` as it runs from here: the `tensorboard` installed beside
+    this Python (`.venv/bin/tensorboard` after `make`) by its path unless PATH finds that
+    same one (a venv that is not activated is not on PATH)."""
+    beside = Path(sys.executable).parent / "tensorboard"
+    program = "tensorboard"
+    if beside.exists():
+        on_path = shutil.which("tensorboard")
+        if on_path is None or Path(on_path).resolve() != beside.resolve():
+            program = shlex.quote(_relative(beside))
+    return f"{program} --logdir {shlex.quote(str(log_dir))}"
+
+
+def _relative(path: Path) -> str:
+    try:
+        return str(path.absolute().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
