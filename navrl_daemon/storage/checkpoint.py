@@ -241,12 +241,6 @@ def _load(
             payload = f.read(max(0, min(held, header.stored_bytes)))
     except OSError as e:
         raise _Invalid(f"unreadable: {e.strerror or e}") from None
-    if named is not None and int(named.group(1)) != header.iteration:
-        # A copy or a rename: resuming from it would cut the history back to its iteration.
-        raise _Invalid(
-            f"named for iteration {int(named.group(1))}, but it holds iteration "
-            f"{header.iteration} (a copy or a rename)"
-        )
     if len(payload) < header.stored_bytes:
         raise _Invalid(f"truncated: payload has {len(payload)} of {header.stored_bytes} bytes")
     if held > header.stored_bytes:
@@ -254,6 +248,12 @@ def _load(
     actual = _checksum(payload)
     if actual != header.checksum:
         raise _Invalid(f"checksum mismatch (header {header.checksum}, payload {actual})")
+    if named is not None and int(named.group(1)) != header.iteration:
+        # A copy or a rename: resuming from it would cut the history back to its iteration.
+        raise _Invalid(
+            f"named for iteration {int(named.group(1))}, but it holds iteration "
+            f"{header.iteration} (a copy or a rename)"
+        )
     raw = _decompress(header, payload, executor)
     if len(raw) != header.raw_bytes:
         raise _Invalid(f"raw size mismatch ({len(raw)} bytes, header says {header.raw_bytes})")
