@@ -205,6 +205,12 @@ def test_verify_and_run_share_one_check_of_the_contents(trained: Path, tmp_path:
     assert "exp_avg of shape (7,)" in reasons["ckpt-000000006.nrc"]
     assert proc.stderr.count("invalid checkpoint") == 3
 
+    run_resumes_past_4_to_6(state)
+
+
+def run_resumes_past_4_to_6(state: Path) -> list[dict]:
+    """`run` on a state dir whose checkpoints 4-6 are bad: it sets them aside (kept, in
+    `rejected/`), resumes from 3, and leaves a directory `verify` passes. Its log lines."""
     run = navrl_cli("run", "--state-dir", str(state), *TINY, "run.total_frames=256")
     assert run.returncode == 0, run.stderr[-3000:]
     log = [json.loads(x) for x in run.stderr.splitlines() if x.startswith("{")]
@@ -212,5 +218,7 @@ def test_verify_and_run_share_one_check_of_the_contents(trained: Path, tmp_path:
     assert skipped == ["ckpt-000000004.nrc", "ckpt-000000005.nrc", "ckpt-000000006.nrc"]
     start = next(e for e in log if e["event"] == "resumed from checkpoint")
     assert Path(start["path"]).name == "ckpt-000000003.nrc"
-    assert sorted(p.name for p in (ckpts / "rejected").iterdir()) == skipped  # kept, aside
+    rejected = state / "checkpoints" / "rejected"
+    assert sorted(p.name for p in rejected.iterdir()) == skipped
     assert navrl_cli("checkpoints", "verify", "--state-dir", str(state)).returncode == 0
+    return log

@@ -15,6 +15,7 @@ from navrl_daemon.storage import checkpoint
 from navrl_daemon.storage.checkpoint import CheckpointDir, encode_checkpoint, load_checkpoint
 from tests.conftest import TINY, navrl_cli
 from tests.storage.test_crafted_checkpoints import exabyte_frame, exabyte_payload
+from tests.test_cli_checkpoints import run_resumes_past_4_to_6
 
 WEIGHT = "actor.module.0.module.alpha_layer.weight"
 
@@ -62,13 +63,5 @@ def test_verify_refuses_crafted_files_and_run_resumes_past_them(
     assert "truncated: payload has" in reasons["ckpt-000000006.nrc"]
     assert proc.stderr.count("invalid checkpoint") == 3
 
-    run = navrl_cli("run", "--state-dir", str(state), *TINY, "run.total_frames=256")
-    assert run.returncode == 0, run.stderr[-3000:]
-    log = [json.loads(x) for x in run.stderr.splitlines() if x.startswith("{")]
-    skipped = sorted(Path(e["file"]).name for e in log if e["event"].startswith("skipping"))
-    assert skipped == ["ckpt-000000004.nrc", "ckpt-000000005.nrc", "ckpt-000000006.nrc"]
-    start = next(e for e in log if e["event"] == "resumed from checkpoint")
-    assert Path(start["path"]).name == "ckpt-000000003.nrc"
+    log = run_resumes_past_4_to_6(state)
     assert not any("rolled back" in e["event"].lower() for e in log)
-    assert sorted(p.name for p in (ckpts.path / "rejected").iterdir()) == skipped
-    assert navrl_cli("checkpoints", "verify", "--state-dir", str(state)).returncode == 0

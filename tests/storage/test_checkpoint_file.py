@@ -70,7 +70,13 @@ def assert_identical(a, b, path="state"):
 
 def nrc(payload_raw: bytes, **overrides) -> bytes:
     """An NRC1 container built by hand from the format spec, around any raw payload."""
-    payload = lz4.frame.compress(payload_raw)
+    fields = {"raw_bytes": len(payload_raw), **overrides}
+    return nrc_stored(lz4.frame.compress(payload_raw), **fields)
+
+
+def nrc_stored(payload: bytes, **overrides) -> bytes:
+    """An NRC1 container around a payload as stored (compressed or crafted), its checksum
+    right; the header's fields are the format spec's, `overrides` replace any of them."""
     header = {
         "format_version": 1,
         "iteration": 1,
@@ -79,7 +85,7 @@ def nrc(payload_raw: bytes, **overrides) -> bytes:
         "created": 0.0,
         "codec": "lz4-frame",
         "level": 0,
-        "raw_bytes": len(payload_raw),
+        "raw_bytes": 0,
         "stored_bytes": len(payload),
         "checksum": f"crc32:{zlib.crc32(payload):08x}",
         "chunks": [len(payload)],

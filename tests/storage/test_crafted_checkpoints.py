@@ -7,10 +7,8 @@ moves it aside (issue #69). Real files on disk throughout."""
 from __future__ import annotations
 
 import io
-import json
 import re
 import struct
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,6 +28,7 @@ from navrl_daemon.storage.checkpoint import (
     verify,
 )
 from navrl_daemon.storage.codec import CodecError, KeyCodec, PackedCodec
+from tests.storage.test_checkpoint_file import nrc_stored
 
 
 def frame_claiming(size: int, data: bytes) -> bytes:
@@ -39,24 +38,8 @@ def frame_claiming(size: int, data: bytes) -> bytes:
 
 
 def container(payload: bytes, **overrides: object) -> bytes:
-    """An NRC1 file around a stored payload, its checksum right (the format spec's fields)."""
-    header = {
-        "format_version": 1,
-        "iteration": 9,
-        "frames": 90,
-        "policy_version": 9,
-        "created": 0.0,
-        "codec": "lz4-frame",
-        "level": 0,
-        "raw_bytes": 0,
-        "stored_bytes": len(payload),
-        "checksum": f"crc32:{zlib.crc32(payload):08x}",
-        "chunks": [len(payload)],
-        "meta": {},
-        **overrides,
-    }
-    head = json.dumps(header).encode()
-    return b"NRC1" + struct.pack("<I", len(head)) + head + payload
+    """An NRC1 file around a stored payload at iteration 9, its checksum right."""
+    return nrc_stored(payload, **{"iteration": 9, "frames": 90, "policy_version": 9, **overrides})
 
 
 def learner_state(iteration: int) -> dict:
