@@ -660,14 +660,13 @@ class Config(Section):
     def _update_path(self) -> Config:
         # What this config alone says about the learner; the learner checks again with
         # what it is built with (a distributed run's reducer, the device "auto" gave).
-        why_not = None
-        if self.pipeline.compress_rollouts:
-            why_not = NOT_FAST["env_groups"]
-        elif self.offline.objective == "ppo+bc":
-            why_not = NOT_FAST["aux_loss"]
+        why_not = NOT_FAST["env_groups"] if self.pipeline.compress_rollouts else None
+        why_not_graph = NOT_GRAPH["aux_loss"] if self.offline.objective == "ppo+bc" else None
         device = None if self.run.device == "auto" else self.run.device.split(":")[0]
         try:
-            path = resolve_update_path(self.ppo.update_path, device, why_not=why_not)
+            path = resolve_update_path(
+                self.ppo.update_path, device, why_not=why_not, why_not_graph=why_not_graph
+            )
             if device is not None or self.ppo.update_path == "eager":  # else: the learner
                 check_compile(self.ppo.compile, path)
         except ConfigError as err:
@@ -949,11 +948,16 @@ def resolve_device(cfg: Config) -> str:
 UpdatePath = Literal["eager", "fused", "cuda_graph"]
 
 # What the fast PPO update paths (rl/fast_update.py) do not cover, in the words of the
-# option that brings it in: they run NavRL's update, in one process, with no extra terms.
+# option that brings it in: they run NavRL's update in one process, on frame minibatches.
 NOT_FAST = {
     "reducer": "data parallelism over ranks (distributed)",
-    "aux_loss": "an extra loss term (offline.objective = 'ppo+bc')",
     "env_groups": "env-group minibatches (pipeline.compress_rollouts)",
+}
+# What only the CUDA-graph path does not cover: an extra loss term that reads data the host
+# hands it each minibatch (the BC term waits for the prefetcher), which a graph replay
+# would not see.
+NOT_GRAPH = {
+    "aux_loss": "an extra loss term fed by the host (offline.objective = 'ppo+bc')",
 }
 
 
@@ -968,18 +972,26 @@ def check_compile(compile_: bool, path: UpdatePath) -> None:
 
 
 def resolve_update_path(
-    requested: str, device_type: str | None, *, why_not: str | None = None
+    requested: str,
+    device_type: str | None,
+    *,
+    why_not: str | None = None,
+    why_not_graph: str | None = None,
 ) -> UpdatePath:
     """The one rule for whether a `ppo.update_path` can run: the path an update runs on.
 
     `device_type`: "cpu" or "cuda", None while unknown (run.device = "auto" at load time).
-    `why_not`: what rules the fast paths out (one of NOT_FAST), None when nothing does.
-    "auto" is "cuda_graph" on a CUDA device and "eager" otherwise; an explicit fast path
+    `why_not`: what rules the fast paths out (one of NOT_FAST), None when nothing does;
+    `why_not_graph`: what rules out the CUDA-graph path only (one of NOT_GRAPH).
+    "auto" is "cuda_graph" on a CUDA device ("fused" where only the graph is ruled out)
+    and "eager" otherwise; an explicit fast path
     that cannot run is a ConfigError (exit 78), never a silent fallback. The config applies
     it at load time; the learner (rl/training.py) again with what it is built with.
     """
     if requested == "auto":
-        return "cuda_graph" if device_type == "cuda" and why_not is None else "eager"
+        if device_type != "cuda" or why_not is not None:
+            return "eager"
+        return "cuda_graph" if why_not_graph is None else "fused"
     if requested == "eager":
         return "eager"
     if requested not in ("fused", "cuda_graph"):
@@ -987,6 +999,11 @@ def resolve_update_path(
     if why_not is not None:
         raise ConfigError(
             f"ppo.update_path = {requested!r} does not support {why_not}; use 'eager' or 'auto'"
+        )
+    if requested == "cuda_graph" and why_not_graph is not None:
+        raise ConfigError(
+            f"ppo.update_path = 'cuda_graph' does not support {why_not_graph}; use 'fused', "
+            "'eager' or 'auto'"
         )
     if requested == "cuda_graph" and device_type not in ("cuda", None):
         raise ConfigError(

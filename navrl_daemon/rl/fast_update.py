@@ -29,13 +29,17 @@ Adam): tests/rl/test_fast_update.py holds them to that on the CPU, and on a GPU 
 is one. Optimiser param_groups keep the eager path's plain values between updates (floats
 for `lr`, `fused`/`capturable` off), so checkpoints are the same whichever path wrote them.
 
-The paths cover NavRL's update: uniform frame minibatches, one process, no extra loss
-terms. `resolve` picks the eager path for anything else, and for `auto` on a CPU, where
-there is no launch overhead to save (benchmarks/throughput.py and ppo_update.py measure
-both; docs/throughput.md). The rule itself is config.py's `resolve_update_path`, the one
-place that decides whether a path can run. `build_update` makes a learner's update once,
-from the path resolved for what the learner is built with: an `EagerUpdate` (ppo.update,
-which takes a reducer, an extra loss term and any minibatch source) or a `FastUpdate`.
+Every path runs the same minibatch step (`ppo.minibatch_step`: the named loss terms,
+an update's extra terms among them, backward and clips); the paths differ in how the
+optimisers step and how the statistics reach the host. The fast paths cover uniform frame
+minibatches in one process, and an extra term (`aux_loss`) everywhere but in a CUDA graph,
+which would not see the data the host hands such a term. `resolve` picks the eager path
+for anything else, and for `auto` on a CPU, where there is no launch overhead to save
+(benchmarks/throughput.py and ppo_update.py measure both; docs/throughput.md). The rule
+itself is config.py's `resolve_update_path`, the one place that decides whether a path
+can run. `build_update` makes a learner's update once, from the path resolved for what
+the learner is built with: an `EagerUpdate` (ppo.update, which takes a reducer, an extra
+loss term and any minibatch source) or a `FastUpdate`.
 """
 
 from __future__ import annotations
@@ -47,22 +51,35 @@ from contextlib import contextmanager
 import torch
 from tensordict import TensorDictBase
 
-from navrl_daemon.config import NOT_FAST, PPOConfig, UpdatePath, check_compile, resolve_update_path
+from navrl_daemon.config import (
+    NOT_FAST,
+    NOT_GRAPH,
+    PPOConfig,
+    UpdatePath,
+    check_compile,
+    resolve_update_path,
+)
 from navrl_daemon.rl import ppo
 from navrl_daemon.rl.data_parallel import DataParallel
 from navrl_daemon.rl.graphs import capture_graph
 from navrl_daemon.rl.policy import NavRLPolicy
 
-AuxLoss = Callable[[NavRLPolicy], dict[str, torch.Tensor]]
+AuxLoss = ppo.AuxLoss
 
 # Warm-up steps on a side stream before capture (CUDA's lazy initialisation: cuBLAS
 # workspaces, autograd's stream bookkeeping); each is a skipped Adam step, maths-neutral.
 _WARMUP_STEPS = 3
 
 
-def resolve(requested: str, device: torch.device, *, why_not: str | None = None) -> UpdatePath:
+def resolve(
+    requested: str,
+    device: torch.device,
+    *,
+    why_not: str | None = None,
+    why_not_graph: str | None = None,
+) -> UpdatePath:
     """The path an update runs on for this device (config.resolve_update_path's rule)."""
-    return resolve_update_path(requested, device.type, why_not=why_not)
+    return resolve_update_path(requested, device.type, why_not=why_not, why_not_graph=why_not_graph)
 
 
 def build_update(
@@ -80,11 +97,10 @@ def build_update(
     why_not = None
     if reducer is not None:
         why_not = NOT_FAST["reducer"]
-    elif aux_loss is not None:
-        why_not = NOT_FAST["aux_loss"]
     elif minibatches is not ppo.frame_minibatches:
         why_not = NOT_FAST["env_groups"]
-    path = resolve(cfg.update_path, device, why_not=why_not)
+    why_not_graph = NOT_GRAPH["aux_loss"] if aux_loss is not None else None
+    path = resolve(cfg.update_path, device, why_not=why_not, why_not_graph=why_not_graph)
     check_compile(cfg.compile, path)
     if path == "eager":
         return EagerUpdate(policy, optimizers, reducer, aux_loss, minibatches)
@@ -95,6 +111,7 @@ def build_update(
         graphs=path == "cuda_graph",
         fallback=cfg.update_path == "auto",
         compile=cfg.compile,
+        aux_loss=aux_loss,
     )
 
 
@@ -146,15 +163,24 @@ class EagerUpdate:
         return report() if callable(report) else {}
 
 
-def compiled_losses(policy: NavRLPolicy) -> Callable[..., tuple[torch.Tensor, ...]]:
-    """`ppo.tensor_losses` of `policy` through torch.compile: one graph (fullgraph), shapes
-    static (a minibatch's size never changes within a run). The PPO constants of `cfg` are
-    guarded on: a config that changes them compiles again."""
+def compiled_losses(policy: NavRLPolicy) -> ppo.LossFunction:
+    """`ppo.minibatch_losses` of `policy` with `ppo.tensor_losses` through torch.compile:
+    one graph (fullgraph), shapes static (a minibatch's size never changes within a run).
+    The PPO constants of `cfg` are guarded on: a config that changes them compiles again."""
 
-    def losses(*inputs: torch.Tensor | float | PPOConfig) -> tuple[torch.Tensor, ...]:
+    def tensor_losses(
+        *inputs: torch.Tensor | float | PPOConfig,
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
         return ppo.tensor_losses(policy, *inputs)  # type: ignore[arg-type]
 
-    return torch.compile(losses, fullgraph=True, dynamic=False)
+    compiled = torch.compile(tensor_losses, fullgraph=True, dynamic=False)
+
+    def losses(
+        _: NavRLPolicy, mb: TensorDictBase, cfg: PPOConfig, entropy_coef: float | torch.Tensor
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+        return compiled(*ppo.loss_inputs(mb), entropy_coef, cfg)
+
+    return losses
 
 
 class FastUpdate:
@@ -168,12 +194,14 @@ class FastUpdate:
         graphs: bool,
         fallback: bool = False,
         compile: bool = False,
+        aux_loss: AuxLoss | None = None,
     ) -> None:
         """`graphs`: capture the step (cuda_graph), else run it as it is (fused).
         `fallback`: if a capture fails, go on with the fused path instead of raising (what
         `auto` asks for; an explicit `cuda_graph` raises); `capture_error` then says why
         (the trainer logs it). `compile`: the step's forward pass and losses through
-        torch.compile (ppo.compile), compiled at the first step, before any capture."""
+        torch.compile (ppo.compile), compiled at the first step, before any capture.
+        `aux_loss`: extra loss terms per minibatch (never with `graphs`)."""
         self.policy = policy
         self.optimizers = optimizers
         self.device = device
@@ -181,7 +209,11 @@ class FastUpdate:
         self.graphs = graphs
         self.fallback = fallback
         self.capture_error: str | None = None
-        self.sums = torch.zeros(len(ppo.STAT_NAMES), device=device)
+        self.aux_loss = aux_loss
+        # The steps' statistics (ppo.Step.names), summed on the device; sized by the
+        # first step, which names its terms.
+        self.names: tuple[str, ...] = ppo.STAT_NAMES
+        self.sums: torch.Tensor | None = None
         self.applied = torch.zeros((), device=device, dtype=torch.long)
         # ppo.target_kl: 1.0 once a minibatch's KL passed the bar (the rest are skipped);
         # the steps it skipped.
@@ -242,10 +274,10 @@ class FastUpdate:
             self._zero_grad()
         applied = int(self.applied.item())  # the update's one host sync for statistics
         kl_stopped = int(self.kl_stopped.item())
-        sums = self.sums.tolist()
-        means = [s / applied for s in sums] if applied else [float("nan")] * len(sums)
+        sums = self.sums.tolist() if self.sums is not None else []
+        means = [s / applied for s in sums] if applied else [float("nan")] * len(self.names)
         return {
-            **dict(zip(ppo.STAT_NAMES, means, strict=True)),
+            **dict(zip(self.names, means, strict=True)),
             "minibatch_updates": applied,
             "nonfinite_updates": steps - applied - kl_stopped,
             "kl_stopped_steps": kl_stopped,
@@ -257,29 +289,28 @@ class FastUpdate:
     # ------------------------------------------------------------------------ the step
 
     def _zero_counts(self) -> None:
-        self.sums.zero_()
+        if self.sums is not None:
+            self.sums.zero_()
         self.applied.zero_()
         self.kl_halted.zero_()
         self.kl_stopped.zero_()
 
     def _step(self, mb: TensorDictBase, cfg: PPOConfig, entropy_coef: float | torch.Tensor) -> None:
-        """One minibatch: losses, backward, the clips, a masked Adam step, statistics.
-        Nothing here reads a device value on the host, so it can be captured. Gradients
-        start as None (no kernel: in a capture, the graph's backward then owns them)."""
-        self._zero_grad()
-        policy = self.policy
-        if self._losses is not None:
-            losses = self._losses(*ppo.loss_inputs(mb), entropy_coef, cfg)
-        else:
-            losses = ppo.minibatch_losses(policy, mb, cfg, entropy_coef)
-        l_actor, l_critic, l_entropy, value, kls = losses
+        """One minibatch: `ppo.minibatch_step`, a masked Adam step, statistics. Nothing
+        here reads a device value on the host, so it can be captured."""
+        step = ppo.minibatch_step(
+            self.policy,
+            self.optimizers,
+            mb,
+            cfg,
+            entropy_coef,
+            aux_loss=self.aux_loss,
+            losses=self._losses,
+        )
         kl_bar = ppo.kl_stop_bar(cfg)
         if kl_bar is not None:  # from this minibatch on, every step is skipped
-            self.kl_halted.copy_(torch.maximum(self.kl_halted, (kls[0] > kl_bar).float()))
-        loss = l_actor + l_entropy + l_critic
-        loss.backward()
-        norms = ppo.clip_gradients(policy, cfg)
-        bad = (~torch.isfinite(loss + sum(norms))).float()
+            self.kl_halted.copy_(torch.maximum(self.kl_halted, (step.kls[0] > kl_bar).float()))
+        bad = (~step.finite()).float()
         found_inf = torch.maximum(torch.maximum(bad, self.force_skip), self.kl_halted)
         for opt in self.optimizers.values():
             opt.found_inf = found_inf  # type: ignore[attr-defined]  # GradScaler's protocol
@@ -289,7 +320,12 @@ class FastUpdate:
                 del opt.found_inf  # type: ignore[attr-defined]
         with torch.no_grad():
             ok = found_inf == 0
-            stats = ppo.step_stats(mb, cfg, value, l_actor, l_critic, l_entropy, *norms, *kls)
+            stats = step.stats(mb, cfg)
+            if self.sums is None:
+                self.names, self.sums = step.names, torch.zeros_like(stats)
+            elif step.names != self.names:
+                raise ValueError(f"loss terms {step.names} after {self.names}: aux_loss "
+                                 "must name the same terms every minibatch")  # fmt: skip
             self.sums += torch.where(ok, stats, torch.zeros_like(stats))
             self.applied += ok.long()
             self.kl_stopped += (self.kl_halted > 0).long()

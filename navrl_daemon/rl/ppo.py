@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -27,10 +28,12 @@ from navrl_daemon.rl.policy import ACTION_DIM, OBS_KEY, NavRLPolicy
 # The optimiser of the critic's own extractor (ppo.separate_critic).
 CRITIC_EXTRACTOR_OPT = "critic_extractor"
 
-STAT_NAMES = (
-    "actor_loss",
-    "critic_loss",
-    "entropy",
+# The PPO loss terms, by name, summed into each minibatch's loss (`tensor_losses`); an
+# update's extra terms (`AuxLoss`: the BC term of "ppo+bc") join them under their own names.
+LOSS_TERMS = ("actor_loss", "critic_loss", "entropy")
+
+# What each applied step reports besides its loss terms (`Step.stats`), in this order.
+STEP_STATS = (
     "actor_grad_norm",
     "critic_grad_norm",
     # The shared feature extractor's gradient norm before its clip (unclipped in NavRL's
@@ -48,6 +51,13 @@ STAT_NAMES = (
     "value_shift",
     "value_clipped",
 )
+
+# An update's statistics without extra terms (each is the mean over the applied steps).
+STAT_NAMES = (*LOSS_TERMS, *STEP_STATS)
+
+# Extra named loss terms of a minibatch, `(policy, minibatch) -> {name: scalar}`, added to
+# PPO's on every update path (the BC term of "ppo+bc": stages/offline_trainer.py).
+AuxLoss = Callable[[NavRLPolicy, TensorDictBase], dict[str, torch.Tensor]]
 
 
 def learning_rates(cfg: PPOConfig) -> dict[str, float]:
@@ -167,20 +177,6 @@ def value_moves(
     """(mean |V - V_old|, share of rows with |V - V_old| > value_clip) of a minibatch."""
     shift = (value.detach() - old_value).abs()
     return shift.mean(), (shift > value_clip).float().mean()
-
-
-def step_stats(
-    mb: TensorDictBase,
-    cfg: PPOConfig,
-    value: torch.Tensor,
-    *terms: torch.Tensor,
-) -> torch.Tensor:
-    """One step's STAT_NAMES, in order: its `terms` (the three losses, the three grad
-    norms and the two KLs), then what its values say of the critic (explained variance, value
-    moves)."""
-    explained_var = explained_variance(value, mb.get("target"))
-    shift, clipped = value_moves(value, mb.get("state_value"), cfg.value_clip)
-    return torch.stack((*terms, explained_var, shift, clipped))
 
 
 def explained_variance(value: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -321,9 +317,9 @@ def minibatch_losses(
     cfg: PPOConfig,
     entropy_coef: float | torch.Tensor,
     reducer: DataParallel | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(actor, critic, entropy) losses of one flat minibatch, its values V(s) and its two
-    KLs (`tensor_losses`). `entropy_coef` may be a device scalar (the CUDA-graph path,
+) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """The LOSS_TERMS of one flat minibatch by name, its values V(s) and its two KLs
+    (`tensor_losses`). `entropy_coef` may be a device scalar (the CUDA-graph path,
     rl/fast_update.py)."""
     return tensor_losses(policy, *loss_inputs(mb), entropy_coef, cfg, reducer)
 
@@ -356,7 +352,7 @@ def tensor_losses(
     entropy_coef: float | torch.Tensor,
     cfg: PPOConfig,
     reducer: DataParallel | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
     """`minibatch_losses` on plain tensors (what torch.compile traces: ppo.compile).
 
     With `cfg.mirror` the losses are over the B rows and their reflections (rl/mirror.py),
@@ -374,13 +370,91 @@ def tensor_losses(
     dist = policy.distribution(feature)
     value = policy.value(policy.critic_features(state, lidar, dynamic_obstacle, feature))
     log_prob = dist.log_prob(action)
-    l_actor = actor_loss(log_prob, old_log_prob, advantage, cfg.clip_ratio, dual_clip=cfg.dual_clip)
-    l_entropy = entropy_loss(dist.entropy(), entropy_coef)
-    l_critic = critic_loss(value, old_value, target, cfg.value_clip, cfg.huber_delta, reducer)
+    terms = {
+        "actor_loss": actor_loss(
+            log_prob, old_log_prob, advantage, cfg.clip_ratio, dual_clip=cfg.dual_clip
+        ),
+        "critic_loss": critic_loss(
+            value, old_value, target, cfg.value_clip, cfg.huber_delta, reducer
+        ),
+        "entropy": entropy_loss(dist.entropy(), entropy_coef),
+    }
     log_ratio = log_prob.detach() - old_log_prob
     own = kl_estimate(log_ratio[:rows])
     kls = torch.stack((own, kl_estimate(log_ratio[rows:]) if cfg.mirror else torch.zeros_like(own)))
-    return l_actor, l_critic, l_entropy, value[:rows], kls
+    return terms, value[:rows], kls
+
+
+@dataclass
+class Step:
+    """One minibatch's forward and backward pass (`minibatch_step`): its named loss terms,
+    their sum, the B rows' values, the two KLs and the three gradient norms before their
+    clips. The optimisers have not stepped yet."""
+
+    terms: dict[str, torch.Tensor]
+    loss: torch.Tensor
+    value: torch.Tensor
+    kls: torch.Tensor
+    norms: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The names of `stats()`, in its order: the loss terms, then STEP_STATS."""
+        return (*self.terms, *STEP_STATS)
+
+    def finite(self) -> torch.Tensor:
+        """True when the loss and every gradient norm are finite (a device bool)."""
+        return torch.isfinite(self.loss + sum(self.norms))
+
+    @torch.no_grad()
+    def stats(self, mb: TensorDictBase, cfg: PPOConfig) -> torch.Tensor:
+        """The step's statistics, one per `names`: its loss terms, gradient norms and KLs,
+        then what its values say of the critic (explained variance, value moves)."""
+        explained_var = explained_variance(self.value, mb.get("target"))
+        shift, clipped = value_moves(self.value, mb.get("state_value"), cfg.value_clip)
+        terms = (t.detach().to(self.loss.dtype).reshape(()) for t in self.terms.values())
+        return torch.stack((*terms, *self.norms, *self.kls, explained_var, shift, clipped))
+
+
+# The losses of a flat minibatch: `minibatch_losses`, or the same through torch.compile.
+LossFunction = Callable[
+    [NavRLPolicy, TensorDictBase, PPOConfig, float | torch.Tensor],
+    tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor],
+]
+
+
+def minibatch_step(
+    policy: NavRLPolicy,
+    optimizers: dict[str, torch.optim.Optimizer],
+    mb: TensorDictBase,
+    cfg: PPOConfig,
+    entropy_coef: float | torch.Tensor,
+    *,
+    aux_loss: AuxLoss | None = None,
+    reducer: DataParallel | None = None,
+    losses: LossFunction | None = None,
+) -> Step:
+    """The minibatch step every update path shares, up to the optimisers' step: PPO's loss
+    terms and any `aux_loss` terms, the gradients of their sum (averaged over ranks with a
+    `reducer`), and the clips. Nothing is read on the host. `losses` replaces
+    `minibatch_losses` (its compiled form: ppo.compile). Gradients start as None."""
+    for opt in optimizers.values():
+        opt.zero_grad(set_to_none=True)
+    if losses is not None:
+        terms, value, kls = losses(policy, mb, cfg, entropy_coef)
+    else:
+        terms, value, kls = minibatch_losses(policy, mb, cfg, entropy_coef, reducer)
+    if aux_loss is not None:
+        extra = aux_loss(policy, mb)
+        if clash := set(extra) & set(terms):
+            raise ValueError(f"aux_loss terms {sorted(clash)} clash with PPO's own")
+        terms = {**terms, **extra}
+    loss = sum(terms.values())
+    assert isinstance(loss, torch.Tensor)
+    loss.backward()
+    if reducer is not None:
+        reducer.average_gradients([p for p in policy.parameters() if p.requires_grad], loss)
+    return Step(terms, loss, value, kls, clip_gradients(policy, cfg))
 
 
 def update(
@@ -391,19 +465,21 @@ def update(
     generator: torch.Generator | None = None,
     abort: threading.Event | None = None,
     reducer: DataParallel | None = None,
-    aux_loss: Callable[[NavRLPolicy], dict[str, torch.Tensor]] | None = None,
+    aux_loss: AuxLoss | None = None,
     minibatches: MinibatchSource = frame_minibatches,
     release: Callable[[], None] | None = None,
 ) -> dict[str, float]:
-    """cfg.epochs × cfg.minibatches gradient steps on one [N, T] rollout.
+    """cfg.epochs × cfg.minibatches gradient steps on one [N, T] rollout (NavRL's update:
+    the "eager" path; rl/fast_update.py runs the same `minibatch_step` without its host
+    reads).
 
     `minibatches` cuts the batch into minibatches: NavRL's uniform frames by default, or
     env groups (`env_minibatches`, or compressed: storage/compressed_rollout.py). A source
     that stops reading `batch` before the last minibatch calls `release` then.
 
-    `aux_loss(policy)`, called once per minibatch, returns extra named scalar terms that
-    are added to the loss (the BC term of `offline.objective = "ppo+bc"`); each is
-    reported by name, averaged over the applied steps (this rank's).
+    `aux_loss(policy, minibatch)`, called once per minibatch, returns extra named scalar
+    terms that are added to the loss (the BC term of `offline.objective = "ppo+bc"`); each
+    is reported by name, averaged over the applied steps, as PPO's own terms are.
 
     With a `reducer` (torch.distributed data parallelism, rl/data_parallel.py) this rank's
     rollout is its share of one global batch: batch statistics, the critic loss's max and
@@ -414,63 +490,58 @@ def update(
     so the weights are never left half-stepped. With `cfg.target_kl`, a minibatch whose KL
     over its collected rows (every rank's mean; never its reflections, whose KL says how
     asymmetric the policy is, not how far it moved) is above `kl_stop_bar` ends the update
-    before its step.
+    before its optimiser step.
 
-    Returns the means of STAT_NAMES over the applied steps (NaN if none was applied),
-    `minibatch_updates` (applied), `nonfinite_updates` (skipped because the loss or a
-    gradient norm was not finite; Adam's state is then left untouched) and
-    `kl_stopped_steps` (the steps the KL early stop left out, that minibatch's included).
+    Returns the means of the steps' statistics (`Step.names`: STAT_NAMES and any aux
+    terms) over the applied steps (NaN if none was applied), `minibatch_updates`
+    (applied), `nonfinite_updates` (skipped because the loss or a gradient norm was not
+    finite; Adam's state is then left untouched) and `kl_stopped_steps` (the steps the KL
+    early stop left out, that minibatch's included).
     """
     advantages, targets = advantages_and_targets(policy, batch, cfg, reducer)
     data = update_data(batch, advantages, targets)
 
-    device = advantages.device
-    params = [p for p in policy.parameters() if p.requires_grad]
-    sums = torch.zeros(len(STAT_NAMES), device=device)
-    aux_sums: dict[str, torch.Tensor] = {}
+    sums: torch.Tensor | None = None
+    names: tuple[str, ...] = STAT_NAMES
     applied = skipped = kl_stopped = 0
     kl_bar = kl_stop_bar(cfg)
-    for mb in minibatches(data, cfg, generator, device, release):
+    for mb in minibatches(data, cfg, generator, advantages.device, release):
         if abort is not None and abort.is_set():
             break
-        l_actor, l_critic, l_entropy, value, kls = minibatch_losses(
-            policy, mb, cfg, cfg.entropy_coef, reducer
+        step = minibatch_step(
+            policy, optimizers, mb, cfg, cfg.entropy_coef, aux_loss=aux_loss, reducer=reducer
         )
         if kl_bar is not None:  # the collected rows' KL: how far the policy has moved
-            kl = kls[0]
+            kl = step.kls[0]
             mean_kl = kl if reducer is None else reducer.mean(kl.reshape(1))[0]
             if float(mean_kl) > kl_bar:  # a host sync, as the finite check below
                 kl_stopped = cfg.epochs * cfg.minibatches - applied - skipped
                 break
-        aux = aux_loss(policy) if aux_loss is not None else {}
-        loss = l_actor + l_entropy + l_critic + sum(aux.values())
-
-        for opt in optimizers.values():
-            opt.zero_grad()
-        loss.backward()
-        if reducer is not None:
-            reducer.average_gradients(params, loss)
-        norms = clip_gradients(policy, cfg)
         # One host sync per minibatch: a skipped step must not move Adam's moments.
-        if not bool(torch.isfinite(loss + sum(norms))):
+        if not bool(step.finite()):
             skipped += 1
             continue
         for opt in optimizers.values():
             opt.step()
         applied += 1
-        with torch.no_grad():
-            sums += step_stats(mb, cfg, value, l_actor, l_critic, l_entropy, *norms, *kls)
-            for name, term in aux.items():
-                aux_sums[name] = aux_sums.get(name, 0.0) + term.detach()
+        stats = step.stats(mb, cfg)
+        if sums is None:
+            names, sums = step.names, stats
+        elif step.names != names:
+            raise ValueError(
+                f"loss terms {step.names} after {names}: aux_loss must name the same terms "
+                "every minibatch"
+            )
+        else:
+            sums = sums + stats
 
     for opt in optimizers.values():
         opt.zero_grad()
-    if reducer is not None:  # applied is the same on every rank
+    if reducer is not None and sums is not None:  # applied is the same on every rank
         sums = reducer.mean(sums)
-    means = (sums / applied).tolist() if applied else [float("nan")] * len(STAT_NAMES)
+    means = (sums / applied).tolist() if sums is not None else [float("nan")] * len(names)
     return {
-        **dict(zip(STAT_NAMES, means, strict=True)),
-        **{name: float(total) / applied for name, total in aux_sums.items()},
+        **dict(zip(names, means, strict=True)),
         "minibatch_updates": applied,
         "nonfinite_updates": skipped,
         "kl_stopped_steps": kl_stopped,

@@ -195,15 +195,15 @@ class BCTerm:
         with lease:
             return lease.meta["batch"]
 
-    def __call__(self, policy: NavRLPolicy) -> dict[str, torch.Tensor]:
+    def __call__(self, policy: NavRLPolicy, minibatch: TensorDictBase) -> dict[str, torch.Tensor]:
         t0 = time.perf_counter()
         batch = anyio.from_thread.run(self._take, token=self.token)
         if batch is not None:
             self.on_wait(time.perf_counter() - t0)
             self._last = batch.to(self.device, non_blocking=True)
             self.batches_used += 1
-        if self._last is None:
-            return {}
+        if self._last is None:  # no batch ever came: the term is there, and 0
+            return {"bc_loss": torch.zeros((), device=self.device)}
         return {"bc_loss": self.coef * beta_bc_loss(policy, self._last, ACTION_KEY)}
 
     def close(self) -> None:

@@ -140,10 +140,12 @@ def test_ppo_update_adds_and_reports_aux_terms() -> None:
         return policy.state_dict(), stats
 
     plain, plain_stats = updated(None)
-    same, stats = updated(lambda p: {"bc_loss": torch.tensor(2.5)})
+    same, stats = updated(lambda p, mb: {"bc_loss": torch.tensor(2.5)})
     assert "bc_loss" not in plain_stats and stats["bc_loss"] == 2.5
     assert all(torch.equal(plain[k], same[k]) for k in plain)
-    pulled, _ = updated(lambda p: {"bc_loss": 10.0 * p.beta_head.alpha_layer.bias.square().sum()})
+    pulled, _ = updated(
+        lambda p, mb: {"bc_loss": 10.0 * p.beta_head.alpha_layer.bias.square().sum()}
+    )
     key = "actor.module.0.module.alpha_layer.bias"
     assert not torch.equal(plain[key], pulled[key])
 

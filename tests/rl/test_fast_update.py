@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters as dynamo_counters
 
-from navrl_daemon.config import Config, PPOConfig
+from navrl_daemon.config import Config, PPOConfig, resolve_update_path
 from navrl_daemon.errors import ConfigError
 from navrl_daemon.rl import fast_update, ppo
 from navrl_daemon.rl.fast_update import EagerUpdate, FastUpdate, resolve
@@ -403,14 +403,19 @@ def test_learner_resolves_its_path_once_from_config_and_what_it_is_built_with():
         Learner.build(Config.model_validate({"ppo": {"compile": True}}), NavRLPolicy(), "cpu")
 
 
-def test_a_learner_with_an_extra_loss_term_refuses_a_fast_path():
-    """The BC term of "ppo+bc" is part of the learner from the start: a fast path is
-    refused when it is built (and `auto` on CUDA runs eager then, by the same rule)."""
-    cfg = Config.model_validate({"ppo": {"update_path": "fused"}})
+def test_a_learner_with_an_extra_loss_term_runs_fused_but_never_in_a_graph():
+    """The BC term of "ppo+bc" reads a batch the host hands it each minibatch, which a CUDA
+    graph's replay would not see: the graph path is refused when the learner is built,
+    the fused one is not (and `auto` on CUDA runs fused then, by the same rule)."""
+    term = lambda policy, mb: {}  # noqa: E731
+    cfg = Config.model_validate({"ppo": {"update_path": "cuda_graph"}})
     with pytest.raises(ConfigError, match="extra loss term"):
-        Learner.build(cfg, NavRLPolicy(), "cpu", aux_loss=lambda policy: {})
-    learner = Learner.build(Config(), NavRLPolicy(), "cpu", aux_loss=lambda policy: {})
-    assert learner.update_path == "eager" and learner.ppo_update.aux_loss is not None
+        Learner.build(cfg, NavRLPolicy(), "cpu", aux_loss=term)
+    fused = Config.model_validate({"ppo": {"update_path": "fused"}})
+    learner = Learner.build(fused, NavRLPolicy(), "cpu", aux_loss=term)
+    assert learner.update_path == "fused" and learner.ppo_update.aux_loss is term
+    assert resolve_update_path("auto", "cuda", why_not_graph="x") == "fused"
+    assert resolve_update_path("auto", "cpu", why_not_graph="x") == "eager"
 
 
 @pytest.mark.parametrize(
@@ -456,3 +461,49 @@ def test_a_failed_capture_raises_when_cuda_graph_was_asked_for(make_batch, monke
     fast = FastUpdate(base, ppo.make_optimizers(base, SMALL), torch.device("cpu"), graphs=True)
     with pytest.raises(RuntimeError, match="capturing"):
         fast(batch, SMALL, torch.Generator().manual_seed(3))
+
+
+@pytest.mark.parametrize(
+    ("path", "compile"),
+    [
+        pytest.param("eager", False, id="eager"),
+        pytest.param("fused", False, id="fused"),
+        pytest.param("fused", True, id="fused-compiled"),
+        pytest.param("cuda_graph", False, id="graph-standin-cpu"),
+    ],
+)
+def test_an_extra_loss_term_is_trained_and_reported_on_every_path(make_batch, path, compile):
+    """A loss term added in one place (the update's `aux_loss`) is, on every path, in the
+    loss its gradients come from and in the statistics, by name after PPO's own; the fast
+    paths give what the eager one gives, within their rounding."""
+
+    def pull(policy: NavRLPolicy, mb) -> dict[str, torch.Tensor]:
+        """The alpha head's bias pulled towards 0, scaled by the minibatch's |advantage|."""
+        scale = 10.0 * mb.get("advantage").abs().mean()
+        return {"pull": scale * policy.beta_head.alpha_layer.bias.square().sum()}
+
+    base, batch = _pair(make_batch, "cpu")
+    cfg = PPOConfig()
+
+    def update(on: str, term) -> tuple[NavRLPolicy, dict[str, float]]:
+        policy = copy.deepcopy(base)
+        opts = ppo.make_optimizers(policy, cfg)
+        if on == "eager":
+            step = EagerUpdate(policy, opts, None, term, ppo.frame_minibatches)
+        else:
+            graphs = on == "cuda_graph"
+            step = FastUpdate(policy, opts, torch.device("cpu"), graphs, compile=compile,
+                              aux_loss=term)  # fmt: skip
+        return policy, step(batch, cfg, torch.Generator().manual_seed(0))
+
+    plain, plain_stats = update(path, None)
+    pulled, stats = update(path, pull)
+    assert list(stats)[:4] == [*ppo.LOSS_TERMS, "pull"] and "pull" not in plain_stats
+    assert stats["minibatch_updates"] == cfg.epochs * cfg.minibatches
+    assert 0 < stats["pull"] < math.inf
+    bias = (p.beta_head.alpha_layer.bias.norm() for p in (pulled, plain))
+    assert next(bias) < next(bias)  # its gradient moved the weights it reads
+    reference, eager_stats = update("eager", pull)
+    _assert_close_stats(stats, eager_stats)
+    assert stats["pull"] == pytest.approx(eager_stats["pull"], rel=1e-4)
+    _assert_close_weights(pulled, reference)

@@ -141,16 +141,17 @@ def test_the_update_trains_on_each_minibatch_and_its_mirror(make_batch):
     mb = ppo.update_data(batch, advantages, targets).reshape(-1)
     inputs = ppo.loss_inputs(mb)
     on = PPOConfig(mirror=True)
-    *losses, value, kls = ppo.tensor_losses(policy, *inputs, 1e-3, on)
-    *want, both, _ = ppo.tensor_losses(policy, *with_mirror(*inputs), 1e-3, PPOConfig())
-    for got, expected in zip(losses, want, strict=True):
-        torch.testing.assert_close(got, expected)
+    losses, value, kls = ppo.tensor_losses(policy, *inputs, 1e-3, on)
+    want, both, _ = ppo.tensor_losses(policy, *with_mirror(*inputs), 1e-3, PPOConfig())
+    assert list(losses) == list(want) == list(ppo.LOSS_TERMS)
+    for name in ppo.LOSS_TERMS:
+        torch.testing.assert_close(losses[name], want[name])
     torch.testing.assert_close(value, both[: mb.shape[0]])
-    plain = ppo.tensor_losses(policy, *inputs, 1e-3, PPOConfig())
-    assert not torch.equal(plain[0], losses[0])  # the reflection counts
+    plain, _, plain_kls = ppo.tensor_losses(policy, *inputs, 1e-3, PPOConfig())
+    assert not torch.equal(plain["actor_loss"], losses["actor_loss"])  # the reflection counts
     # The KL is the collected rows' (as without the mirror); the reflections' apart.
-    torch.testing.assert_close(kls[0], plain[4][0])
-    assert float(plain[4][1]) == 0.0 and float(kls[1]) > 0.0
+    torch.testing.assert_close(kls[0], plain_kls[0])
+    assert float(plain_kls[1]) == 0.0 and float(kls[1]) > 0.0
 
 
 def test_training_on_mirrors_makes_the_policy_more_symmetric(make_batch):

@@ -29,7 +29,7 @@ def losses(policy: NavRLPolicy, cfg: PPOConfig) -> tuple[torch.Tensor, torch.Ten
     """The actor's and the critic's loss on a synthetic minibatch of 24 rows."""
     batch = synthetic_batch(policy, num_envs=4, steps=6).reshape(-1)
     obs = batch["agents", "observation"]
-    l_actor, l_critic, *_ = ppo.tensor_losses(
+    terms, _, _ = ppo.tensor_losses(
         policy,
         obs["state"],
         obs["lidar"],
@@ -42,7 +42,7 @@ def losses(policy: NavRLPolicy, cfg: PPOConfig) -> tuple[torch.Tensor, torch.Ten
         0.001,
         cfg,
     )
-    return l_actor, l_critic
+    return terms["actor_loss"], terms["critic_loss"]
 
 
 def test_navrl_layers_draw_the_same_initial_weights_with_or_without():

@@ -32,8 +32,8 @@ def _with_grads(make_batch) -> tuple[NavRLPolicy, list[torch.Tensor]]:
     batch = make_batch(policy, num_envs=4, steps=6)
     advantages, targets = ppo.advantages_and_targets(copy.deepcopy(policy), batch, SMALL)
     mb = ppo.update_data(batch, advantages, targets).reshape(-1)
-    l_actor, l_critic, l_entropy, _, _ = ppo.minibatch_losses(policy, mb, SMALL, 1e-3)
-    (l_actor + l_critic + l_entropy).backward()
+    terms, _, _ = ppo.minibatch_losses(policy, mb, SMALL, 1e-3)
+    sum(terms.values()).backward()
     return policy, [p.grad.clone() for p in policy.feature_extractor.parameters()]
 
 
