@@ -12,6 +12,9 @@ trained iteration), the eval results file (no torn or missing rows), the export.
   daemon under a 1024 open-file soft limit (systemd's default); a scrape is tried meanwhile.
 - `deleted_lock`: `STATE/lock` deleted while the daemon runs, then a second daemon started
   on the same state dir; whether it is refused (exit 75) or writes checkpoints there too.
+- `index_corruption`: a daemon archiving every rollout is stopped, one high bit of the
+  newest archive file's last index row flipped (`iteration ^= 1 << 40`), and the daemon
+  started again: where it says the archive ends, whether it archives on, /metrics.
 
 A scenario that fails is reported with its error; the others still run. Ratios are
 during/before and after/before of the median frames/s of each phase (spread: min, max).
@@ -350,10 +353,56 @@ def deleted_lock(tmp: Path) -> dict[str, Any]:
     }
 
 
+def index_corruption(tmp: Path) -> dict[str, Any]:
+    import h5py
+
+    from navrl_daemon.storage.archive import ArchiveFile, archive_files, last_archived_iteration
+
+    state = tmp / "state"
+    archiving = ("archive.interval=1", "archive.on_full=block")
+    first = LoggedDaemon(state, *archiving, "metrics.port=0")
+    first.progress(PHASE_LINES)
+    first_code = first.stop()
+    newest = archive_files(state / "archive")[-1]
+    with ArchiveFile.open(newest) as f:
+        truly_through = int(f.rows["iteration"].max())
+        row = f.segments - 1
+    with h5py.File(newest, "r+") as f:
+        f["index/iteration"][row] ^= 1 << 40
+    seen_through = last_archived_iteration(state / "archive")  # what the restart computes
+    port = free_port()
+    d = LoggedDaemon(state, *archiving, f"metrics.port={port}")
+    t0 = time.monotonic()
+    d.progress(PHASE_LINES)
+    scrape_after = scrape(port)
+    t1 = time.monotonic()
+    code = d.stop()
+    start = d.named("archive holds rollouts")
+    archived: set[int] = set()
+    for path in archive_files(state / "archive"):
+        if path.name > newest.name:  # written by the restarted daemon
+            with ArchiveFile.open(path) as f:
+                archived |= set(f.rows["iteration"].tolist())
+    return {
+        "first_exit_code": first_code,
+        "flipped": {"file": newest.name, "row": row, "iteration": truly_through},
+        "archived_through_true": truly_through,
+        "archived_through_at_restart": seen_through,
+        "archived_through_logged": start[0]["archived_through"] if start else None,
+        "damage_logged": [e.get("error") for e in d.named("archive damaged")][:2],
+        "rollouts_called_already_archived": len(d.named("rollout already archived")),
+        "rollouts_archived_after_restart": len(archived),
+        "frames_per_second": phase(d.fps(t0, t1)),
+        "scrape_after": scrape_after,
+        **losses(d, state, code),
+    }
+
+
 SCENARIOS: dict[str, Callable[[Path], dict[str, Any]]] = {
     "full_disk": full_disk,
     "idle_connections": idle_connections,
     "deleted_lock": deleted_lock,
+    "index_corruption": index_corruption,
 }
 
 

@@ -148,6 +148,9 @@ def test_verify_catches_a_changed_index_row(state_dir: Path) -> None:
     assert result.returncode == 65, result.stdout
     assert f"archive {changed}: index row 3 (iteration 123456789, env 0)" in result.stderr
     assert "checksum mismatch: the index was changed after it was written" in result.stderr
+    listed = navrl_cli("archive", "list", "--state-dir", str(state_dir), "--json")
+    entry = next(e for e in json.loads(listed.stdout)["files"] if e["path"] == str(changed))
+    assert entry["bad_index_rows"] == 1  # left out of its segments
 
 
 def test_verify_says_what_a_file_without_index_checksums_cannot_check(state_dir: Path) -> None:

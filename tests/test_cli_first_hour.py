@@ -186,8 +186,10 @@ def test_report_embeds_the_episode_video_and_shows_config_changes(
 ) -> None:
     state = tmp_path / "state"
     shutil.copytree(run_dir, state)
-    # A resume with a changed setting keeps the earlier config (run.total_frames: no work).
-    proc = navrl_cli("run", "--state-dir", str(state), *RUN, "ppo.entropy_coef=0.01")
+    # A resume with a changed setting keeps the earlier config (one more iteration to train;
+    # a finished run started again writes nothing).
+    more = ["run.total_frames=448", "ppo.entropy_coef=0.01"]
+    proc = navrl_cli("run", "--state-dir", str(state), *RUN, *more)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(list((state / "configs").glob("config-*.toml"))) == 1
     out = tmp_path / "report"

@@ -101,6 +101,7 @@ def test_a_failed_export_on_shutdown_keeps_the_final_checkpoint_and_exits_0(
     assert len(failed) == 1 and failed[0]["iteration"] == 3
     final = CheckpointDir(state / "checkpoints").files()[-1]
     assert read_header(final).iteration == 3 and verify([final]) == [(final, None)]
+    assert failed[0]["checkpoint"] == str(final)  # what the log says holds the policy
     again = navrl_cli(
         "checkpoints", "export", "--state-dir", str(state), "--out", str(tmp_path / "p.pt")
     )

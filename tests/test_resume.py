@@ -290,6 +290,26 @@ def test_bad_newest_files_are_skipped_by_name_and_never_executed(tmp_path: Path)
     assert not marker.exists()
 
 
+def test_a_finished_run_started_again_writes_nothing_and_says_so(tmp_path: Path) -> None:
+    """Started again, a finished run (`run.total_frames` reached) rewrote config.toml and
+    export/policy.pt and appended to TensorBoard's events, though the docs say it writes
+    nothing: it says it is finished and exits 0, every file as it was."""
+    state = tmp_path / "state"
+    run(state, "run.total_frames=192")
+
+    def files() -> dict[str, tuple[int, int]]:
+        found = (p for p in state.rglob("*") if p.is_file() and p.name != "lock")
+        return {str(p.relative_to(state)): (p.stat().st_mtime_ns, p.stat().st_size) for p in found}
+
+    before = files()
+    assert "export/policy.pt" in before and "config.toml" in before
+    log = run(state, "run.total_frames=192")
+    assert files() == before
+    (finished,) = [e for e in log if e["event"].startswith("run already finished")]
+    assert (finished["frames"], finished["total_frames"]) == (192, 192)
+    assert not [e for e in log if e["event"] in ("policy exported", "checkpoint written")]
+
+
 def test_no_valid_checkpoint_among_several_refuses_to_start_over(tmp_path: Path) -> None:
     state = tmp_path / "state"
     (state / "checkpoints").mkdir(parents=True)

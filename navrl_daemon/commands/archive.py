@@ -92,6 +92,8 @@ def _entry(path: Path, *, verify: bool) -> dict[str, Any]:
             }
             if f.torn:
                 entry["torn_segments"] = f.torn
+            if f.bad_rows:  # left out of segments, frames and bytes
+                entry["bad_index_rows"] = len(f.bad_rows)
             if verify:
                 entry["verified"] = True
             return entry

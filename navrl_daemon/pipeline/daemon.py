@@ -191,6 +191,16 @@ def build_stages(ctx: RunContext) -> list[Stage]:
     checkpoints = CheckpointDir(ctx.state_dir / "checkpoints", accept=resume.CheckpointFit(cfg))
     with phase("newest checkpoint"):
         found = ctx.coordinator.newest_checkpoint(checkpoints)
+    if found is not None and not ctx.cadence.frames_left(found[1].frames):
+        # Nothing to train: build nothing, so nothing is written (config, export, logs).
+        log.info(
+            "run already finished: nothing trained, nothing written",
+            checkpoint=str(found[0]),
+            iteration=found[1].iteration,
+            frames=found[1].frames,
+            total_frames=ctx.cadence.total_frames,
+        )
+        return []
     torch.manual_seed(cfg.run.seed)  # the same initial weights on every rank
     with phase("policy and update"):
         policy = make_policy(cfg, ctx.device)
@@ -437,6 +447,7 @@ def _state_dir_stages(
         collector_state=final_state,
         static=resume.static_state(cfg),
         on_stall=telemetry.metrics.checkpoint_stall,
+        holding=checkpoints.holding,
     )
     return StateDirStages(stages, writer, channels, archive_sender, eval_sender, checkpointing)
 

@@ -191,6 +191,7 @@ def _bc_stages(ctx: RunContext, data: MultimodalDataset | ArchiveReader, t0: flo
             collector_state=lambda: None,
             static={**resume.static_state(cfg), "kind": OFFLINE},
             on_stall=metrics.checkpoint_stall,
+            holding=checkpoints.holding,
         ),
     )
     stages.insert(1, trainer)

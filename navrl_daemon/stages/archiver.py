@@ -14,7 +14,8 @@ drop; the log says so once when the archive fills and once when it has room agai
 written reads back up to its last whole segment. A run resumed from a checkpoint redoes
 the iterations a crash lost after it, and one killed before its first checkpoint starts
 over from rollout 0; those that were archived before the crash are not archived again
-(each iteration is in the archive once). A write that fails (disk full,
+(each iteration is in the archive once; an index row that fails its checksum counts for
+nothing, and is logged). A write that fails (disk full,
 I/O error) turns archiving off until the daemon restarts (HDF5 cannot be trusted after
 one: see `_abandon_file`); it is logged, every rollout not archived counts as a drop, and
 training goes on. The producer sends only due rollouts here; a lease that is not due is
@@ -58,6 +59,7 @@ import torch
 from tensordict import TensorDictBase
 
 from navrl_daemon.config import ArchiveConfig
+from navrl_daemon.errors import DataError
 from navrl_daemon.runtime.channels import Channel, Overflow, Receiver
 from navrl_daemon.runtime.leases import Lease
 from navrl_daemon.runtime.supervisor import Shutdown
@@ -87,6 +89,13 @@ APPEND_SLACK = 256 << 10
 
 def arrays_bytes(buffer: TensorDictBase) -> int:
     return sum(t.numel() * t.element_size() for t in buffer.values(True, True))
+
+
+def _log_damage(error: DataError) -> None:
+    log.warning(
+        "archive damaged: what it names is not counted as archived; `archive verify` lists it",
+        error=str(error),
+    )
 
 
 def archive_channel(cfg: ArchiveConfig, on_dropped: Callable[[int], None]) -> Channel[Lease]:
@@ -152,7 +161,7 @@ class RolloutArchiver:
         # Iterations after checkpoint `resumed_from` up to this one were archived before a
         # crash, and are about to be redone; so are those of a run killed before its first
         # checkpoint, which starts over from rollout 0 (resumed_from = 0).
-        archived = last_archived_iteration(directory)
+        archived = last_archived_iteration(directory, on_bad=_log_damage)
         self._archived_through = archived if archived is not None else -1  # rollouts from 0
         if archived is not None and archived >= resumed_from:
             log.info(

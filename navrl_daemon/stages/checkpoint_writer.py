@@ -121,6 +121,12 @@ class CheckpointWriter:
         header = parse_header(data)
         self.on_written(seconds, header.raw_bytes, header.stored_bytes, snapshot.iteration)
         removed = self._prune(path, snapshot.iteration)
+        if self.directory.manifest_error is not None:
+            log.warning(
+                "MANIFEST.json not written (removed if it no longer matched the files); "
+                "the next checkpoint writes it",
+                error=_describe(self.directory.manifest_error),
+            )
         log.info(  # one line per checkpoint, with the old files it replaced
             "checkpoint written",
             path=str(path),

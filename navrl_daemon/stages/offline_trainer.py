@@ -153,10 +153,12 @@ class OfflineTrainer:
             log.info("nothing trained: policy not exported", path=str(self.export_path))
             return  # never replace an earlier run's export with untrained weights
         state = await self.compute.run(self.learner.policy.state_dict)
+        holding = self.checkpoints.holding if self.checkpoints else lambda iteration: None
         await export_policy(
             self.export_path,
             state,
             on_failed=self.on_export_failed,
+            checkpoint=lambda: holding(self.learner.steps),
             kind=self.learner.kind,
             steps=self.learner.steps,
             samples=self.samples,

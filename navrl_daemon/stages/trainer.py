@@ -79,6 +79,8 @@ class Checkpointing:
     # Constant entries of every snapshot: resolved config, library versions.
     static: dict[str, Any]
     on_stall: Callable[[float], None] = lambda _: None
+    # The valid checkpoint file of an iteration, if one is on disk (CheckpointDir.holding).
+    holding: Callable[[int], Path | None] = lambda iteration: None
     # Snapshots before this one was sent would repeat it: the version last snapshotted.
     last_version: int = -1
 
@@ -289,10 +291,12 @@ class Trainer:
             log.info("nothing trained: policy not exported", path=str(self.export_path))
             return  # never replace an earlier run's export with untrained weights
         state = await self._run_locked(self.learner.policy.state_dict)
+        holding = self.checkpoints.holding if self.checkpoints else lambda iteration: None
         await export_policy(
             self.export_path,
             state,  # type: ignore[arg-type]
             on_failed=self.on_export_failed,
+            checkpoint=lambda: holding(self.learner.version),
             iteration=self.learner.version,
             frames=self.frames,
         )

@@ -33,6 +33,8 @@ but `length`, flushes, then writes `length` (fill value -1) and flushes again: a
 counts only once its length is there, so after a kill -9 the index names only segments
 whose bytes are out. A file killed mid-write stays flagged as open for writing; readers
 then open it with `swmr=True`, and trust no row whose blob lies beyond its dataset's end.
+A row that fails its row checksum is not trusted either: readers (and the archiver
+working out where a restart goes on) skip it and keep the rows around it; `verify` fails.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ import os
 import re
 import time
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -118,16 +120,21 @@ def next_sequence(directory: Path) -> int:
     return int(match.group(1)) + 1 if match else 0
 
 
-def last_archived_iteration(directory: Path) -> int | None:
-    """The highest iteration in the newest archive file that holds a whole segment (None
-    when there is none); unreadable files are passed over."""
+def last_archived_iteration(
+    directory: Path, on_bad: Callable[[DataError], None] = lambda e: None
+) -> int | None:
+    """The highest iteration in the newest archive file that holds a whole segment with a
+    sound index row (None when there is none). Unreadable files are passed over and rows
+    that fail their checksum left out (`ArchiveFile.open`), each reported to `on_bad`."""
     for path in reversed(archive_files(directory)):
         try:
             with ArchiveFile.open(path) as f:
+                if (damage := f.index_damage()) is not None:
+                    on_bad(damage)
                 if f.segments:
                     return int(f.rows["iteration"].max())
-        except DataError:
-            continue
+        except DataError as e:
+            on_bad(e)
     return None
 
 
@@ -447,6 +454,8 @@ class ArchiveFile:
     created: float
     rows: dict[str, np.ndarray]  # ROW_FIELDS [S] and KEY_FIELDS [S, K], whole segments only
     torn: int = 0  # rows written after the last whole segment (a kill -9 mid-append)
+    bad_rows: list[int] = field(default_factory=list)  # left out: they fail their checksum
+    _untrusted: dict[str, np.ndarray] = field(default_factory=dict, repr=False)  # those rows
     _file: h5py.File | None = field(default=None, repr=False)
     _blobs: list[h5py.Dataset] = field(default_factory=list, repr=False)
     _chunks: list[ChunkMap | None] = field(default_factory=list, repr=False)
@@ -528,6 +537,13 @@ class ArchiveFile:
                 f"{max(len(a) for a in full.values())} index rows name whole segments"
             )
         rows = {name: v[:segments] for name, v in rows.items()}
+        # A row that fails its checksum names nothing trustworthy (not even its iteration):
+        # it is left out, the rows around it kept; `verify` reports it (`index_damage`).
+        bad = np.zeros(segments, dtype=bool)
+        if ROW_CHECKSUM in rows and segments:
+            bad = row_checksums(rows) != rows[ROW_CHECKSUM]
+        untrusted = {name: v[bad] for name, v in rows.items()}
+        rows = {name: v[~bad] for name, v in rows.items()}
         fd = os.open(path, os.O_RDONLY)
         try:
             # Held while open, so rotation never deletes the file (archive_retention.py); if
@@ -545,6 +561,8 @@ class ArchiveFile:
             float(attrs.get("created", 0.0)),
             rows,
             torn=written - segments,
+            bad_rows=np.flatnonzero(bad).tolist(),
+            _untrusted=untrusted,
             _file=f,
             _blobs=blobs,
             _chunks=chunks,
@@ -601,20 +619,24 @@ class ArchiveFile:
         """Whether the index has row checksums (files written before them have none)."""
         return ROW_CHECKSUM in self.rows
 
+    def index_damage(self) -> DataError | None:
+        """The index rows left out at open because they fail their row checksum, as the
+        error `verify` raises (None when every row passed, or the file has no checksums)."""
+        if not self.bad_rows:
+            return None
+        iteration, env = (int(self._untrusted[name][0]) for name in ("iteration", "env"))
+        return DataError(
+            f"archive {self.path}: index row {self.bad_rows[0]} (iteration {iteration}, "
+            f"env {env}): checksum mismatch: the index was changed after it was written "
+            f"({len(self.bad_rows)} bad row(s))"
+        )
+
     def verify(self) -> None:
         """Check every index row against its checksum (where the file has them), then
         decode every whole segment (blob checksums, sizes, shapes); DataError on the first
         bad one."""
-        if self.index_checked and self.segments:
-            bad = np.flatnonzero(row_checksums(self.rows) != self.rows[ROW_CHECKSUM])
-            if len(bad):
-                i = int(bad[0])
-                raise DataError(
-                    f"archive {self.path}: index row {i} (iteration "
-                    f"{int(self.rows['iteration'][i])}, env {int(self.rows['env'][i])}): "
-                    f"checksum mismatch: the index was changed after it was written "
-                    f"({len(bad)} bad row(s))"
-                )
+        if (damage := self.index_damage()) is not None:
+            raise damage
         for s in range(self.segments):
             self.segment(s)
 

@@ -354,6 +354,7 @@ class CheckpointDir:
         self.skipped: list[tuple[Path, str]] = []  # set by newest_valid(): (file, why)
         self.rejected: list[tuple[Path, str]] = []  # set by prune(): moved aside, and why
         self.made_room: list[Path] = []  # set by write(): deleted for lack of disk space
+        self.manifest_error: OSError | None = None  # set by _write_manifest()
         self._known: dict[Path, tuple[tuple[int, ...], str | None]] = {}
 
     def write(self, data: bytes, iteration: int) -> Path:
@@ -369,19 +370,25 @@ class CheckpointDir:
         target = self.path / f"ckpt-{iteration:09d}.nrc"
         self.made_room = self._make_room(len(data), target)
         try:
-            write_atomic(target, data)
-        except OSError as err:
-            if err.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise
-            freed = self._make_room(len(data), target, down_to_one=True)
-            if not freed:
-                raise
-            self.made_room += freed
-            write_atomic(target, data)
-        self._remember(target, None)
-        with contextlib.suppress(OSError):  # a hint only (the files are the truth)
-            self._write_manifest(target)
+            try:
+                write_atomic(target, data)
+            except OSError as err:
+                if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                freed = self._make_room(len(data), target, down_to_one=True)
+                if not freed:
+                    raise
+                self.made_room += freed
+                write_atomic(target, data)
+            self._remember(target, None)
+        finally:  # written or not, files may have gone to make room
+            self._write_manifest()
         return target
+
+    def holding(self, iteration: int) -> Path | None:
+        """The valid checkpoint of `iteration` (None: there is none)."""
+        path = self.path / f"ckpt-{iteration:09d}.nrc"
+        return path if path.is_file() and self.problem(path) is None else None
 
     def problem(self, path: Path) -> str | None:
         """Why `path` is not a checkpoint this directory's run can use (None: it is one)."""
@@ -517,23 +524,41 @@ class CheckpointDir:
         keep = {*valid[-keep_last:], *scored[:keep_best], *milestones, valid[-1]}
         doomed = [p for p in valid if p not in keep]
         # Manifest first: a crash mid-deletion leaves extra files, never a manifest naming gaps.
-        try:
-            self._write_manifest(valid[-1], [p for p in valid if p in keep])
-        except OSError:
-            if not doomed:
-                raise
-            # A full disk: deleting is what makes room, and the manifest is only a hint.
+        self._write_manifest([p for p in valid if p in keep])
         for p in doomed:
             p.unlink(missing_ok=True)
             self._known.pop(p, None)
         if doomed:
             fsync_dir(self.path)
+            if self.manifest_error is not None:  # a full disk: the deletions made room
+                self._write_manifest()
         return doomed
 
-    def _write_manifest(self, latest: Path, files: list[Path] | None = None) -> None:
-        names = [p.name for p in (self.files() if files is None else files)]
-        doc = {"latest": latest.name, "files": names, "updated": time.time()}
-        write_atomic(self.path / MANIFEST, json.dumps(doc, indent=1).encode() + b"\n")
+    def _write_manifest(self, files: list[Path] | None = None) -> None:
+        """Point MANIFEST.json at `files` (default: those on disk) and the newest valid one.
+
+        When it cannot be written (a full disk), an old manifest that says otherwise is
+        removed, so none ever names a deleted file or misses the newest; the next write or
+        prune writes it again. `manifest_error`: why the last attempt failed (None: written)."""
+        files = self.files() if files is None else files
+        latest = next((p.name for p in reversed(files) if self.problem(p) is None), None)
+        doc = {"latest": latest, "files": [p.name for p in files]}
+        path = self.path / MANIFEST
+        try:
+            write_atomic(
+                path, json.dumps(doc | {"updated": time.time()}, indent=1).encode() + b"\n"
+            )
+            self.manifest_error = None
+        except OSError as err:
+            self.manifest_error = err
+            try:
+                old = json.loads(path.read_bytes())
+                still_true = isinstance(old, dict) and {k: old.get(k) for k in doc} == doc
+            except (OSError, ValueError):
+                still_true = False
+            if not still_true:
+                with contextlib.suppress(OSError):
+                    path.unlink(missing_ok=True)
 
 
 def _signature(path: Path) -> tuple[int, ...]:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import anyio
+import h5py
 import numpy as np
 import pytest
 import structlog
@@ -224,6 +225,31 @@ async def test_rotation_skips_the_files_a_reader_holds(tmp_path: Path) -> None:
         assert names[-1] == "rollouts-000007.h5" and len(names) < 8  # newer ones rotated
         for f in reader.files:
             f.verify()
+
+
+@pytest.mark.anyio
+async def test_a_restart_archives_on_past_an_index_row_that_fails_its_checksum(
+    tmp_path: Path,
+) -> None:
+    """One high bit flipped in the newest file's last index row: the restart used to take
+    2**40 + 2 for the last archived rollout, call every later one "already archived" and
+    archive nothing more. The bad row is left out, said in the log, and archiving goes on
+    after the last rollout the trusted rows hold."""
+    cfg = ArchiveConfig(interval=1, on_full="block", queue_size=1)
+    pool = LeasePool([random_rollout()])
+    await run_archiver(cfg, tmp_path, pool, 3, fill_random)  # rollouts 0..2, 4 envs each
+    (first,) = archive_files(tmp_path)
+    with h5py.File(first, "r+") as f:
+        f["index/iteration"][11] ^= 1 << 40
+    with structlog.testing.capture_logs() as logs:
+        archiver, _, _ = await run_archiver(cfg, tmp_path, pool, 4, fill_random, first=1)
+    damaged = [e for e in logs if e["event"].startswith("archive damaged")]
+    assert len(damaged) == 1 and f"archive {first}: index row 11 (iteration" in damaged[0]["error"]
+    start = next(e for e in logs if e["event"].startswith("archive holds rollouts"))
+    assert start["archived_through"] == 2
+    assert archiver.archived == 2  # rollouts 3 and 4; 1 and 2 were archived before
+    with ArchiveFile.open(archive_files(tmp_path)[-1]) as f:
+        assert sorted(set(f.rows["iteration"].tolist())) == [3, 4]
 
 
 @pytest.mark.anyio

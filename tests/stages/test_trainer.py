@@ -9,6 +9,7 @@ final snapshot with the producer's final state; the policy exported at flush.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from navrl_daemon.runtime.supervisor import Shutdown
 from navrl_daemon.stages.cadence import Cadence
 from navrl_daemon.stages.messages import PolicyWeights, Rollout, Snapshot
 from navrl_daemon.stages.trainer import Checkpointing, IterationRecord, Trainer
+from navrl_daemon.storage.checkpoint import CheckpointDir, encode_checkpoint
 from navrl_daemon.storage.staging import SnapshotStaging
 from tests.stages.fakes import FakeLearner, rollout_buffer
 
@@ -36,7 +38,15 @@ def anyio_backend() -> str:
 
 
 class Run:
-    def __init__(self, rollouts: int, *, checkpoint: int, evaluate: int, tmp: Path) -> None:
+    def __init__(
+        self,
+        rollouts: int,
+        *,
+        checkpoint: int,
+        evaluate: int,
+        tmp: Path,
+        holding: Callable[[int], Path | None] = lambda iteration: None,
+    ) -> None:
         self.rollouts = rollouts
         self.learner = FakeLearner()
         self.pool = LeasePool([rollout_buffer()])
@@ -62,6 +72,7 @@ class Run:
                 SnapshotStaging(rollouts + 1),
                 collector_state=lambda: self.final_state,
                 static={"kind": "test"},
+                holding=holding,
             ),
             export_path=self.export,
             on_iteration=self.records.append,
@@ -147,6 +158,33 @@ def test_flush_exports_the_trained_policy_and_never_an_untrained_one(tmp_path) -
     untrained = Run(0, checkpoint=0, evaluate=0, tmp=tmp_path / "new")
     untrained.go()
     assert not untrained.export.exists()
+
+
+@pytest.mark.parametrize("checkpointed", [True, False])
+def test_a_failed_export_says_whether_a_checkpoint_holds_the_policy(
+    tmp_path, checkpointed: bool
+) -> None:
+    """The log said "the final checkpoint holds the policy" even when the final checkpoint
+    had failed too (a full disk takes both): it names the file that holds it, or says none
+    does."""
+    checkpoints = CheckpointDir(tmp_path / "checkpoints")
+    run = Run(3, checkpoint=0, evaluate=0, tmp=tmp_path, holding=checkpoints.holding)
+    run.export.mkdir(parents=True)  # the export cannot be written
+    for iteration in (2, 3) if checkpointed else (2,):  # 3: the final one
+        data = encode_checkpoint(
+            {"w": torch.zeros(2)}, iteration=iteration, frames=0, policy_version=iteration
+        )
+        checkpoints.write(data, iteration)
+    with structlog.testing.capture_logs() as logs:
+        run.go()
+    (failed,) = [e for e in logs if e["event"].startswith("policy export failed")]
+    assert failed["iteration"] == 3
+    if checkpointed:
+        assert "holds the same policy" in failed["event"]
+        assert failed["checkpoint"] == str(checkpoints.path / "ckpt-000000003.nrc")
+    else:
+        assert "no checkpoint holds this policy" in failed["event"]
+        assert "checkpoint" not in failed and "holds the same" not in failed["event"]
 
 
 def test_a_failed_update_capture_is_logged_once_as_an_error(tmp_path) -> None:

@@ -260,6 +260,39 @@ def test_rows_without_their_length_or_their_bytes_are_not_trusted(
         ArchiveFile.open(path)
 
 
+def test_a_row_that_fails_its_checksum_is_not_trusted_and_the_rest_are(tmp_path: Path) -> None:
+    """One high bit flipped in the newest file's last index row (`iteration ^= 1 << 40`):
+    the restart took 2**40 + 9 for the last archived rollout and archived nothing after
+    it. Opening leaves that row out (as `verify` reports it), and only that row."""
+    rng = np.random.default_rng(0)
+    arrays = {"obs/x": rng.random((4, 8, 64), dtype=np.float32)}
+    schema = Schema.for_rollout(arrays)
+    older, newest = tmp_path / archive_name(0), tmp_path / archive_name(1)
+    write(older, [arrays] * 2, schema, first=5)
+    write(newest, [arrays] * 3, schema, first=7)  # rows 0..11: iterations 7, 8, 9
+    with h5py.File(newest, "r+") as f:
+        f["index/iteration"][11] ^= 1 << 40
+        f["index/env"][5] ^= 1 << 20  # and one row in the middle
+    bad: list[DataError] = []
+    assert last_archived_iteration(tmp_path, on_bad=bad.append) == 9
+    (error,) = bad
+    assert f"archive {newest}: index row 5 (iteration 8, env 1048577)" in str(error)
+    assert "checksum mismatch" in str(error) and "(2 bad row(s))" in str(error)
+    with ArchiveFile.open(newest) as f:
+        assert f.complete and f.segments == 10 and f.bad_rows == [5, 11]
+        assert f.rows["iteration"].tolist() == [7] * 4 + [8] * 3 + [9] * 3
+        assert f.rows["env"].tolist() == [0, 1, 2, 3, 0, 2, 3, 0, 1, 2]
+        assert same_bits(f.segment(9)["obs/x"], arrays["obs/x"][2])  # rows after it still read
+        with pytest.raises(DataError, match=r"index row 5 .* \(2 bad row\(s\)\)"):
+            f.verify()
+    with ArchiveReader([older, newest]) as reader:
+        assert reader.segments == 18 and set(reader.column("iteration").tolist()) == {5, 6, 7, 8, 9}
+    with h5py.File(newest, "r+") as f:  # every row bad: the file before it says
+        f["index/row_crc32"][:] ^= 1
+    bad.clear()
+    assert last_archived_iteration(tmp_path, on_bad=bad.append) == 6 and len(bad) == 1
+
+
 # ---------------------------------------------------------------------------- bad input
 
 

@@ -459,3 +459,29 @@ def test_a_full_disk_makes_room_by_deleting_older_checkpoints_first(small_disk):
     assert not list(d.path.glob(".tmp-*"))
     filler.unlink()
     assert d.write(random_checkpoint(6), 6) and d.made_room == []
+
+
+def test_the_manifest_names_what_is_on_disk_after_a_full_disk(small_disk):
+    """A full disk left MANIFEST.json naming checkpoints deleted to make room, and not the
+    newest: a write that failed after making room left it as it was, and a prune whose
+    manifest write hit ENOSPC deleted files the manifest still named. A real full tmpfs."""
+    disk = small_disk("1m")
+    d = CheckpointDir(disk / "checkpoints")
+    paths = {i: d.write(random_checkpoint(i), i) for i in (1, 2, 3)}
+    fill(disk)
+    paths[4] = d.write(random_checkpoint(4), 4)
+    assert manifest(d)["files"] == [paths[3].name, paths[4].name]
+    with pytest.raises(OSError):  # does not fit even alone, after 3 went to make room
+        d.write(random_checkpoint(6, nbytes=2_000_000), 6)
+    assert d.files() == [paths[4]]
+    assert manifest(d) | {"updated": 0} == {
+        "latest": paths[4].name,
+        "files": [paths[4].name],
+        "updated": 0,
+    }
+    paths[5] = d.write(random_checkpoint(5), 5)
+    fill(disk)  # not a byte left: the manifest cannot be rewritten before the deletion
+    assert d.prune(keep_last=1) == [paths[4]]
+    assert d.files() == [paths[5]]
+    assert manifest(d)["files"] == [paths[5].name] and manifest(d)["latest"] == paths[5].name
+    assert d.manifest_error is None  # written once the deletion made room
