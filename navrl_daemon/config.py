@@ -601,6 +601,23 @@ class LogConfig(Section):
     # Write the summaries and evaluations as TensorBoard event files too, in
     # STATE_DIR/tensorboard (`tensorboard --logdir STATE_DIR/tensorboard`).
     tensorboard: bool = True
+    # The first evaluation and every N-th after it are flown recorded and logged as a video
+    # (an animated GIF, top-down and side view, as `eval --video`) to TensorBoard and W&B;
+    # 0: none. Off by default: drawing costs CPU (docs/usage.md). Embedded env only.
+    video_interval: NonNegInt = 0
+    # Log to Weights & Biases too (`pip install -e '.[wandb]'`): the summaries and
+    # evaluations (x-axis `frames`), the config, the videos, and export/policy.pt as an
+    # artifact at the end. Files in STATE_DIR/wandb; a resumed run continues the same W&B run.
+    wandb: bool = False
+    # The W&B project the run goes to.
+    wandb_project: str = "navrl-daemon"
+    # The W&B entity (a user or team) that owns the project; "": your default one.
+    wandb_entity: str = ""
+    # The run's name in W&B ("": W&B makes one up).
+    wandb_run_name: str = ""
+    # "online" (after `wandb login`), "offline" (files only; `wandb sync` them later), or
+    # "": W&B's own choice (the WANDB_MODE variable, else online).
+    wandb_mode: Literal["", "online", "offline"] = ""
 
 
 class Config(Section):

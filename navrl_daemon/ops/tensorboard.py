@@ -3,7 +3,8 @@
 The scalars are those of `history.jsonl` (every number of each row, at step = the row's
 frames, with its wall time) and of `eval/results.jsonl` (under `eval/`), so TensorBoard,
 the report and the history never disagree. Tags are grouped the way a reader looks for
-them: `train/`, `loss/`, `throughput/`, `checkpoint/`, `eval/`, `run/`.
+them: `train/`, `loss/`, `throughput/`, `checkpoint/`, `eval/`, `run/`; W&B (ops/wandb_log.py)
+gets the same tags. With `log.video_interval`, evaluation videos go in as `eval/video`.
 
 A resumed run re-trains the iterations after its checkpoint; the writer is opened with
 `purge_step` at the checkpoint's frames + 1, so TensorBoard drops the earlier run's points
@@ -12,6 +13,7 @@ from there on, as `history.jsonl` drops its rows.
 
 from __future__ import annotations
 
+import io
 import shlex
 import shutil
 import sys
@@ -24,6 +26,7 @@ log = structlog.get_logger("tensorboard")
 
 LOG_DIR = "tensorboard"
 FLUSH_S = 30  # the writer thread flushes at least this often; close() flushes the rest
+VIDEO_TAG = "eval/video"  # an evaluation's video (`log.video_interval`), in TensorBoard and W&B
 
 _LOSSES = {
     "actor_loss",
@@ -66,6 +69,17 @@ def scalars(row: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def history_scalars(row: dict[str, Any]) -> dict[str, float]:
+    """A history row's scalars by tag (what TensorBoard and W&B plot at its frames)."""
+    tags = ((history_tag(k), v) for k, v in scalars(row).items())
+    return {tag: v for tag, v in tags if tag is not None}
+
+
+def evaluation_scalars(record: dict[str, Any]) -> dict[str, float]:
+    """An evaluation's scalars by tag, under `eval/`."""
+    return {f"eval/{k}": v for k, v in scalars(record).items() if k not in _NOT_SCALARS}
+
+
 class TensorBoardLog:
     """A SummaryWriter on `log_dir`; rows and evaluations go in as they are written."""
 
@@ -82,14 +96,31 @@ class TensorBoardLog:
         self.failed: str | None = None  # why writing stopped (then every call is a no-op)
 
     def history_row(self, row: dict[str, Any]) -> None:
-        step, when = int(row["frames"]), row.get("time")
-        tags = ((history_tag(k), v) for k, v in scalars(row).items())
-        self._add([(tag, v) for tag, v in tags if tag is not None], step, when)
+        self._add(history_scalars(row), int(row["frames"]), row.get("time"))
 
     def evaluation(self, record: dict[str, Any]) -> None:
-        step, when = int(record["frames"]), record.get("time")
-        items = scalars(record).items()
-        self._add([(f"eval/{k}", v) for k, v in items if k not in _NOT_SCALARS], step, when)
+        self._add(evaluation_scalars(record), int(record["frames"]), record.get("time"))
+
+    def video(self, record: dict[str, Any], gif: bytes) -> None:
+        """An evaluation's video (`ops/video.py`) as `eval/video` at its frames: an image
+        summary holding the animated GIF, which TensorBoard's Images tab plays (what
+        `add_video` writes, without the moviepy it needs to encode one)."""
+        if self.failed is not None:
+            return
+        try:
+            from PIL import Image
+            from tensorboard.compat.proto.summary_pb2 import Summary
+
+            width, height = Image.open(io.BytesIO(gif)).size
+            image = Summary.Image(
+                height=height, width=width, colorspace=3, encoded_image_string=gif
+            )
+            summary = Summary(value=[Summary.Value(tag=VIDEO_TAG, image=image)])
+            self.writer._get_file_writer().add_summary(
+                summary, global_step=int(record["frames"]), walltime=record.get("time")
+            )
+        except Exception as err:
+            self._fail(err)
 
     def close(self) -> None:
         if self.failed is None:
@@ -98,13 +129,13 @@ class TensorBoardLog:
             except Exception as err:  # the writer thread died (its dir went away, a full disk)
                 self._fail(err)
 
-    def _add(self, scalars: list[tuple[str, float]], step: int, when: float | None) -> None:
+    def _add(self, scalars: dict[str, float], step: int, when: float | None) -> None:
         """TensorBoard files are a view of history.jsonl: a failure to write them is logged
         once and turns them off until the next start; training never notices."""
         if self.failed is not None:
             return
         try:
-            for tag, value in scalars:
+            for tag, value in scalars.items():
                 self.writer.add_scalar(tag, value, global_step=step, walltime=when)
         except Exception as err:
             self._fail(err)

@@ -63,8 +63,9 @@ from navrl_daemon.stages.coordinator import Coordinator, Found, SingleProcess, c
 from navrl_daemon.stages.curriculum import CurriculumFollower, NoCurriculum, promote
 from navrl_daemon.stages.evaluator import (
     BestPolicy,
-    Evaluate,
+    EvaluationVideos,
     Evaluator,
+    RecordedEvaluate,
     StageEvaluation,
     eval_scores,
 )
@@ -419,7 +420,7 @@ def _state_dir_stages(
         to_eval: Channel[PolicyWeights] = Channel("evaluations", 1, Overflow.COALESCE)
         eval_sender = to_eval.sender()
         channels.append(to_eval)
-        evaluation: Evaluate
+        evaluation: Evaluations | StageEvaluation
         if curriculum is None:
             evaluation = Evaluations(cfg, ctx.device)
         else:  # at the curriculum's current stage
@@ -438,6 +439,7 @@ def _state_dir_stages(
                     ctx.state_dir / "export" / "best.pt",
                     on_failed=functools.partial(telemetry.metrics.write_failed, "export"),
                 ),
+                videos=evaluation_videos(cfg, evaluation, telemetry),
             )
         )
 
@@ -450,6 +452,25 @@ def _state_dir_stages(
         holding=checkpoints.holding,
     )
     return StateDirStages(stages, writer, channels, archive_sender, eval_sender, checkpointing)
+
+
+def evaluation_videos(
+    cfg: Config, evaluation: RecordedEvaluate, telemetry: Telemetry
+) -> EvaluationVideos | None:
+    """`log.video_interval`'s videos, where they can be drawn (the embedded env) and shown
+    (TensorBoard or W&B on)."""
+    every = cfg.log.video_interval
+    if not every:
+        return None
+    if cfg.env.backend != "navigation":
+        log.warning(
+            "log.video_interval: videos draw the embedded env only", backend=cfg.env.backend
+        )
+        return None
+    if not (cfg.log.tensorboard or cfg.log.wandb):
+        log.warning("log.video_interval: no videos without log.tensorboard or log.wandb")
+        return None
+    return EvaluationVideos(evaluation, every, telemetry.evaluation_video)
 
 
 def _rank_config(cfg: Config, world: World) -> Config:

@@ -1,5 +1,6 @@
-"""Telemetry: where what the stages report goes (logs, Prometheus, /healthz, systemd, and
-`STATE_DIR/history.jsonl`). Built by pipeline/daemon.py; the stages only see its callbacks."""
+"""Telemetry: where what the stages report goes (logs, Prometheus, /healthz, systemd,
+`STATE_DIR/history.jsonl`, TensorBoard and W&B). Built by pipeline/daemon.py; the stages
+only see its callbacks."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from navrl_daemon.errors import StageFailed
 from navrl_daemon.ops.http import Health, MetricsServer
 from navrl_daemon.ops.metrics import Metrics
 from navrl_daemon.ops.tensorboard import TensorBoardLog, open_tensorboard
+from navrl_daemon.ops.wandb_log import WandbLog, open_wandb, require_wandb
 from navrl_daemon.runtime.distributed import World
 from navrl_daemon.runtime.sd_notify import ProgressWatchdog, SystemdNotifier
 from navrl_daemon.runtime.startup import StartupWatchdog
@@ -90,6 +92,9 @@ class Telemetry:
         )
         self.history: HistoryFile | None = None
         self.tensorboard: TensorBoardLog | None = None
+        self.wandb: WandbLog | None = None
+        if cfg.log.wandb and self.world.leader:
+            require_wandb()  # ConfigError (78) now, not a missing dashboard later
         self.daemon_file: Path | None = None
         self._row_iteration = 0  # the iteration the next history row's window starts after
         self._resumed_from: int | None = None
@@ -133,6 +138,8 @@ class Telemetry:
         cut_back(state_dir / RESULTS_FILE, iteration, "evaluations", "evaluations past it kept")
         if self.cfg.log.tensorboard:
             self.tensorboard = open_tensorboard(state_dir, frames)
+        if self.cfg.log.wandb:
+            self.wandb = open_wandb(self.cfg.log, self.cfg.model_dump(mode="json"), state_dir)
         self.metrics.watch_state_dir(str(state_dir))
         self._row_iteration = iteration
         self._resumed_from = iteration or None
@@ -215,6 +222,8 @@ class Telemetry:
                 log.warning("history row not written", iteration=row["iteration"], error=str(error))
             if self.tensorboard is not None:
                 self.tensorboard.history_row(row)
+            if self.wandb is not None:
+                self.wandb.history_row(row)
 
     def _history_row(self, summary: dict[str, Any]) -> dict[str, Any]:
         """The summary as a history row: which iterations it covers (`iterations` ending at
@@ -267,6 +276,15 @@ class Telemetry:
         self.metrics.stage_time("evaluator", "evaluate", record["seconds"])
         if self.tensorboard is not None:
             self.tensorboard.evaluation(record)
+        if self.wandb is not None:
+            self.wandb.evaluation(record)
+
+    def evaluation_video(self, record: dict[str, Any], gif: bytes) -> None:
+        """An evaluation's video (`log.video_interval`): to TensorBoard and W&B."""
+        if self.tensorboard is not None:
+            self.tensorboard.video(record, gif)
+        if self.wandb is not None:
+            self.wandb.video(record, gif)
 
     def checkpoint_written(
         self, seconds: float, raw_bytes: int, stored_bytes: int, iteration: int
@@ -286,6 +304,8 @@ class Telemetry:
         self.progress.close()
         if self.tensorboard is not None:
             self.tensorboard.close()
+        if self.wandb is not None:  # the final policy, exported by now, as an artifact
+            self.wandb.close(Path(self.wandb.log_dir.parent, "export", "policy.pt"))
         if self.server is not None:
             self.server.stop()
         if self.daemon_file is not None:

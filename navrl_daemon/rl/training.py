@@ -24,11 +24,11 @@ from torchrl.envs import EnvBase
 from navrl_daemon.config import Config, EnvConfig, PPOConfig, UpdatePath
 from navrl_daemon.env import check_backend, make_env
 from navrl_daemon.env.contract import step_record_bytes
-from navrl_daemon.env.navigation import collect_path
+from navrl_daemon.env.navigation import NavigationEnv, collect_path
 from navrl_daemon.rl import fast_update, ppo, schedules
 from navrl_daemon.rl.captured_rollout import rollout_for
 from navrl_daemon.rl.data_parallel import DataParallel
-from navrl_daemon.rl.evaluate import Evaluation, Progress
+from navrl_daemon.rl.evaluate import Evaluation, Progress, Trajectories, evaluate_recorded
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.rl.rollout import EpisodeStats, Rollout, collect, first_step, make_rollout_buffer
 
@@ -347,7 +347,26 @@ class Evaluations:
         self.held_out = on(make_eval_env(cfg, device, map_seed=held_out)) if held_out >= 0 else None
 
     def __call__(self, policy: NavRLPolicy, *, progress: Progress | None = None) -> dict[str, Any]:
-        results = self.main(policy, progress)
+        return self._held_out(self.main(policy, progress), policy, progress)
+
+    def recorded(
+        self, policy: NavRLPolicy, *, progress: Progress | None = None
+    ) -> tuple[dict[str, Any], Trajectories]:
+        """The same evaluation with the main maps' paths recorded (`evaluate_recorded`: op
+        by op, the same numbers), for a video. The embedded env only."""
+        env = self.main.env
+        if not isinstance(env, NavigationEnv):
+            raise TypeError(f"a recorded evaluation needs the embedded env, not {type(env)}")
+        main = self.main
+        results, traj = evaluate_recorded(
+            env, policy, seed=main.seed, max_steps=main.max_steps, progress=progress
+        )
+        return self._held_out(results, policy, progress), traj
+
+    def _held_out(
+        self, results: dict[str, Any], policy: NavRLPolicy, progress: Progress | None
+    ) -> dict[str, Any]:
+        """`results` and, with `eval.held_out_seed`, the held-out maps' as `held_out_<stat>`."""
         if self.held_out is not None:
             other = self.held_out(policy, progress)
             results.update({f"held_out_{k}": v for k, v in other.items()})

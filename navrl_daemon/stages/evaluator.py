@@ -14,6 +14,11 @@ steps): its result is dropped, and the compute thread (on CPU the trainer's) is 
 the last update and the final checkpoint. A long evaluation (thousands of steps, NavRL's
 2,200) would otherwise hold the stop past `run.shutdown_timeout_s`.
 
+With `log.video_interval` (`EvaluationVideos`), the first evaluation and every N-th after
+it are flown recorded (the same numbers) and drawn as a GIF in a worker thread, handed to
+telemetry (TensorBoard, W&B); the next evaluation waits for it (the newest weights then),
+and a stop skips a video not yet drawn.
+
 With a curriculum (env/curriculum.py) it evaluates at the curriculum's current stage
 (`StageEvaluation` rebuilds the eval env when the stage changes; `eval.layout` still
 chooses the spawn rule), and its `on_result` feeds every result to the curriculum
@@ -27,6 +32,7 @@ import functools
 import json
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -35,7 +41,7 @@ import structlog
 
 from navrl_daemon.config import Config
 from navrl_daemon.env.curriculum import Curriculum
-from navrl_daemon.rl.evaluate import Progress, eval_rank
+from navrl_daemon.rl.evaluate import Progress, Trajectories, eval_rank
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.rl.training import Evaluations
 from navrl_daemon.runtime.channels import Receiver, Sender
@@ -48,6 +54,10 @@ from navrl_daemon.storage.policy_file import save_policy_state
 
 log = structlog.get_logger("evaluator")
 
+# Frames of a logged evaluation video (4 s at ops/video.py's 15 frames/s): drawing one
+# costs 0.1-0.3 s of a CPU core (`eval --video` draws up to twice as many).
+VIDEO_FRAMES = 60
+
 
 class Evaluate(Protocol):
     """An evaluation of `policy`; `progress` is told (steps, envs done) as it goes."""
@@ -55,6 +65,32 @@ class Evaluate(Protocol):
     def __call__(
         self, policy: NavRLPolicy, *, progress: Progress | None = None
     ) -> dict[str, Any]: ...
+
+
+class RecordedEvaluate(Protocol):
+    """An evaluation that also records the drones' paths (the embedded env), for a video."""
+
+    def recorded(
+        self, policy: NavRLPolicy, *, progress: Progress | None = None
+    ) -> tuple[dict[str, Any], Trajectories]: ...
+
+
+@dataclass
+class EvaluationVideos:
+    """`log.video_interval`: the 1st evaluation of a daemon and every `every`-th after it
+    are flown recorded (`record`, the same numbers) and drawn as a GIF (ops/video.py) for
+    `on_video` (the record, the GIF's bytes), drawn off the compute thread."""
+
+    record: RecordedEvaluate
+    every: int
+    on_video: Callable[[dict[str, Any], bytes], None]
+    evaluations: int = 0  # evaluations started by this daemon
+
+    def due(self) -> bool:
+        """Whether the next evaluation is one to record (counted here)."""
+        due = self.evaluations % self.every == 0
+        self.evaluations += 1
+        return due
 
 
 class EvaluationStopped(Exception):
@@ -77,8 +113,10 @@ class Evaluator:
         on_result: Callable[[dict[str, Any]], None] = lambda _: None,
         on_write_failed: Callable[[], None] = lambda: None,
         best: BestPolicy | None = None,
+        videos: EvaluationVideos | None = None,
     ) -> None:
         self.policy = policy
+        self.videos = videos
         self.best = best
         self.evaluate = evaluate
         self.weights = weights
@@ -99,8 +137,9 @@ class Evaluator:
                     iteration=weights.version, policy_version=weights.version
                 )
                 log.debug("evaluating")
+                recorded = self.videos is not None and self.videos.due()
                 try:
-                    record = await self.compute.run(self._evaluate, weights)
+                    record, traj = await self.compute.run(self._evaluate, weights, recorded)
                 except EvaluationStopped as stopped:
                     log.info("evaluation stopped: shutting down", after_steps=stopped.args[0])
                     continue
@@ -111,6 +150,8 @@ class Evaluator:
                     await anyio.to_thread.run_sync(self.best.offer, record, weights.state)
                 if self.results is not None:
                     await self.results.send(record)
+                if traj is not None and not self.shutdown.stopping:
+                    await self._video(record, traj)
         finally:
             if self.results is not None:
                 self.results.close()
@@ -131,11 +172,19 @@ class Evaluator:
                 dropped=file.dropped,
             )
 
-    def _evaluate(self, weights: PolicyWeights) -> dict[str, Any]:
+    def _evaluate(
+        self, weights: PolicyWeights, recorded: bool
+    ) -> tuple[dict[str, Any], Trajectories | None]:
+        """The evaluation's record, and with `recorded` the paths flown (for a video)."""
         self.policy.load_state_dict(weights.state)
         t0 = time.perf_counter()
-        results = self.evaluate(self.policy, progress=self._check_stop)
-        return {
+        traj = None
+        if recorded:
+            assert self.videos is not None
+            results, traj = self.videos.record.recorded(self.policy, progress=self._check_stop)
+        else:
+            results = self.evaluate(self.policy, progress=self._check_stop)
+        record = {
             "iteration": weights.version,
             "frames": weights.frames,
             "policy_version": weights.version,
@@ -143,6 +192,23 @@ class Evaluator:
             "seconds": round(time.perf_counter() - t0, 3),
             **results,
         }
+        return record, traj
+
+    async def _video(self, record: dict[str, Any], traj: Trajectories) -> None:
+        """The evaluation drawn as a GIF in a worker thread (the compute thread trains on
+        the CPU); a video that cannot be drawn is logged, and evaluation goes on."""
+        from navrl_daemon.ops.video import gif_bytes  # matplotlib: only with videos on
+
+        assert self.videos is not None
+        title = f"iteration {record['iteration']}"
+        t0 = time.perf_counter()
+        try:
+            gif = await anyio.to_thread.run_sync(gif_bytes, traj, title, VIDEO_FRAMES)
+        except Exception as err:
+            log.warning("evaluation video not drawn", error=f"{type(err).__name__}: {err}")
+            return
+        log.info("evaluation video", seconds=round(time.perf_counter() - t0, 3), bytes=len(gif))
+        self.videos.on_video(record, gif)
 
     def _check_stop(self, steps: int, _done: int) -> None:
         """In the compute thread: `shutdown.stopping` reads a flag the loop sets."""
@@ -207,12 +273,23 @@ class StageEvaluation:
         self._evaluations: tuple[int, Evaluations] | None = None  # stage, its evaluations
 
     def __call__(self, policy: NavRLPolicy, *, progress: Progress | None = None) -> dict[str, Any]:
+        stage, evaluations = self._at_stage()
+        return {**evaluations(policy, progress=progress), "curriculum_stage": stage}
+
+    def recorded(
+        self, policy: NavRLPolicy, *, progress: Progress | None = None
+    ) -> tuple[dict[str, Any], Trajectories]:
+        stage, evaluations = self._at_stage()
+        results, traj = evaluations.recorded(policy, progress=progress)
+        return {**results, "curriculum_stage": stage}, traj
+
+    def _at_stage(self) -> tuple[int, Evaluations]:
+        """The curriculum's stage and its evaluations (built anew when it changed)."""
         stage = self.curriculum.stage
         if self._evaluations is None or self._evaluations[0] != stage:
             cfg = self.cfg.model_copy(update={"env": self.curriculum.env_config(stage)})
             self._evaluations = (stage, Evaluations(cfg, self.device))
-        results = self._evaluations[1](policy, progress=progress)
-        return {**results, "curriculum_stage": stage}
+        return self._evaluations
 
 
 def read_results(path: Path) -> Iterator[dict[str, Any]]:
