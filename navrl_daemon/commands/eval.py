@@ -73,7 +73,7 @@ def register(sub: Any) -> None:
 
 
 def handle(cfg: Config, args: argparse.Namespace) -> int:
-    from navrl_daemon.rl.evaluate import Evaluation, evaluate
+    from navrl_daemon.rl.evaluate import Evaluation
     from navrl_daemon.rl.training import eval_steps, make_eval_env, make_policy
     from navrl_daemon.storage.policy_file import check_policy_layout, load_any_policy_state
 
@@ -118,9 +118,9 @@ def handle(cfg: Config, args: argparse.Namespace) -> int:
         return 0
     with _progress_bar(cfg.eval.num_envs, max_steps) as progress:
         if args.plot is None and args.video is None:
-            results = evaluate(
-                env, policy, seed=cfg.eval.seed, max_steps=max_steps, progress=progress
-            )
+            evaluation = Evaluation.for_env(env, seed=cfg.eval.seed, max_steps=max_steps)
+            results = evaluation(policy, progress)
+            results["outcomes"] = _counts(evaluation.outcomes())
         else:
             results = _evaluate_and_draw(cfg, env, policy, path, args, progress)
     if args.probe:
@@ -132,11 +132,73 @@ def handle(cfg: Config, args: argparse.Namespace) -> int:
         **results,
         "seconds": round(time.perf_counter() - t0, 3),
     }
+    results.update(_intervals(results))
     if args.json:
         print_json(results)
     else:
-        print_fields(results)
+        print_fields(_text(results))
     return 0
+
+
+# A reach_goal interval wider than ±WIDE cannot tell apart policies as far apart as NavRL's
+# 0.91 and a run's 0.75; the note then says how many drones give ±USEFUL.
+WIDE, USEFUL = 0.1, 0.05
+SHARES = ("reach_goal", "collision", "timed_out", "out_of_bounds")
+
+
+def _counts(codes: str) -> dict[str, int]:
+    """Drones per outcome (`rl.evaluate.OUTCOMES`) from one code letter per drone."""
+    from navrl_daemon.rl.evaluate import OUTCOMES
+
+    return {name: codes.count(name[0].upper()) for name in OUTCOMES}
+
+
+def _intervals(results: dict[str, Any]) -> dict[str, Any]:
+    """The share that timed out (of the outcome counts: NavRL's `truncated` also counts
+    the drones that reached their goal, whose episodes end by the time limit too), and the
+    95 % interval of each share of this many drones (ops/intervals.py)."""
+    from navrl_daemon.ops.intervals import interval_of
+
+    episodes = results["episodes"]
+    shares = {**results, "timed_out": results["outcomes"]["timed out"] / episodes}
+    extra: dict[str, Any] = {"timed_out": shares["timed_out"]}
+    for name in SHARES:
+        interval = interval_of(shares.get(name), episodes)
+        if interval is not None:
+            extra[f"{name}_ci95"] = [round(interval[0], 4), round(interval[1], 4)]
+    return extra
+
+
+def _text(results: dict[str, Any]) -> dict[str, Any]:
+    """The fields as a person reads them: each share with its 95 % interval, `timed_out`
+    in place of `truncated` (one name for one thing, as the console says it), and a note
+    when the reach rate's interval is too wide to tell policies apart."""
+    from navrl_daemon.ops.intervals import drones_for
+
+    fields: dict[str, Any] = {}
+    for key in results:
+        if key in ("truncated", "timed_out") or key.endswith("_ci95"):
+            continue
+        fields[key] = _with_interval(results, key)
+        if key == "collision":  # where `truncated` was
+            fields["timed_out"] = _with_interval(results, "timed_out")
+    if "reach_goal_ci95" in results:
+        lo, hi = results["reach_goal_ci95"]
+        if (hi - lo) / 2 > WIDE:
+            drones = drones_for(min(max(0.5, lo), hi), USEFUL)  # the worst share it allows
+            fields["note"] = (
+                f"{results['episodes']} drones measure reach_goal only to about "
+                f"±{(hi - lo) / 2:.2f}, too coarse to tell two policies apart; "
+                f"~{drones} drones give ±{USEFUL}: --episodes {drones}"
+            )
+    return fields
+
+
+def _with_interval(results: dict[str, Any], key: str) -> Any:
+    value, interval = results[key], results.get(f"{key}_ci95")
+    if interval is None:
+        return value
+    return f"{value:.4f} (95 %: {interval[0]:.2f}–{interval[1]:.2f})"
 
 
 def _paired(
@@ -295,7 +357,7 @@ def _evaluate_and_draw(
     numbers as without."""
     from navrl_daemon.env.navigation import NavigationEnv
     from navrl_daemon.ops.plots import trajectory_plot, write_png
-    from navrl_daemon.rl.evaluate import OUTCOMES, evaluate_recorded
+    from navrl_daemon.rl.evaluate import evaluate_recorded
     from navrl_daemon.rl.training import eval_steps
 
     if not isinstance(env, NavigationEnv):
@@ -319,6 +381,4 @@ def _evaluate_and_draw(
             out["video"] = str(args.video)
     except OSError as err:
         raise UsageError(f"{err.filename or 'output'}: {err.strerror or err}") from err
-    outcomes = traj.outcomes()
-    counts = {k: outcomes.count(k) for k in OUTCOMES}
-    return {**results, "outcomes": counts, **out}
+    return {**results, "outcomes": _counts(traj.codes()), **out}

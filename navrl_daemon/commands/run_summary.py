@@ -25,14 +25,16 @@ log = structlog.get_logger("run")
 def run_summary(cfg: Config, state_dir: Path) -> dict[str, Any]:
     """The facts of the summary, from the state dir."""
     from navrl_daemon.rl.evaluate import eval_rank
+    from navrl_daemon.stages.resume import newest_header
     from navrl_daemon.storage.checkpoint import CheckpointDir
-    from navrl_daemon.storage.history import HISTORY_FILE, read_jsonl
+    from navrl_daemon.storage.history import read_jsonl
 
-    history = read_jsonl(state_dir / HISTORY_FILE, required=("iteration", "frames")).rows
     evals = read_jsonl(state_dir / "eval" / "results.jsonl", required=("iteration",)).rows
-    last = history[-1] if history else {}
-    frames = last.get("frames")
-    finished = isinstance(frames, int) and frames >= cfg.run.total_frames
+    # The newest checkpoint, as the stop log says it: history rows come every
+    # log.summary_interval iterations (and one may have failed to be written).
+    last = newest_header(state_dir)
+    frames = None if last is None else last.frames
+    finished = frames is not None and frames >= cfg.run.total_frames
     scored = [r for r in evals if isinstance(r.get("reach_goal"), int | float)]
     best = max(scored, key=eval_rank) if scored else None
     exports = state_dir / "export"
@@ -41,7 +43,7 @@ def run_summary(cfg: Config, state_dir: Path) -> dict[str, Any]:
     sd = shlex.quote(str(state_dir))
     doc: dict[str, Any] = {
         "outcome": "finished run.total_frames" if finished else "stopped before run.total_frames",
-        "iteration": last.get("iteration"),
+        "iteration": None if last is None else last.iteration,
         "frames": frames,
         "total_frames": cfg.run.total_frames,
         "state_dir": str(state_dir),
@@ -77,10 +79,14 @@ def print_run_summary(cfg: Config, state_dir: Path) -> None:
 
 def render(doc: dict[str, Any]) -> str:
     frames = doc["frames"]
-    done = f"{frames:,} of {doc['total_frames']:,} frames" if isinstance(frames, int) else "no"
+    where = (
+        f"at iteration {doc['iteration']} ({frames:,} of {doc['total_frames']:,} frames)"
+        if isinstance(frames, int)
+        else "with no checkpoint"
+    )
     lines = [
         "",
-        f"navrl-daemon: run {doc['outcome']} at iteration {doc['iteration']} ({done}); exit 0",
+        f"navrl-daemon: run {doc['outcome']} {where}; exit 0",
         f"  state dir    {doc['state_dir']}  (history.jsonl, eval/results.jsonl, "
         f"{doc['checkpoints']} checkpoint file(s))",
     ]

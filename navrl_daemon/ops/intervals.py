@@ -23,6 +23,24 @@ def share_interval(share: float, episodes: int, z: float = Z95) -> tuple[float, 
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def drones_for(share: float, half_width: float, z: float = Z95) -> int:
+    """The fewest drones whose `share_interval` at `share` is at most ±`half_width` wide
+    (e.g. 0.625 and ±0.05: 357): how many an evaluation needs to tell policies that far
+    apart from each other."""
+
+    def wide(n: int) -> bool:
+        lo, hi = share_interval(share, n, z) or (0.0, 1.0)
+        return hi - lo > 2 * half_width
+
+    lo, hi = 1, 1
+    while wide(hi):  # the width falls as drones are added: double, then bisect
+        lo, hi = hi + 1, hi * 2
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if wide(mid) else (lo, mid)
+    return hi
+
+
 def interval_of(share: object, episodes: object) -> tuple[float, float] | None:
     """`share_interval` of a recorded share and episode count (an evaluation's row or
     result); None unless both are numbers (an older row without its episode count)."""

@@ -4,6 +4,7 @@ progress summaries as tables and lines kept off the progress bar (ops/console.py
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 from typing import Any
 
@@ -51,7 +52,11 @@ def configure_logging(cfg: LogConfig, *, stream: Any = None) -> None:
     if fmt == "json":
         renderer = structlog.processors.JSONRenderer()
     else:
-        renderer = ProgressTableRenderer(structlog.dev.ConsoleRenderer(colors=_isatty(stream)))
+        tty = _isatty(stream)
+        renderer = ProgressTableRenderer(
+            structlog.dev.ConsoleRenderer(colors=tty),
+            width=(lambda: shutil.get_terminal_size().columns) if tty else None,
+        )
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

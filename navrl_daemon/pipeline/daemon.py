@@ -178,7 +178,9 @@ async def serve(
         coordinator.close()
     if failure is not None:
         raise failure
-    log.info("stopped", reason=shutdown.reason or "total_frames reached")
+    last = resume.newest_header(state_dir)  # the iteration the run summary says too
+    where = {} if last is None else {"iteration": last.iteration, "frames": last.frames}
+    log.info("stopped", reason=shutdown.reason or "total_frames reached", **where)
 
 
 def build_stages(ctx: RunContext) -> list[Stage]:

@@ -144,8 +144,7 @@ class Telemetry:
         self._row_iteration = iteration
         self._resumed_from = iteration or None
         self.metrics.checkpoint_schedule(self.cfg.checkpoint.interval, iteration)
-        self.progress.window_frames = frames  # frames/s of the first window counts from here
-        self.progress.window_start = time.perf_counter()
+        self.progress.starts_at(frames)  # rate, ETA and bar: this sitting's frames only
         url = None if self.server is None else f"http://{self.server.url_host}:{self.server.port}"
         doc = {"pid": os.getpid(), "url": url, "started": time.time(), "version": __version__}
         self.daemon_file = state_dir / DAEMON_FILE

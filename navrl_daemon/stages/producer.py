@@ -131,8 +131,9 @@ class RolloutProducer:
         await self.curriculum.before_rollout(self.iteration)
         # The archiver reads these (stages/archiver.py).
         lease.meta.update(iteration=self.iteration, policy_version=self.version)
+        # Iteration N, as every line counts it: the one whose update makes policy version N.
         structlog.contextvars.bind_contextvars(
-            iteration=self.iteration, policy_version=self.version
+            iteration=self.iteration + 1, policy_version=self.version
         )
         log.debug("collecting")
         checkpointed = self.cadence.checkpoints(self.iteration + 1)

@@ -4,8 +4,12 @@ Fed by the trainer's per-iteration records; the summary carries frames/s over th
 per stage and phase the mean/std/min/max duration and the busy ratio (time in the phase /
 wall time), the policy lag, how many training episodes finished (`train_episodes`, 0 when
 none) and their mean stats, and the mean losses. The log line also carries `total_frames`
-and `eta_s` (at this window's rate). A progress bar is drawn when stderr is a terminal;
-ops/console.py keeps log lines off it and renders the summary as a table there.
+and `eta_s`. A progress bar is drawn when stderr is a terminal; ops/console.py keeps log
+lines off it and renders the summary as a table there.
+
+The ETA and the bar's rate count this sitting's frames only (from `starts_at`: 0, or the
+checkpoint a run resumed from) over this sitting's wall time: a resumed run's earlier
+frames are not throughput, and the bar and the summary's ETA say the same.
 """
 
 from __future__ import annotations
@@ -43,22 +47,23 @@ class ProgressLog:
         self.on_summary = on_summary
         self.episodes = EpisodeStats(device)
         self.window: list[IterationRecord] = []
-        self.window_start = time.perf_counter()
-        self.window_frames = start_frames
-        # tqdm's default lock is a multiprocessing RLock, which starts a resource-tracker
-        # child process: a daemon should not have one (it outlives a kill -9 of ours).
-        tqdm.set_lock(threading.RLock())
-        self.bar = tqdm(
-            total=total_frames,
-            initial=start_frames,
-            unit="frame",
-            unit_scale=True,
-            disable=not sys.stderr.isatty(),
-        )
+        self.bar: tqdm | None = None  # drawn from `starts_at` (or the first record) on
+        self.starts_at(start_frames)
+
+    def starts_at(self, frames: int) -> None:
+        """This sitting starts now, at `frames`: the first window, the ETA's rate and the
+        bar count from here."""
+        self.sitting_start = self.window_start = time.perf_counter()
+        self.sitting_frames = self.window_frames = frames
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
 
     def __call__(self, record: IterationRecord) -> None:
         self.window.append(record)
         self.episodes.merge(record.episodes)
+        if self.bar is None:
+            self.bar = self._bar()
         self.bar.update(record.frames - self.bar.n)
         if record.iteration % self.summary_interval == 0:
             self.summarise()
@@ -84,8 +89,8 @@ class ProgressLog:
             **{f"train_{k}": _round(v) for k, v in (self.episodes.take() or NONE).items()},
             **_mean_losses(self.window),
         }
-        rate = summary["frames_per_second"]
-        eta = (self.total_frames - last.frames) / rate if rate > 0 else None
+        sitting = (last.frames - self.sitting_frames) / max(now - self.sitting_start, 1e-9)
+        eta = (self.total_frames - last.frames) / sitting if sitting > 0 else None
         log.info(
             "progress",
             **summary,
@@ -97,7 +102,26 @@ class ProgressLog:
         return summary
 
     def close(self) -> None:
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
+
+    def _bar(self) -> tqdm:
+        """The bar from this sitting's start: its rate is the mean since then (smoothing 0),
+        the rate the summary's ETA uses."""
+        # tqdm's default lock is a multiprocessing RLock, which starts a resource-tracker
+        # child process: a daemon should not have one (it outlives a kill -9 of ours).
+        tqdm.set_lock(threading.RLock())
+        bar = tqdm(
+            total=self.total_frames,
+            initial=self.sitting_frames,
+            unit="frame",
+            unit_scale=True,
+            smoothing=0,
+            disable=not sys.stderr.isatty(),
+        )
+        if not bar.disable:  # its clock: the sitting's
+            bar.start_t -= time.perf_counter() - self.sitting_start
+        return bar
 
 
 def _mean(values: Any) -> float:

@@ -38,7 +38,12 @@ from navrl_daemon.rl.snapshot import (
 from navrl_daemon.rl.training import Collector, Learner, make_policy
 from navrl_daemon.stages.curriculum import use_stage
 from navrl_daemon.stages.evaluator import read_results
-from navrl_daemon.storage.checkpoint import REJECTED, CheckpointDir, CheckpointHeader
+from navrl_daemon.storage.checkpoint import (
+    REJECTED,
+    CheckpointDir,
+    CheckpointHeader,
+    read_header,
+)
 
 log = structlog.get_logger("resume")
 
@@ -192,6 +197,18 @@ def newest_checkpoint(
             to=str(directory.path / REJECTED),
         )
     return found
+
+
+def newest_header(state_dir: Path) -> CheckpointHeader | None:
+    """How far a run got: the header of the newest checkpoint that has one (a stop writes
+    its last trained iteration there; the next run resumes from it). The stop log and the
+    run summary both say this, so they name the same iteration; None without a checkpoint."""
+    for path in reversed(CheckpointDir(state_dir / "checkpoints").files()):
+        try:
+            return read_header(path)
+        except DataError:
+            continue
+    return None
 
 
 def restore(

@@ -177,8 +177,8 @@ class Trainer:
 
     async def _train_on(self, rollout: Rollout) -> IterationRecord:
         lag = self.learner.version - rollout.policy_version
-        structlog.contextvars.bind_contextvars(
-            iteration=rollout.iteration, policy_version=self.learner.version
+        structlog.contextvars.bind_contextvars(  # iteration N makes policy version N
+            iteration=rollout.iteration + 1, policy_version=self.learner.version
         )
         log.debug("updating", policy_lag=lag)
         t0 = time.perf_counter()

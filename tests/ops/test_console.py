@@ -24,13 +24,14 @@ import pytest
 import structlog
 
 from navrl_daemon.config import LogConfig
-from navrl_daemon.ops.console import progress_table
+from navrl_daemon.ops.console import ProgressTableRenderer, progress_table
 from navrl_daemon.ops.logging import configure_logging
-from tests.conftest import REPO, SUBPROCESS_ENV, TINY
+from tests.conftest import REPO, SUBPROCESS_ENV, TINY, navrl_cli
 
 COLUMNS, LINES = 160, 3000  # tall enough that nothing scrolls off the emulated screen
 TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d")
 BAR = re.compile(r"\d+%\|")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 RUN = [*TINY, "log.summary_interval=2", "eval.interval=2", "checkpoint.interval=2"]
 
 
@@ -140,6 +141,55 @@ def test_ctrl_c_stops_cleanly_with_exit_0_and_says_so(tmp_path: Path) -> None:
     assert "run stopped before run.total_frames" in "\n".join(lines)
 
 
+# The bar as tqdm draws it: "3.20k/10.0M [00:05<4:12:31, 187frame/s]".
+BAR_STATE = re.compile(r"/[\d.]+[kMG]? \[[\d:]+<([\d:]+), ([\d.]+)([kMG]?)frame/s\]")
+BLOCK = re.compile(
+    r"─── iteration \d+ · ([\d,]+) / ([\d,]+) frames.*?\n.*?ETA ((?:\d+ days?, )?[\d:]+)"
+)
+SCALE = {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9}
+
+
+def _seconds(text: str) -> float:
+    """Seconds of tqdm's "H:MM:SS"/"MM:SS" or timedelta's "N days, H:MM:SS"."""
+    days, _, clock = text.rpartition(", ")
+    parts = [int(x) for x in clock.split(":")]
+    clock_s = sum(v * 60**i for i, v in enumerate(reversed(parts)))
+    return (86400.0 * int(days.split()[0]) if days else 0.0) + clock_s
+
+
+@pytest.mark.slow
+def test_after_a_resume_the_bar_and_the_summary_count_this_sittings_frames(
+    tmp_path: Path,
+) -> None:
+    """A run resumed at 640 frames: the bar's rate and ETA are this sitting's (not the
+    resumed frames over this sitting's seconds), and agree with the summary's ETA."""
+    state = tmp_path / "state"
+    first = navrl_cli("run", "--state-dir", str(state), *RUN, "run.total_frames=640")
+    assert first.returncode == 0, first.stderr[-2000:]
+    term = run_on_terminal(state, "run.total_frames=5000000", "log.summary_interval=4")
+    assert term.read_until("─── iteration 24 ", timeout=600), term.raw.decode(errors="replace")
+    term.proc.send_signal(signal.SIGINT)
+    assert term.finish(timeout=300) == 0, "\n".join(term.lines()[-30:])
+    raw = term.raw.decode(errors="replace").replace("\r\n", "\n")
+    # Every key=value line is a whole log line, and narrower than the terminal.
+    log_lines = [ANSI.sub("", x.rsplit("\r", 1)[-1]) for x in raw.split("\n")]
+    log_lines = [x for x in log_lines if "=" in x and not x.startswith((" ", "─"))]
+    assert all(TIMESTAMP.match(x) and len(x) <= COLUMNS for x in log_lines), log_lines
+    compared = 0
+    for block in BLOCK.finditer(raw):
+        frames, total = (int(x.replace(",", "")) for x in block.group(1, 2))
+        eta = _seconds(block.group(3))
+        bar = BAR_STATE.search(raw, block.end())  # redrawn under the block as it was logged
+        assert bar is not None, raw[block.start() :]
+        bar_eta = _seconds(bar.group(1))
+        bar_rate = float(bar.group(2)) * SCALE[bar.group(3)]
+        # The summary's ETA is the remaining frames at this sitting's rate: the bar's rate.
+        assert bar_rate == pytest.approx((total - frames) / eta, rel=0.2), (block[0], bar[0])
+        assert bar_eta == pytest.approx(eta, rel=0.2), (block[0], bar[0])
+        compared += 1
+    assert compared >= 3, raw
+
+
 def test_table_counts_episodes_and_flags_few() -> None:
     summary = {
         "event": "progress",
@@ -165,7 +215,7 @@ def test_table_counts_episodes_and_flags_few() -> None:
     assert "reached 1.000" in table and "timed out 0.000" in table  # not "truncated 1.0"
     assert "0:12:30" in table and "2,612 frames/s" in table and "(2.0 %)" in table
     none = progress_table({**summary, "train_episodes": 0})
-    assert "0 finished" in none and "reached" not in none
+    assert "none finished yet" in none and "reached" not in none
     mixed = {**summary, "train_episodes": 20, "train_reach_goal": 0.5, "train_collision": 0.25}
     table = progress_table({**mixed, "train_out_of_bounds": 0.15})
     assert "out of bounds 0.150" in table and "timed out 0.100" in table
@@ -179,3 +229,48 @@ def test_json_lines_keep_every_summary_field() -> None:
     structlog.get_logger("progress").info("progress", **summary)
     line = json.loads(out.getvalue())
     assert {k: line[k] for k in summary} == summary and line["event"] == "progress"
+
+
+def test_a_window_without_episodes_shows_the_last_outcomes_and_since_when() -> None:
+    """NavRL's episodes last up to 2,200 steps: most windows end none. Their blocks show
+    the last window's outcomes that had some, and its iteration."""
+    renderer = ProgressTableRenderer(lambda *_: "")
+    window = {"event": "progress", "frames_per_second": 100.0, "frames": 64, "train_episodes": 0}
+    first = renderer(None, "info", {**window, "iteration": 10})
+    assert "none finished yet" in first and "outcomes" not in first
+    ended = {"train_episodes": 12, "train_reach_goal": 0.5, "train_collision": 0.25}
+    renderer(None, "info", {**window, "iteration": 20, **ended})
+    later = renderer(None, "info", {**window, "iteration": 30})
+    assert "no outcomes to show" not in later
+    assert "none since iteration 20, when 12 had:" in later
+    assert "reached 0.500" in later and "collided 0.250" in later and "timed out 0.250" in later
+
+
+class TerminalStream(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_an_info_line_fits_the_terminal_and_a_warning_keeps_every_field(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("COLUMNS", "100")
+    out = TerminalStream()
+    configure_logging(LogConfig(format="console"), stream=out)
+    log = structlog.get_logger("checkpoint_writer")
+    written = {
+        "path": "/var/lib/navrl/state/checkpoints/ckpt-000000216.nrc",
+        "iteration": 216,
+        "frames": 13824,
+        "final": False,
+        "raw_bytes": 2224737,
+        "stored_bytes": 2157587,
+        "seconds": 0.0377,
+        "removed": ["ckpt-000000214.nrc"],
+    }
+    log.info("checkpoint written", **written)
+    log.warning("checkpoint written", **written)
+    info, warning = (ANSI.sub("", x) for x in out.getvalue().splitlines())
+    assert len(info) <= 100 and TIMESTAMP.match(info) and "checkpoint written" in info, info
+    assert "iteration=216" in info and "raw_bytes" not in info and "fields)" in info
+    assert all(f"{key}=" in warning for key in written), warning
