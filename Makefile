@@ -1,4 +1,4 @@
-# The two set-up commands of the README: `make run` and `make test`.
+# The set-up commands of the README: `make run`, `make test`, `make install`.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -10,10 +10,21 @@ CONFIG ?= config/default.toml
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
+# The torch to install with. A torch already in the venv is kept: the build a GPU user put
+# there first (README), held at its version so no other requirement swaps it. A venv without
+# one gets constraints.txt's pin, the CPU wheel (a loose torch pulls a multi-GB CUDA build).
+# Read when the recipe runs, after the venv exists. `make install INSTALL_FLAGS=--dry-run`
+# shows what pip would change.
+TORCH_VERSION = $(BIN)/python -c 'from importlib.metadata import version; print(version("torch"))'
+INSTALLED_TORCH = $(shell $(TORCH_VERSION) 2>/dev/null)
+TORCH_CONSTRAINT ?= $(if $(INSTALLED_TORCH),'torch==$(INSTALLED_TORCH)',-c constraints.txt)
+INSTALL_FLAGS ?=
+
 $(STAMP): $(BIN)/python pyproject.toml constraints.txt
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install --quiet $(INSTALL_FLAGS) $(TORCH_CONSTRAINT) -e '.[dev]'
 	touch $(STAMP)
+	@echo "installed with torch $$($(TORCH_VERSION)); its CUDA and GPUs: $(BIN)/navrl-daemon doctor"
 
 install: $(STAMP)
 

@@ -16,6 +16,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from navrl_daemon import __version__
 from navrl_daemon.errors import NavrlError
 from navrl_daemon.runtime.signals import StopRequested, StopSignals, dump_stacks_on
 
@@ -26,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
         checkpoints,
         config,
         dataset,
+        doctor,
         env,
         eval,
         launch,
@@ -38,8 +40,21 @@ def build_parser() -> argparse.ArgumentParser:
         prog="navrl-daemon",
         description="Long-running training service for NavRL's drone-navigation PPO policy.",
     )
+    parser.add_argument("--version", action="version", version=f"navrl-daemon {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    commands = (run, launch, eval, config, checkpoints, archive, dataset, env, report, status)
+    commands = (
+        run,
+        launch,
+        eval,
+        config,
+        checkpoints,
+        archive,
+        dataset,
+        env,
+        report,
+        status,
+        doctor,
+    )
     for command in commands:
         command.register(sub)
     return parser
