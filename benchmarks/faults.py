@@ -15,31 +15,57 @@ trained iteration), the eval results file (no torn or missing rows), the export.
 - `index_corruption`: a daemon archiving every rollout is stopped, one high bit of the
   newest archive file's last index row flipped (`iteration ^= 1 << 40`), and the daemon
   started again: where it says the archive ends, whether it archives on, /metrics.
+- `connection_churn`: 1,000 idle connections to /metrics (the daemon under a 1024
+  open-file soft limit) closed all at once, then 64 sockets reconnecting in a loop
+  (closing at once, mid-request, after a request, with a reset); whether /metrics and
+  /healthz still answer and training goes on.
+- `misnamed_checkpoint`: after a run, `ln -s ckpt-<oldest>.nrc ckpt-999999999.nrc` and a
+  copy of the oldest under the next iteration's name; the restart must resume from the true
+  newest, keep the history, and reject both files.
+- `oversize_claim`: a checkpoint of under 300 bytes, its checksum right, whose LZ4 frame
+  claims 2**60 decoded bytes, put among a running daemon's checkpoints and again before a
+  restart; `checkpoints verify` must exit 65 naming it, `run` resume past it.
+- `startup_signal`: SIGTERM to 20 daemons in turn, each at a random moment of its start-up
+  (0.05 to 3 s after spawn) on one state dir; every exit must be 0 or a documented code,
+  never an abort or a traceback; then a daemon that trains and answers /metrics there.
+  `--startup-signals N [--budget-s S]` runs this scenario alone with N signals.
+
+The last four run at small sizes (8 envs, short episodes): they check what survives,
+not frames/s. Each result's `tracebacks`, `iterations_lost` and `scrape_after` say
+whether the daemon came through.
 
 A scenario that fails is reported with its error; the others still run. Ratios are
 during/before and after/before of the median frames/s of each phase (spread: min, max).
 
 Run: `.venv/bin/python benchmarks/faults.py [--scenarios full_disk,idle_connections,...]`
+or `.venv/bin/python benchmarks/faults.py --startup-signals 500 [--budget-s S] [--max-delay-s 3]`
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import functools
 import json
 import os
 import platform
+import random
 import resource
 import selectors
+import shutil
 import signal
 import socket
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import traceback
+import urllib.error
 import urllib.request
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -61,6 +87,25 @@ BASE = [
     "checkpoint.interval=2",
     "metrics.address=127.0.0.1",
 ]
+# Sizes of the small scenarios (what tests/conftest.py's TINY runs); later overrides win.
+SMALL = [
+    "env.num_envs=8",
+    "env.field_size=10.0",
+    "env.num_obstacles=4",
+    "env.num_dynamic_obstacles=8",
+    "env.max_episode_length=50",
+    "env.spawn=local",
+    "ppo.rollout_length=8",
+    "ppo.minibatches=4",
+    "ppo.epochs=1",
+    "eval.num_envs=4",
+    "eval.layout=train",
+    "log.summary_interval=1",
+    "checkpoint.interval=1",
+]
+# Exit codes the docs give `run` (docs/operations.md): 0 stopped or finished, 65 invalid
+# data, 70 start-up timed out, 75 state dir locked, 78 configuration.
+DOCUMENTED_EXITS = (0, 65, 70, 75, 78)
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
 PHASE_LINES = 3  # progress lines per phase
 PHASE_TIMEOUT_S = 240.0
@@ -179,7 +224,8 @@ def losses(d: LoggedDaemon, state: Path, code: int | None) -> dict[str, Any]:
     files = CheckpointDir(state / "checkpoints").files()
     valid = [p for p, why in verify(files) if why is None]
     newest = read_header(valid[-1]).iteration if valid else None
-    evaluated = [e["iteration"] for e in d.named("evaluation")]
+    # the event itself: "evaluation stopped: shutting down" has no result to write
+    evaluated = [e["iteration"] for _, e in d.events if e.get("event") == "evaluation"]
     rows = read_jsonl(state / "eval" / "results.jsonl")
     with tempfile.TemporaryDirectory(prefix="faults-report-") as out:
         report_args = ["report", "--state-dir", str(state), "--no-trajectories", "--out", out]
@@ -194,6 +240,8 @@ def losses(d: LoggedDaemon, state: Path, code: int | None) -> dict[str, Any]:
     return {
         "exit_code": code,
         "traceback": any("Traceback" in line for line in d.other),
+        "tracebacks": sum("Traceback" in line for line in d.other),
+        "error_events": [e.get("event") for _, e in d.events if e.get("level") == "error"][:5],
         "stage_failed": [line for line in d.other if "failed" in line][:3],
         "newest_valid_checkpoint": newest,
         "last_iteration": last_iteration,
@@ -273,19 +321,31 @@ def open_idle(port: int, count: int, timeout: float = 20.0) -> tuple[list[socket
     return socks, established
 
 
-def scrape(port: int, timeout: float = 10.0) -> dict[str, Any]:
+def scrape(port: int, timeout: float = 10.0, path: str = "/metrics") -> dict[str, Any]:
     t0 = time.monotonic()
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
             r.read()
             return {"ok": r.status == 200, "seconds": round(time.monotonic() - t0, 3)}
+    except urllib.error.HTTPError as err:  # an answer all the same (/healthz: 503 = stale)
+        return {"ok": False, "status": err.code, "seconds": round(time.monotonic() - t0, 3)}
     except Exception as err:  # the point is to see how it fails
         return {"ok": False, "error": f"{type(err).__name__}: {err}"}
 
 
+def endpoints(port: int) -> dict[str, Any]:
+    return {"metrics": scrape(port), "healthz": scrape(port, path="/healthz")}
+
+
+def raise_nofile(wanted: int) -> None:
+    """This process's open-file soft limit to at least `wanted` (up to the hard limit)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, wanted), hard))
+
+
 def idle_connections(tmp: Path, count: int = 1000) -> dict[str, Any]:
-    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4 * count + 256), hard))
+    raise_nofile(4 * count + 256)
     port = free_port()
     state = tmp / "state"
     d = LoggedDaemon(state, f"metrics.port={port}", nofile=1024)
@@ -398,18 +458,324 @@ def index_corruption(tmp: Path) -> dict[str, Any]:
     }
 
 
+def newest_iteration(d: LoggedDaemon) -> int:
+    return max([e["iteration"] for e in d.named("progress")] + [0])
+
+
+def churn(port: int, sockets: int, seconds: float) -> dict[str, int]:
+    """`sockets` clients connecting to /metrics in a loop for `seconds`, each connection
+    ended one of four ways in turn: closed at once, mid-request, after a whole request
+    without reading the answer, or reset (SO_LINGER 0)."""
+    request = b"GET /metrics HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n"
+    endings = ("at once", "mid-request", "after the request", "reset")
+    counts = [collections.Counter[str]() for _ in range(sockets)]
+    stop = time.monotonic() + seconds
+
+    def loop(counter: collections.Counter[str]) -> None:
+        n = 0
+        while time.monotonic() < stop:
+            ending = endings[n % len(endings)]
+            n += 1
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=2.0) as s:
+                    if ending == "mid-request":
+                        s.sendall(request[:9])
+                    elif ending == "after the request":
+                        s.sendall(request)
+                    elif ending == "reset":
+                        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                counter[ending] += 1
+            except OSError as err:
+                counter[f"failed: {type(err).__name__}"] += 1
+            time.sleep(0.005)  # a reconnect loop, not a CPU burner: the daemon shares the cores
+
+    threads = [threading.Thread(target=loop, args=(c,), daemon=True) for c in counts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return dict(sum(counts, collections.Counter[str]()))
+
+
+def connection_churn(tmp: Path, idle: int = 1000, sockets: int = 64) -> dict[str, Any]:
+    raise_nofile(2 * idle + 4 * sockets + 256)
+    port = free_port()
+    state = tmp / "state"
+    d = LoggedDaemon(state, *SMALL, f"metrics.port={port}", nofile=1024)
+    d.progress(PHASE_LINES)
+    before = endpoints(port)
+    socks, established = open_idle(port, idle)
+    d.progress(PHASE_LINES)
+    for s in socks:  # all together, as a load balancer dropping its pool does
+        s.close()
+    after_close = endpoints(port)
+    iteration_before_churn = newest_iteration(d)
+    churned = churn(port, sockets, seconds=15.0)
+    d.progress(PHASE_LINES)
+    after = endpoints(port)
+    iteration_after = newest_iteration(d)
+    code = d.stop()
+    return {
+        "idle_connections": idle,
+        "established": established,
+        "daemon_nofile_soft_limit": 1024,
+        "churn_sockets": sockets,
+        "churn_connections": churned,
+        "scrape_before": before,
+        "scrape_after_idle_closed": after_close,
+        "scrape_after": after,
+        "iteration_before_churn": iteration_before_churn,
+        "iteration_after_churn": iteration_after,
+        "metrics_thread_died": any("metrics-http" in line for line in d.other),
+        **losses(d, state, code),
+    }
+
+
+def misnamed_checkpoint(tmp: Path) -> dict[str, Any]:
+    from navrl_daemon.storage.checkpoint import REJECTED, CheckpointDir, read_header
+    from navrl_daemon.storage.history import read_jsonl
+
+    state = tmp / "state"
+    first = LoggedDaemon(state, *SMALL, "metrics.port=0")
+    first.progress(8)
+    first_code = first.stop()
+    checkpoints = state / "checkpoints"
+    files = CheckpointDir(checkpoints).files()
+    oldest, newest = files[0], read_header(files[-1]).iteration
+    link = checkpoints / "ckpt-999999999.nrc"
+    link.symlink_to(oldest.name)
+    copy = checkpoints / f"ckpt-{newest + 1:09d}.nrc"
+    shutil.copyfile(oldest, copy)
+    history_before = {r.get("iteration") for r in read_jsonl(state / "history.jsonl").rows}
+
+    port = free_port()
+    d = LoggedDaemon(state, *SMALL, f"metrics.port={port}")
+    d.progress(PHASE_LINES)
+    scrape_after = endpoints(port)
+    code = d.stop()
+    resumed = d.named("resumed from checkpoint")
+    resumed_at = resumed[0]["iteration"] if resumed else None
+    history_after = {r.get("iteration") for r in read_jsonl(state / "history.jsonl").rows}
+    rejected = checkpoints / REJECTED
+    return {
+        "first_exit_code": first_code,
+        "newest_before_restart": newest,
+        "planted": {link.name: f"symlink to {oldest.name}", copy.name: f"copy of {oldest.name}"},
+        "resumed_from": resumed_at,
+        "resumed_from_file": Path(resumed[0]["path"]).name if resumed else None,
+        "went_back": resumed_at is None or resumed_at < newest,
+        "skipped": [
+            {"file": Path(e["file"]).name, "reason": e.get("reason")}
+            for e in d.named("skipping invalid checkpoint")
+        ],
+        "rejected_files": sorted(p.name for p in rejected.iterdir()) if rejected.is_dir() else [],
+        "history_rows_lost": len(history_before - history_after),
+        "first_iteration_after_restart": min(
+            [e["iteration"] for e in d.named("progress")], default=None
+        ),
+        "scrape_after": scrape_after,
+        **losses(d, state, code),
+    }
+
+
+def oversize_claim_file(iteration: int) -> bytes:
+    """A checkpoint of under 300 bytes for `iteration`, its checksum right, whose one LZ4
+    frame claims 2**60 decoded bytes (the file of issue #69; the container is the format's,
+    written out here so that nothing in the writer refuses it)."""
+    import lz4.frame
+
+    from navrl_daemon.storage.checkpoint import CODEC, FORMAT_VERSION, MAGIC
+
+    raw = b"x" * 200
+    frame = lz4.frame.LZ4FrameCompressor(auto_flush=True)
+    payload = frame.begin(source_size=2**60) + frame.compress(raw) + b"\\0\\0\\0\\0"
+    header = {
+        "format_version": FORMAT_VERSION,
+        "iteration": iteration,
+        "frames": iteration,
+        "policy_version": iteration,
+        "created": 0.0,
+        "codec": CODEC,
+        "level": 0,
+        "raw_bytes": len(raw),
+        "stored_bytes": len(payload),
+        "checksum": f"crc32:{zlib.crc32(payload):08x}",
+        "chunks": [len(payload)],
+        "meta": {},
+    }
+    head = json.dumps(header).encode()
+    return MAGIC + struct.pack("<I", len(head)) + head + payload
+
+
+def verify_cli(*args: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-m", "navrl_daemon", "checkpoints", "verify", "--json", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=300,
+    )
+    try:
+        invalid = [(Path(r["path"]).name, r["reason"]) for r in json.loads(done.stdout)]
+    except ValueError:
+        invalid = []
+    return {
+        "exit_code": done.returncode,
+        "invalid": [{"file": name, "reason": why} for name, why in invalid if why],
+        "traceback": "Traceback" in done.stderr,
+        "memory_error": "MemoryError" in done.stderr + done.stdout,
+    }
+
+
+def oversize_claim(tmp: Path) -> dict[str, Any]:
+    from navrl_daemon.storage.checkpoint import REJECTED
+
+    state = tmp / "state"
+    checkpoints = state / "checkpoints"
+    port = free_port()
+    first = LoggedDaemon(state, *SMALL, f"metrics.port={port}")
+    first.progress(PHASE_LINES)
+    running = checkpoints / f"ckpt-{10**6:09d}.nrc"  # newer than anything the run writes
+    running.write_bytes(oversize_claim_file(10**6))
+    size = running.stat().st_size
+    outside = tmp / "outside" / running.name  # a copy the daemon does not move aside
+    outside.parent.mkdir()
+    outside.write_bytes(running.read_bytes())
+    while_running = first.progress(PHASE_LINES)
+    scrape_while_running = endpoints(port)
+    # the whole dir as well: the run prunes a checkpoint every iteration meanwhile
+    verify_dir_while_running = verify_cli("--state-dir", str(state))
+    verify_file = verify_cli(str(outside))
+    first_code = first.stop()
+    written = max(e["iteration"] for e in first.named("checkpoint written"))
+
+    before_restart = checkpoints / f"ckpt-{10**6 + 1:09d}.nrc"
+    before_restart.write_bytes(oversize_claim_file(10**6 + 1))
+    verify_before_restart = verify_cli(str(before_restart))
+    port = free_port()
+    d = LoggedDaemon(state, *SMALL, f"metrics.port={port}")
+    d.progress(PHASE_LINES)
+    scrape_after = endpoints(port)
+    code = d.stop()
+    resumed = d.named("resumed from checkpoint")
+    rejected = checkpoints / REJECTED
+    logs = first.other + d.other + [json.dumps(e) for _, e in first.events + d.events]
+    return {
+        "crafted_bytes": size,
+        "first_exit_code": first_code,
+        "progress_lines_after_planting": while_running,
+        "first_daemon_tracebacks": sum("Traceback" in line for line in first.other),
+        "scrape_while_running": scrape_while_running,
+        "verify_crafted_file": verify_file,
+        "verify_state_dir_while_running": verify_dir_while_running,
+        "running_daemon_on_it": [
+            {k: e.get(k) for k in ("event", "level", "reason") if k in e}
+            for _, e in first.events
+            if running.name in json.dumps(e)
+        ][:3],
+        "verify_before_restart": verify_before_restart,
+        "newest_written_before_restart": written,
+        "resumed_from": resumed[0]["iteration"] if resumed else None,
+        "skipped": [
+            {"file": Path(e["file"]).name, "reason": e.get("reason")}
+            for e in d.named("skipping invalid checkpoint")
+        ],
+        "rejected_files": sorted(p.name for p in rejected.iterdir()) if rejected.is_dir() else [],
+        "memory_error": any("MemoryError" in line for line in logs),
+        "scrape_after": scrape_after,
+        **losses(d, state, code),
+    }
+
+
+def startup_signal(
+    tmp: Path,
+    count: int = 20,
+    seed: int = 0,
+    budget_s: float | None = None,
+    max_delay_s: float = 3.0,
+) -> dict[str, Any]:
+    """SIGTERM to `count` daemons in turn, each 0.05 to `max_delay_s` s after it was spawned,
+    on one state dir (later ones resume); stops early, saying so, once `budget_s` is spent.
+    Where each start-up was when stopped: before its first log line (imports), after it
+    (config, lock), after the last start-up phase it logged, or trained."""
+    rng = random.Random(seed)
+    state = tmp / "state"
+    deadline = None if budget_s is None else time.monotonic() + budget_s
+    exits: collections.Counter[int | None] = collections.Counter()
+    phases_reached: collections.Counter[str] = collections.Counter()
+    bad, sent = [], 0
+    while sent < count and (deadline is None or time.monotonic() < deadline):
+        delay = rng.uniform(0.05, max_delay_s)
+        d = LoggedDaemon(state, *SMALL, "metrics.port=0")
+        time.sleep(delay)
+        exited_first = d.proc.poll() is not None
+        code = d.stop()
+        sent += 1
+        exits[code] += 1
+        reached = [f"after {e.get('phase')}" for e in d.named("start-up phase")]
+        logged = "after the first log line" if d.events else "before the first log line"
+        phases_reached["trained" if d.named("progress") else (reached or [logged])[-1]] += 1
+        aborted = [line for line in d.other if "Traceback" in line or "terminate" in line]
+        if code not in DOCUMENTED_EXITS or aborted or exited_first:
+            first = next((i for i, line in enumerate(d.other) if "Traceback" in line), -8)
+            log = d.other[first:][:40]
+            bad.append({"signal": sent, "delay_s": round(delay, 3), "exit_code": code, "log": log})
+    port = free_port()
+    d = LoggedDaemon(state, *SMALL, f"metrics.port={port}")
+    d.progress(PHASE_LINES)
+    scrape_after = endpoints(port)
+    code = d.stop()
+    return {
+        "signals_requested": count,
+        "signals_sent": sent,
+        "seed": seed,
+        "delay_s": [0.05, max_delay_s],
+        "exit_codes": {str(k): v for k, v in sorted(exits.items(), key=str)},
+        "undocumented_or_traceback": len(bad),
+        "aborts": exits[-signal.SIGABRT] + exits[134],
+        # the default action: a signal before the interpreter ran `main` and its handler
+        "killed_by_sigterm": exits[-signal.SIGTERM],
+        "last_phase_when_stopped": dict(phases_reached),
+        "bad": bad[:10],
+        "scrape_after": scrape_after,
+        **losses(d, state, code),
+    }
+
+
 SCENARIOS: dict[str, Callable[[Path], dict[str, Any]]] = {
     "full_disk": full_disk,
     "idle_connections": idle_connections,
     "deleted_lock": deleted_lock,
     "index_corruption": index_corruption,
+    "connection_churn": connection_churn,
+    "misnamed_checkpoint": misnamed_checkpoint,
+    "oversize_claim": oversize_claim,
+    "startup_signal": startup_signal,
 }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
+    ap.add_argument(
+        "--startup-signals", type=int, metavar="N", help="only `startup_signal`, with N signals"
+    )
+    ap.add_argument("--budget-s", type=float, help="with --startup-signals: stop sending after S s")
+    ap.add_argument("--max-delay-s", type=float, default=3.0, help="with --startup-signals")
+    ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    scenarios = dict(SCENARIOS)
+    scenarios["startup_signal"] = functools.partial(startup_signal, seed=args.seed)
+    if args.startup_signals is not None:
+        args.scenarios = "startup_signal"
+        scenarios["startup_signal"] = functools.partial(
+            startup_signal,
+            count=args.startup_signals,
+            seed=args.seed,
+            budget_s=args.budget_s,
+            max_delay_s=args.max_delay_s,
+        )
     t_start = time.monotonic()
     load_start = os.getloadavg()
     results: dict[str, Any] = {}
@@ -417,7 +783,7 @@ def main() -> None:
         t0 = time.monotonic()
         with tempfile.TemporaryDirectory(prefix=f"faults-{name}-") as tmp:
             try:
-                results[name] = SCENARIOS[name](Path(tmp))
+                results[name] = scenarios[name](Path(tmp))
             except Exception as err:  # reported, and the next scenario still runs
                 results[name] = {
                     "error": f"{type(err).__name__}: {err}",

@@ -78,9 +78,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.stop_signals = signals  # `run` hands them to its event loop
         return args.handler(cfg, args)
     except StopRequested as stop:  # before `run` reached its event loop, or another command
+        # The process is only exiting now: a later stop signal (another one, or the repeat
+        # of one that arrived inside an import) must not raise into the lines below.
+        signals.finish()
         _stopped(stop.signal_name, logging_ready)
         return 0
     except NavrlError as e:
+        signals.finish()
         print(f"navrl-daemon: error: {e}", file=sys.stderr)
         return e.exit_code
     finally:

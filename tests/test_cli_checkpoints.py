@@ -222,3 +222,35 @@ def run_resumes_past_4_to_6(state: Path) -> list[dict]:
     assert sorted(p.name for p in rejected.iterdir()) == skipped
     assert navrl_cli("checkpoints", "verify", "--state-dir", str(state)).returncode == 0
     return log
+
+
+def test_verify_of_a_live_dir_skips_files_pruned_while_it_reads(
+    trained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """A running daemon's retention deletes old checkpoints at any moment: one listed and
+    then gone is not an invalid checkpoint (exit 0, named as pruned); a file named on the
+    command line that is missing still is (65)."""
+    import signal
+
+    from navrl_daemon import cli
+    from navrl_daemon.commands import checkpoints
+
+    state = copy_state(trained, tmp_path / "state")
+    oldest = sorted((state / "checkpoints").glob("ckpt-*.nrc"))[0]
+    real = checkpoints.verify
+
+    def pruned_meanwhile(files, accept):
+        oldest.unlink()  # after the listing, before the read
+        return real(files, accept)
+
+    monkeypatch.setattr(checkpoints, "verify", pruned_meanwhile)
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        assert cli.main(["checkpoints", "verify", "--state-dir", str(state)]) == 0
+        assert f"1 file(s) pruned while verifying: {oldest.name}" in capsys.readouterr().err
+        monkeypatch.setattr(checkpoints, "verify", real)
+        args = ["checkpoints", "verify", "--state-dir", str(state), str(oldest)]
+        assert cli.main(args) == 65
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -172,6 +173,13 @@ def with_evaluations(entries: list[dict[str, Any]], results: Path) -> None:
 def handle_verify(cfg: Config, args: argparse.Namespace) -> int:
     files = args.files or _directory(cfg, args).files()
     results = verify(files, _fit(cfg, args))
+    if not args.files:  # a running daemon's retention may delete listed files meanwhile
+        gone = [p for p, why in results if why is not None and not os.path.lexists(p)]
+        results = [(p, why) for p, why in results if p not in gone]
+        if gone:
+            names = ", ".join(p.name for p in gone)
+            print(f"navrl-daemon: {len(gone)} file(s) pruned while verifying: {names}",
+                  file=sys.stderr)  # fmt: skip
     bad = [(p, why) for p, why in results if why is not None]
     if args.json:
         print_json([{"path": str(p), "valid": why is None, "reason": why} for p, why in results])

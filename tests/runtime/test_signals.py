@@ -89,3 +89,31 @@ def test_without_a_stop_queued_is_entered_and_queues_later_ones() -> None:
         assert signals.phase is Phase.FINISHED
     finally:
         signals.restore()
+
+
+def test_a_stop_signal_while_main_reports_a_stop_is_ignored(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stop raised during start-up ends `main` with 0 and one line; a second signal then
+    (another SIGTERM, or the repeat of one that arrived inside an import) must not raise
+    out of that line: exit 1 with a traceback, seen once in 94 start-up signals."""
+    from navrl_daemon import cli, config
+
+    def stopped_during_start_up(*_: object) -> None:
+        raise StopRequested("SIGTERM")
+
+    lines: list[str] = []
+
+    def report(signal_name: str, logging_ready: bool) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)  # lands while the stop is being reported
+        lines.append(signal_name)
+
+    monkeypatch.setattr(config, "load_config", stopped_during_start_up)
+    monkeypatch.setattr(cli, "_stopped", report)
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        assert cli.main(["config", "show"]) == 0
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    assert lines == ["SIGTERM"]
