@@ -36,6 +36,7 @@ from tensordict import TensorDictBase
 from torch.profiler import ProfilerActivity, profile
 
 from navrl_daemon.config import load_config
+from navrl_daemon.env.contract import CapturableEnv
 from navrl_daemon.rl.training import Collector, make_policy
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,6 +54,11 @@ PATHS = {
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def masked_reset(env: object) -> bool:
+    """Whether the env resets with masks (a capturable backend's choice)."""
+    return isinstance(env, CapturableEnv) and env.masked_reset
 
 
 def count_syncs(
@@ -138,7 +144,7 @@ def main() -> None:
             out_paths[name] = {
                 "build_s": round(build_s, 2),
                 "warmup_s": round(time.perf_counter() - t0, 2),
-                "reset": "masked" if getattr(collector.env, "masked_reset", False) else "indexed",
+                "reset": "masked" if masked_reset(collector.env) else "indexed",
                 "capture_error": collector.capture_error,
             }
         except Exception as err:  # a path that fails is reported; the others still run

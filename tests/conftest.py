@@ -96,21 +96,23 @@ def navrl_checkpoint() -> Path:
 
 def trainer_for(training, compute, checkpoints=None, export_path=None, rollback=None, **extra):  # type: ignore[no-untyped-def]
     """A Trainer stage around a `Training`'s learner, driven by calling its methods
-    (`extra`: more Trainer arguments, e.g. its CUDA stream)."""
+    (`extra`: more TrainerContext fields, e.g. its CUDA stream)."""
     from navrl_daemon.runtime.channels import Channel
     from navrl_daemon.runtime.supervisor import Shutdown
     from navrl_daemon.stages.cadence import Cadence
-    from navrl_daemon.stages.trainer import Trainer
+    from navrl_daemon.stages.trainer import Trainer, TrainerContext
 
     return Trainer(
         training.learner,
         Channel("rollouts", 1).receiver(),
         [],
-        cadence=Cadence(frames_per_iteration=64, total_frames=0, checkpoint_interval=1),
-        shutdown=Shutdown(),
-        compute=compute,
-        export_path=export_path,
+        context=TrainerContext(
+            cadence=Cadence(frames_per_iteration=64, total_frames=0, checkpoint_interval=1),
+            shutdown=Shutdown(),
+            compute=compute,
+            export_path=export_path,
+            rollback=rollback,
+            **extra,
+        ),
         checkpoints=checkpoints,
-        rollback=rollback,
-        **extra,
     )

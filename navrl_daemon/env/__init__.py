@@ -12,8 +12,8 @@ from torchrl.envs import EnvBase
 
 from navrl_daemon.config import EnvConfig
 from navrl_daemon.env.backends import check_backend, resolve
-from navrl_daemon.env.contract import check_specs
-from navrl_daemon.env.navigation import Layout, NavigationEnv
+from navrl_daemon.env.contract import Layout, check_specs
+from navrl_daemon.env.navigation import NavigationEnv
 from navrl_daemon.errors import ConfigError
 
 __all__ = ["NavigationEnv", "check_backend", "make_env"]

@@ -38,9 +38,11 @@ from navrl_daemon.env.contract import (
     REWARD_KEY,
     STAT_FLAGS,
     STEP_KEYS,
+    Determinism,
     EnvFactory,
     Failure,
     Layout,
+    ResumableEnv,
     check_output,
     check_specs,
 )
@@ -287,7 +289,7 @@ class _Suite:
         return done
 
     def _determinism(self, env: EnvBase, trajectory: list[TensorDictBase]) -> None:
-        if getattr(env, "deterministic", True) is False:
+        if isinstance(env, Determinism) and env.deterministic is False:
             self.skip(("determinism",), "the backend declares deterministic = False")
             return
         twin = self._build(PROBE_ENVS, "train", check="determinism")
@@ -314,23 +316,21 @@ class _Suite:
             )
 
     def _state(self, env: EnvBase, td: TensorDictBase) -> None:
-        save = getattr(env, "state_dict_env", None)
-        load = getattr(env, "load_state_dict_env", None)
-        if save is None or load is None:
+        if not isinstance(env, ResumableEnv):
             self.skip(
                 ("state",),
                 "no state_dict_env/load_state_dict_env: a resumed run restarts its episodes",
             )
             return
         try:
-            state = save()
+            state = env.state_dict_env()
             bad = [k for k, v in state.items() if not isinstance(v, Tensor)]
             if bad:
                 self.fail("state", f"state_dict_env values must be tensors; not: {bad[:5]}")
                 return
             actions = _actions(self.cfg, STATE_REPLAY_STEPS, PROBE_ENVS, self.seed + 1, env.device)
             first = _replay(env, td.clone(), actions)
-            load(state)
+            env.load_state_dict_env(state)
             second = _replay(env, td.clone(), actions)
         except Exception as e:
             self.fail("state", f"save/restore raised {type(e).__name__}: {e}")

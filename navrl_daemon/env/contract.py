@@ -16,11 +16,20 @@ returning a TorchRL `EnvBase` that:
 - builds the layouts "train" (the training spawn rule) and "navrl" (NavRL's eval crossing);
 - is deterministic under a seed: two envs built with the same config and seed give the
   same outputs for the same actions. A backend that cannot be (Isaac Sim's PhysX) sets
-  the attribute `deterministic = False`; the check is then skipped, not passed.
-- optionally, for exact resume, has `state_dict_env() -> dict[str, Tensor]` and
-  `load_state_dict_env(state)`, restoring every piece of mutable state. The saved tensors
-  belong to the caller: stepping the env must not change them (copies, or tensors the env
-  no longer writes to); checkpoints keep them without copying again.
+  the attribute `deterministic = False` (`Determinism`); the check is then skipped, not
+  passed.
+
+Optional capabilities are the protocols below; a backend has one by implementing it, and a
+caller checks once with `isinstance(env, Protocol)`, taking the plain path otherwise:
+
+- `ResumableEnv`, for exact resume: `state_dict_env()` and `load_state_dict_env(state)`;
+  without it a resumed run restarts its episodes;
+- `CapturableEnv`: a step on fixed tensors drawing from one generator, which a CUDA graph
+  can hold (`rl/captured_rollout.py`); without it steps run op by op;
+- `DensityLevels`: per-env density levels (`env.map_levels`), kept across a curriculum
+  stage or a resume and reported as telemetry;
+- `Determinism`: a backend that cannot be deterministic says so with
+  `deterministic = False`, and the determinism check is skipped.
 
 `check_specs` is the cheap part (declared specs only, no stepping) that `make_env` runs on
 every build; `conformance.py` steps envs through all of the above.
@@ -30,16 +39,26 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 import torch
+from torch import Tensor
 from torchrl.envs import EnvBase
 
 from navrl_daemon.config import EnvConfig
-from navrl_daemon.env.navigation import ACTION_KEY, OBS, REWARD_KEY, STAT_KEYS, Layout
+from navrl_daemon.errors import ConfigError
 
 NestedKey = tuple[str, ...]
+# "train": the training spawn rule; "navrl": NavRL's deterministic eval crossing.
+Layout = Literal["train", "navrl"]
+# How rollout steps run (`env.collect_path`): op by op, or replays of a captured step.
+CollectPath = Literal["eager", "cuda_graph"]
 
+OBS = ("agents", "observation")
+ACTION_KEY = ("agents", "action")
+REWARD_KEY = ("agents", "reward")
+# The per-episode stats, in the order every stats tensor [N, 5] holds them.
+STAT_KEYS = ("return", "episode_len", "reach_goal", "collision", "truncated")
 DONE_KEYS = (("done",), ("terminated",), ("truncated",))
 # The stats that are 0/1 flags (navrl-task §1.10).
 STAT_FLAGS = ("reach_goal", "collision", "truncated")
@@ -55,6 +74,56 @@ class EnvFactory(Protocol):
         num_envs: int | None = None,
         layout: Layout = "train",
     ) -> EnvBase: ...
+
+
+@runtime_checkable
+class ResumableEnv(Protocol):
+    """Exact resume: every piece of mutable state out and back in. The saved tensors belong
+    to the caller: stepping the env must not change them (copies, or tensors the env no
+    longer writes to); checkpoints keep them without copying again."""
+
+    def state_dict_env(self) -> dict[str, Tensor]: ...
+
+    def load_state_dict_env(self, state: dict[str, Tensor]) -> None: ...
+
+
+@runtime_checkable
+class CapturableEnv(Protocol):
+    """A step a CUDA graph can hold: it reads and writes `state_tensors()` in place (steps,
+    resets, reseeds and `load_state_dict_env` keep their storage), draws its random numbers
+    from `generator` only, and auto-resets without a host read when `masked_reset` is set.
+    `graph_objects()` are the other objects a captured step holds by identity (rebuilt
+    ones, such as a new obstacle grid, need a new capture)."""
+
+    masked_reset: bool
+
+    @property
+    def generator(self) -> torch.Generator: ...
+
+    def state_tensors(self) -> dict[str, Tensor]: ...
+
+    def graph_objects(self) -> tuple[object, ...]: ...
+
+
+@runtime_checkable
+class DensityLevels(Protocol):
+    """Per-env density levels (`env.map_levels`): `level` [N] (long, updated in place),
+    at least `min_level`; the share of envs at each level and the episodes ended there."""
+
+    level: Tensor
+    min_level: int
+
+    def level_shares(self) -> list[float]: ...
+
+    def level_outcomes(self) -> list[list[float]]: ...
+
+
+@runtime_checkable
+class Determinism(Protocol):
+    """A backend that states whether it is deterministic under a seed (one that says
+    nothing must be)."""
+
+    deterministic: bool
 
 
 @dataclass(frozen=True)
@@ -166,6 +235,25 @@ def check_output(
                 )
             )
     return failures
+
+
+def collect_path(cfg: EnvConfig, device: torch.device | str) -> CollectPath:
+    """How this env's rollout steps run (`env.collect_path`): "cuda_graph", replays of a
+    captured step (rl/captured_rollout.py), or "eager". "auto" captures the embedded env on
+    CUDA unless `env.reset_mode` asks for the indexed reset, whose host reads a graph cannot
+    hold; an explicit "cuda_graph" that cannot run is a ConfigError (exit 78)."""
+    requested, device = cfg.collect_path, torch.device(device)
+    capturable = cfg.backend == "navigation" and cfg.reset_mode != "indexed"
+    if requested == "auto":
+        return "cuda_graph" if device.type == "cuda" and capturable else "eager"
+    if requested == "cuda_graph" and device.type != "cuda":
+        raise ConfigError(f"env.collect_path = 'cuda_graph' needs a CUDA device; this is {device}")
+    if requested == "cuda_graph" and not capturable:
+        raise ConfigError(
+            "env.collect_path = 'cuda_graph' captures the embedded env's masked reset: "
+            f"env.backend = {cfg.backend!r}, env.reset_mode = {cfg.reset_mode!r}"
+        )
+    return requested
 
 
 def _same_device(a: torch.device | str, b: torch.device | str) -> bool:

@@ -26,6 +26,7 @@ from torchrl.envs import EnvBase
 
 from navrl_daemon.config import EnvConfig, PromotionRule
 from navrl_daemon.env import make_env
+from navrl_daemon.env.contract import DensityLevels
 
 # Stage keys that act only where an episode starts (spawns) or on how it is scored and
 # ended, never on the world a running episode flies in: with `env.stage_switch =
@@ -111,10 +112,13 @@ class Curriculum:
         every env back to the sparsest level; envs below the stage's `min_level` move up
         to it."""
         env = make_env(self.env_config(stage), device=device, seed=seed, **kwargs)
-        levels = getattr(previous, "level", None)
-        here = getattr(env, "level", None)
-        if self.env.map_levels and levels is not None and getattr(here, "shape", 0) == levels.shape:
-            env.level.copy_(levels.clamp_min(env.min_level))  # type: ignore[attr-defined]
+        if (
+            self.env.map_levels
+            and isinstance(previous, DensityLevels)
+            and isinstance(env, DensityLevels)
+            and env.level.shape == previous.level.shape
+        ):
+            env.level.copy_(previous.level.clamp_min(env.min_level))
         return env
 
     def carries_episodes(self, from_stage: int, to_stage: int) -> bool:

@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -73,6 +72,15 @@ from torchrl.data import Bounded, Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase
 
 from navrl_daemon.config import EnvConfig
+
+# The contract's keys and literals, also importable from here as before.
+from navrl_daemon.env.contract import ACTION_KEY as ACTION_KEY
+from navrl_daemon.env.contract import OBS as OBS
+from navrl_daemon.env.contract import REWARD_KEY as REWARD_KEY
+from navrl_daemon.env.contract import STAT_KEYS as STAT_KEYS
+from navrl_daemon.env.contract import CollectPath as CollectPath
+from navrl_daemon.env.contract import Layout as Layout
+from navrl_daemon.env.contract import collect_path as collect_path
 from navrl_daemon.env.dynamics import point_mass_step
 from navrl_daemon.env.geometry import world_to_goal, yaw_of
 from navrl_daemon.env.lidar import (
@@ -84,11 +92,7 @@ from navrl_daemon.env.lidar import (
     PillarGrid,
 )
 from navrl_daemon.env.obstacles import DYN_WIDTH_STEP, DynamicObstacles, generate_pillars
-from navrl_daemon.errors import ConfigError
 from navrl_daemon.host_copy import host_copy
-
-Layout = Literal["train", "navrl"]
-CollectPath = Literal["eager", "cuda_graph"]
 
 # --- navrl-task §1.6: dynamic-obstacle observation ------------------------------------------------
 DYN_OBSERVED = 5  # feature_extractor.dyn_obs_num
@@ -110,7 +114,6 @@ NAVRL_LAYOUT_Z = 2.0
 LOCAL_SPAWN_CLEARANCE = 0.5
 LOCAL_SPAWN_TRIES = 32
 
-STAT_KEYS = ("return", "episode_len", "reach_goal", "collision", "truncated")
 _STATS = tuple(enumerate(STAT_KEYS))
 _REACH_GOAL, _COLLISION = STAT_KEYS.index("reach_goal"), STAT_KEYS.index("collision")
 # The two as one slice: indexing with a tuple would copy a host index tensor to the device
@@ -118,13 +121,14 @@ _REACH_GOAL, _COLLISION = STAT_KEYS.index("reach_goal"), STAT_KEYS.index("collis
 _OUTCOMES = slice(_REACH_GOAL, _COLLISION + 1)
 assert _COLLISION == _REACH_GOAL + 1
 _EPISODE_LEN = STAT_KEYS.index("episode_len")
-OBS = ("agents", "observation")
-ACTION_KEY = ("agents", "action")
-REWARD_KEY = ("agents", "reward")
 
 
 class NavigationEnv(EnvBase):
-    """The embedded NavRL navigation task; see the module docstring for the contract."""
+    """The embedded NavRL navigation task; see the module docstring for the contract. It
+    implements every optional capability of `contract.py`: `ResumableEnv`,
+    `CapturableEnv`, `DensityLevels` and `Determinism`."""
+
+    deterministic = True
 
     def __init__(
         self,
@@ -170,7 +174,7 @@ class NavigationEnv(EnvBase):
         )
         # Reseeding restores this: the same seed then replays the same obstacle motion.
         self._dynamic_start = self.dynamic.state_dict()
-        self._gen = torch.Generator(device=self.device).manual_seed(seed)
+        self._generator = torch.Generator(device=self.device).manual_seed(seed)
         self.masked_reset = masked_reset(cfg, self.device)
         self._allocate_state()
         self._make_specs()
@@ -206,7 +210,7 @@ class NavigationEnv(EnvBase):
         state = {name: copy(getattr(self, name)) for name in _STATE_TENSORS}
         state.update({f"stats.{k}": copy(self.episode_stats[:, i]) for i, k in _STATS})
         state.update({f"dynamic.{k}": v for k, v in self.dynamic.state_dict().items()})
-        state["generator"] = self._gen.get_state()
+        state["generator"] = self._generator.get_state()
         return state
 
     def load_state_dict_env(self, state: dict[str, Tensor]) -> None:
@@ -234,7 +238,18 @@ class NavigationEnv(EnvBase):
         self.dynamic.load_state_dict(
             {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
         )
-        self._gen.set_state(state["generator"].cpu())
+        self._generator.set_state(state["generator"].cpu())
+
+    @property
+    def generator(self) -> torch.Generator:
+        """The generator of every step-time random draw (spawns, obstacle goals and speeds),
+        on the env's device; `set_seed` reseeds it."""
+        return self._generator
+
+    def graph_objects(self) -> tuple[object, ...]:
+        """What a captured step holds besides its state tensors: the LiDAR, whose grid
+        `set_pillars` rebuilds."""
+        return (self.lidar,)
 
     def state_tensors(self) -> dict[str, Tensor]:
         """Every tensor a step reads and writes, by name. Steps, resets, reseeds and
@@ -253,9 +268,9 @@ class NavigationEnv(EnvBase):
         """Reseed the spawn RNG; with a seed, also put the dynamic obstacles back where they
         started, so that evaluations (which reseed) see the same world every time."""
         if seed is None:
-            self._gen.seed()
+            self._generator.seed()
         else:
-            self._gen.manual_seed(int(seed))
+            self._generator.manual_seed(int(seed))
             if hasattr(self, "_dynamic_start"):
                 self.dynamic.load_state_dict(self._dynamic_start)
 
@@ -316,7 +331,7 @@ class NavigationEnv(EnvBase):
         )
         self.pos.copy_(pos)
         self.vel.copy_(vel)
-        self.dynamic.step(self._gen)
+        self.dynamic.step(self._generator)
         self.scan.copy_(self.lidar.distances(self.pos, self.yaw, self.slot))
         self.step_count.add_(1)
 
@@ -400,7 +415,7 @@ class NavigationEnv(EnvBase):
 
     def _random_side(self, k: int) -> Tensor:
         """Sides of the square: 0 (y = +S), 1 (y = -S), 2 (x = +S), 3 (x = -S)."""
-        return torch.randint(4, (k,), generator=self._gen, device=self.device)
+        return torch.randint(4, (k,), generator=self._generator, device=self.device)
 
     def _border_point(self, k: int, side: Tensor | None = None) -> Tensor:
         """navrl-task §1.4 training: a uniform side of the square at ±S (or the given sides),
@@ -452,7 +467,7 @@ class NavigationEnv(EnvBase):
         return lo + (hi - lo) * self._rand(*shape)
 
     def _rand(self, *shape: int) -> Tensor:
-        return torch.rand(shape, generator=self._gen, device=self.device)
+        return torch.rand(shape, generator=self._generator, device=self.device)
 
     def _episode_start(self, start: Tensor, goal: Tensor) -> dict[str, Tensor]:
         """Initial state of new episodes (navrl-task §1.4): at rest, facing the goal, stats zeroed.
@@ -713,25 +728,6 @@ class NavigationEnv(EnvBase):
             shape=(n,),
             device=dev,
         )
-
-
-def collect_path(cfg: EnvConfig, device: torch.device | str) -> CollectPath:
-    """How this env's rollout steps run (`env.collect_path`): "cuda_graph", replays of a
-    captured step (rl/captured_rollout.py), or "eager". "auto" captures the embedded env on
-    CUDA unless `env.reset_mode` asks for the indexed reset, whose host reads a graph cannot
-    hold; an explicit "cuda_graph" that cannot run is a ConfigError (exit 78)."""
-    requested, device = cfg.collect_path, torch.device(device)
-    capturable = cfg.backend == "navigation" and cfg.reset_mode != "indexed"
-    if requested == "auto":
-        return "cuda_graph" if device.type == "cuda" and capturable else "eager"
-    if requested == "cuda_graph" and device.type != "cuda":
-        raise ConfigError(f"env.collect_path = 'cuda_graph' needs a CUDA device; this is {device}")
-    if requested == "cuda_graph" and not capturable:
-        raise ConfigError(
-            "env.collect_path = 'cuda_graph' captures the embedded env's masked reset: "
-            f"env.backend = {cfg.backend!r}, env.reset_mode = {cfg.reset_mode!r}"
-        )
-    return requested
 
 
 def masked_reset(cfg: EnvConfig, device: torch.device | str) -> bool:

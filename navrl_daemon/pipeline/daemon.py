@@ -29,6 +29,7 @@ import torch
 
 from navrl_daemon import __version__
 from navrl_daemon.config import Config, resolve_device
+from navrl_daemon.env.contract import CapturableEnv, DensityLevels
 from navrl_daemon.env.curriculum import Curriculum
 from navrl_daemon.errors import StageFailed
 from navrl_daemon.ops.logging import bind_process_fields
@@ -56,7 +57,7 @@ from navrl_daemon.runtime.lock import StateDirLock
 from navrl_daemon.runtime.signals import StopSignals
 from navrl_daemon.runtime.supervisor import Shutdown, Stage, State, Supervisor
 from navrl_daemon.stages import resume
-from navrl_daemon.stages.archiver import RolloutArchiver, archive_channel
+from navrl_daemon.stages.archiver import ArchiverEvents, RolloutArchiver, archive_channel
 from navrl_daemon.stages.cadence import Cadence, Position
 from navrl_daemon.stages.checkpoint_writer import CheckpointWriter
 from navrl_daemon.stages.coordinator import Coordinator, Found, SingleProcess, collector_for_rank
@@ -65,13 +66,21 @@ from navrl_daemon.stages.evaluator import (
     BestPolicy,
     EvaluationVideos,
     Evaluator,
+    EvaluatorContext,
+    EvaluatorEvents,
     RecordedEvaluate,
     StageEvaluation,
     eval_scores,
 )
-from navrl_daemon.stages.messages import PolicyWeights, Rollout, Snapshot
-from navrl_daemon.stages.producer import RolloutProducer
-from navrl_daemon.stages.trainer import Checkpointing, IterationRecord, Trainer
+from navrl_daemon.stages.messages import FinalCollectorState, PolicyWeights, Rollout, Snapshot
+from navrl_daemon.stages.producer import ProducerContext, ProducerEvents, RolloutProducer
+from navrl_daemon.stages.trainer import (
+    Checkpointing,
+    IterationRecord,
+    Trainer,
+    TrainerContext,
+    TrainerEvents,
+)
 from navrl_daemon.storage.checkpoint import CheckpointDir
 from navrl_daemon.storage.compressed_rollout import CompressedMinibatches
 from navrl_daemon.storage.history import RESULTS_FILE
@@ -226,7 +235,8 @@ def build_stages(ctx: RunContext) -> list[Stage]:
     train_cfg = cfg.model_copy(update={"env": curriculum.env_config(0)}) if curriculum else cfg
     with phase("training envs"):
         collector = Collector.build(_rank_config(train_cfg, world), acting_copy(policy), ctx.device)
-    masked = getattr(collector.env, "masked_reset", None)  # the embedded env's choice
+    # the embedded env's choice
+    masked = collector.env.masked_reset if isinstance(collector.env, CapturableEnv) else None
     if masked is not None:
         captured = isinstance(collector.rollout, CapturedRollout)
         log.info(
@@ -247,12 +257,10 @@ def build_stages(ctx: RunContext) -> list[Stage]:
     weights: Channel[PolicyWeights] = Channel("weights", 1, Overflow.COALESCE)
     channels: list[Channel[Any]] = [rollouts, weights]
     owned = None
-    if world.leader:  # the final snapshot's env state: every rank's, gathered by the
-        # producers when they stopped together
-        final_state = lambda: producer.final_state  # noqa: E731
+    if world.leader:
         with phase("evaluation and state dir"):
             owned = _state_dir_stages(
-                ctx, checkpoints, policy, curriculum, final_state, resumed_from=start.iteration
+                ctx, checkpoints, policy, curriculum, resumed_from=start.iteration
             )
     trainer_stream = (
         torch.cuda.Stream(ctx.device)
@@ -264,42 +272,51 @@ def build_stages(ctx: RunContext) -> list[Stage]:
         pool,
         rollouts.sender(),
         weights.receiver(),
-        cadence=ctx.cadence,
-        start=start,
-        coordinator=ctx.coordinator,
-        curriculum=(
-            CurriculumFollower(
-                curriculum, collector, ctx.threads.producer, on_stage=telemetry.curriculum_stage
-            )
-            if curriculum is not None
-            else NoCurriculum()
+        context=ProducerContext(
+            cadence=ctx.cadence,
+            start=start,
+            coordinator=ctx.coordinator,
+            curriculum=(
+                CurriculumFollower(
+                    curriculum, collector, ctx.threads.producer, on_stage=telemetry.curriculum_stage
+                )
+                if curriculum is not None
+                else NoCurriculum()
+            ),
+            shutdown=ctx.shutdown,
+            compute=ctx.threads.producer,
+            mark_ready=trainer_stream is not None,
         ),
         archive=owned.archive if owned else None,
-        shutdown=ctx.shutdown,
-        compute=ctx.threads.producer,
-        mark_ready=trainer_stream is not None,
-        # rank 0's envs, where the backend keeps density levels (NavigationEnv)
-        on_levels=(
-            telemetry.levels
-            if cfg.env.map_levels and owned and hasattr(collector.env, "level_shares")
-            else None
+        final_state=owned.final_state if owned else None,
+        events=ProducerEvents(
+            # rank 0's envs, where the backend keeps density levels (NavigationEnv)
+            on_levels=(
+                telemetry.levels
+                if cfg.env.map_levels and owned and isinstance(collector.env, DensityLevels)
+                else None
+            ),
         ),
     )
     trainer = Trainer(
         learner,
         rollouts.receiver(),
         [weights.sender()],
-        cadence=ctx.cadence,
-        start_frames=start.frames,
+        context=TrainerContext(
+            cadence=ctx.cadence,
+            shutdown=ctx.shutdown,
+            compute=ctx.threads.trainer,
+            export_path=ctx.state_dir / "export" / "policy.pt" if owned else None,  # rank 0's
+            start_frames=start.frames,
+            rollback=functools.partial(ctx.coordinator.rollback, checkpoints),
+            stream=trainer_stream,
+        ),
         evaluations=owned.evaluations if owned else None,
         checkpoints=owned.checkpointing if owned else None,
-        export_path=ctx.state_dir / "export" / "policy.pt" if owned else None,  # rank 0's
-        rollback=functools.partial(ctx.coordinator.rollback, checkpoints),
-        on_iteration=telemetry.iteration,
-        on_export_failed=functools.partial(telemetry.metrics.write_failed, "export"),
-        shutdown=ctx.shutdown,
-        compute=ctx.threads.trainer,
-        stream=trainer_stream,
+        events=TrainerEvents(
+            on_iteration=telemetry.iteration,
+            on_export_failed=functools.partial(telemetry.metrics.write_failed, "export"),
+        ),
     )
     stages: list[Stage] = [
         producer,
@@ -360,6 +377,9 @@ class StateDirStages:
     archive: Sender[Lease] | None
     evaluations: Sender[PolicyWeights] | None
     checkpointing: Checkpointing
+    # The final snapshot's env state: every rank's, gathered by the producers when they
+    # stopped together.
+    final_state: Sender[FinalCollectorState]
 
 
 def _state_dir_stages(
@@ -367,7 +387,6 @@ def _state_dir_stages(
     checkpoints: CheckpointDir,
     policy: NavRLPolicy,
     curriculum: Curriculum | None,
-    final_state: Callable[[], dict[str, Any] | None],
     resumed_from: int,
 ) -> StateDirStages:
     """Archiver, evaluator and checkpoint writer, with their channels."""
@@ -386,11 +405,13 @@ def _state_dir_stages(
                 ctx.state_dir / "archive",
                 archive.receiver(),
                 shutdown=ctx.shutdown,
-                on_written=telemetry.metrics.archive_written,
-                on_failed=telemetry.metrics.archive_dropped,
                 resumed_from=resumed_from,
-                on_rotated=telemetry.metrics.archive_rotated,
-                on_usage=telemetry.metrics.archive_usage,
+                events=ArchiverEvents(
+                    on_written=telemetry.metrics.archive_written,
+                    on_failed=telemetry.metrics.archive_dropped,
+                    on_rotated=telemetry.metrics.archive_rotated,
+                    on_usage=telemetry.metrics.archive_usage,
+                ),
             )
         )
 
@@ -432,28 +453,39 @@ def _state_dir_stages(
                 acting_copy(policy),
                 evaluation,
                 to_eval.receiver(),
-                results_path=results,
-                shutdown=ctx.shutdown,
-                compute=ctx.threads.evaluator,
-                on_result=on_eval,
-                on_write_failed=functools.partial(telemetry.metrics.write_failed, "eval_results"),
+                context=EvaluatorContext(results, ctx.shutdown, ctx.threads.evaluator),
                 best=BestPolicy(
                     ctx.state_dir / "export" / "best.pt",
                     on_failed=functools.partial(telemetry.metrics.write_failed, "export"),
                 ),
                 videos=evaluation_videos(cfg, evaluation, telemetry),
+                events=EvaluatorEvents(
+                    on_result=on_eval,
+                    on_write_failed=functools.partial(
+                        telemetry.metrics.write_failed, "eval_results"
+                    ),
+                ),
             )
         )
 
+    final_state: Channel[FinalCollectorState] = Channel("final collector state", 1)
     checkpointing = Checkpointing(
         snapshots.sender(),
         SnapshotStaging(cfg.checkpoint.queue_size + 2),
-        collector_state=final_state,
         static=resume.static_state(cfg),
+        final_state=final_state.receiver(),
         on_stall=telemetry.metrics.checkpoint_stall,
         holding=checkpoints.holding,
     )
-    return StateDirStages(stages, writer, channels, archive_sender, eval_sender, checkpointing)
+    return StateDirStages(
+        stages,
+        writer,
+        channels,
+        archive_sender,
+        eval_sender,
+        checkpointing,
+        final_state.sender(),
+    )
 
 
 def evaluation_videos(

@@ -42,11 +42,13 @@ from navrl_daemon.runtime.leases import Lease
 from navrl_daemon.runtime.supervisor import Stage
 from navrl_daemon.stages import resume
 from navrl_daemon.stages.checkpoint_writer import CheckpointWriter
-from navrl_daemon.stages.evaluator import Evaluator, eval_scores
+from navrl_daemon.stages.evaluator import Evaluator, EvaluatorContext, EvaluatorEvents, eval_scores
 from navrl_daemon.stages.messages import PolicyWeights, Snapshot
 from navrl_daemon.stages.offline_trainer import (
     BCTerm,
     OfflineTrainer,
+    OfflineTrainerContext,
+    OfflineTrainerEvents,
     StepRecord,
     TrainerWithBCTerm,
 )
@@ -164,34 +166,37 @@ def _bc_stages(ctx: RunContext, data: MultimodalDataset | ArchiveReader, t0: flo
                     evaluate, eval_env, seed=cfg.eval.seed, max_steps=eval_steps(cfg)
                 ),
                 to_eval.receiver(),
-                results_path=state_dir / RESULTS_FILE,
-                shutdown=shutdown,
-                compute=threads.evaluator,
-                on_result=on_eval,
-                on_write_failed=functools.partial(metrics.write_failed, "eval_results"),
+                context=EvaluatorContext(state_dir / RESULTS_FILE, shutdown, threads.evaluator),
+                events=EvaluatorEvents(
+                    on_result=on_eval,
+                    on_write_failed=functools.partial(metrics.write_failed, "eval_results"),
+                ),
             )
         )
     progress = OfflineProgress(telemetry, cfg.log.summary_interval, cfg.prefetch.batch_size)
     trainer = OfflineTrainer(
         learner,
         batches.receiver(),
-        steps=cfg.offline.steps,
-        batch_size=cfg.prefetch.batch_size,
-        shutdown=shutdown,
-        compute=threads.trainer,
-        export_path=state_dir / "export" / EXPORT_NAMES[learner.kind],
-        on_export_failed=functools.partial(metrics.write_failed, "export"),
-        on_step=progress,
-        on_end=progress.summarise,
-        cadence=ctx.cadence,
+        context=OfflineTrainerContext(
+            cadence=ctx.cadence,
+            shutdown=shutdown,
+            compute=threads.trainer,
+            export_path=state_dir / "export" / EXPORT_NAMES[learner.kind],
+            steps=cfg.offline.steps,
+            batch_size=cfg.prefetch.batch_size,
+        ),
         evaluations=eval_sender,
         checkpoints=Checkpointing(
             snapshots.sender(),
             SnapshotStaging(cfg.checkpoint.queue_size + 2),
-            collector_state=lambda: None,
             static={**resume.static_state(cfg), "kind": OFFLINE},
             on_stall=metrics.checkpoint_stall,
             holding=checkpoints.holding,
+        ),
+        events=OfflineTrainerEvents(
+            on_step=progress,
+            on_end=progress.summarise,
+            on_export_failed=functools.partial(metrics.write_failed, "export"),
         ),
     )
     stages.insert(1, trainer)

@@ -11,11 +11,11 @@ graph replay per step. The captured step is exactly collect's loop body:
    device counter the step advances, and the td to go on from is copied into the running td.
 
 Everything it reads and writes stays at fixed addresses: the env's state
-(`NavigationEnv.state_tensors`, updated in place), the policy's weights (loaded in place),
-the running td, the staging buffer and the slot. Random draws come from the env's
-generator and the actions' one, registered with the graph, so a replay draws what the
-eager step would have drawn: on the CPU, through `graphs.traced_capture`, a captured
-rollout is the eager one bit for bit (tests/rl/test_captured_rollout.py).
+(`CapturableEnv.state_tensors` of env/contract.py, updated in place), the policy's
+weights (loaded in place), the running td, the staging buffer and the slot. Random draws
+come from the env's generator and the actions' one, registered with the graph, so a replay
+draws what the eager step would have drawn: on the CPU, through `graphs.traced_capture`, a
+captured rollout is the eager one bit for bit (tests/rl/test_captured_rollout.py).
 
 The first `warmup_runs` steps of the first rollout run eagerly on the capture's stream, the
 next ones are replays; each rollout ends with one copy of the staging buffer into the
@@ -34,7 +34,7 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.envs import EnvBase
 
-from navrl_daemon.env.navigation import CollectPath
+from navrl_daemon.env.contract import CapturableEnv, CollectPath
 from navrl_daemon.rl.graphs import WARMUP_RUNS, Capture, Replay, SameObjects, cuda_capture
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.rl.rollout import Rollout, collect
@@ -46,7 +46,7 @@ class CapturedRollout:
     `capture` makes the replays (`graphs.cuda_capture(device)` on a GPU); with `fallback`,
     a capture that fails is remembered in `capture_error` and the rollouts go on eagerly
     (what `env.collect_path = "auto"` asks for), else it raises. The env must reset with
-    masks (`NavigationEnv.masked_reset`, which `env.collect_path` turns on).
+    masks (`CapturableEnv.masked_reset`, which `env.collect_path` turns on).
     """
 
     def __init__(
@@ -100,7 +100,8 @@ class CapturedRollout:
     def _capture(self, env: EnvBase, generator: torch.Generator | None) -> None:
         """Warm-up runs (real steps), then the capture (which runs nothing)."""
         assert self._step is not None
-        generators = [g for g in (getattr(env, "_gen", None), generator) if g is not None]
+        own = env.generator if isinstance(env, CapturableEnv) else None
+        generators = [g for g in (own, generator) if g is not None]
         try:
             self._replay = self.capture(
                 self._step, warmup_runs=self.warmup_runs, generators=generators
@@ -148,17 +149,16 @@ def _graph_key(
 ) -> tuple[Any, ...]:
     """What a captured step holds besides its own tensors: the objects it calls, and the
     storage of every tensor it reads or writes in place."""
-    state = getattr(env, "state_tensors", None)
-    if state is None:
-        raise TypeError(f"{type(env).__name__} has no state_tensors(): no capture of its step")
+    if not isinstance(env, CapturableEnv):
+        raise TypeError(f"{type(env).__name__} is no CapturableEnv: no capture of its step")
     layout = tuple(
         (k, tuple(v.shape), v.dtype) for k, v in buffer.items(include_nested=True, leaves_only=True)
     )
     weights = tuple(t.data_ptr() for t in (*policy.parameters(), *policy.buffers()))
-    tensors = tuple(t.data_ptr() for t in state().values())
+    tensors = tuple(t.data_ptr() for t in env.state_tensors().values())
     # The objects themselves, compared by identity: held here, none can be freed for
     # another to take its id.
-    held = SameObjects(env, getattr(env, "lidar", None), policy, generator)
+    held = SameObjects(env, *env.graph_objects(), policy, generator)
     return (held, layout, weights, tensors)
 
 

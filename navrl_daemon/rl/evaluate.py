@@ -23,7 +23,8 @@ from torch import Tensor
 from torchrl.envs import EnvBase
 from torchrl.envs.utils import step_mdp
 
-from navrl_daemon.env.navigation import Z_MAX, Z_MIN, NavigationEnv, collect_path
+from navrl_daemon.env.contract import CapturableEnv, collect_path
+from navrl_daemon.env.navigation import Z_MAX, Z_MIN, NavigationEnv
 from navrl_daemon.rl.graphs import WARMUP_RUNS, Capture, Replay, SameObjects, cuda_capture
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.rl.rollout import STAT_KEYS, out_of_bounds
@@ -294,15 +295,15 @@ def outcome_codes(first: Tensor, last: Tensor, finished: Tensor) -> str:
 def _graph_key(env: EnvBase, policy: NavRLPolicy) -> tuple[Any, ...]:
     """What a captured evaluation step holds: the env, its LiDAR, the policy, and the
     storage of every tensor it reads or writes in place."""
-    state = getattr(env, "state_tensors", None)
-    tensors = tuple(t.data_ptr() for t in state().values()) if state is not None else ()
     weights = tuple(t.data_ptr() for t in (*policy.parameters(), *policy.buffers()))
-    return (SameObjects(env, getattr(env, "lidar", None), policy), tensors, weights)
+    if not isinstance(env, CapturableEnv):
+        return (SameObjects(env, policy), (), weights)
+    tensors = tuple(t.data_ptr() for t in env.state_tensors().values())
+    return (SameObjects(env, *env.graph_objects(), policy), tensors, weights)
 
 
 def _generators(env: EnvBase) -> list[torch.Generator]:
-    generator = getattr(env, "_gen", None)
-    return [generator] if generator is not None else []
+    return [env.generator] if isinstance(env, CapturableEnv) else []
 
 
 @torch.no_grad()

@@ -115,8 +115,10 @@ class SameObjects:
         self.objects = objects
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, SameObjects) and all(
-            a is b for a, b in zip(self.objects, other.objects, strict=True)
+        return (
+            isinstance(other, SameObjects)
+            and len(self.objects) == len(other.objects)
+            and all(a is b for a, b in zip(self.objects, other.objects, strict=True))
         )
 
     def __hash__(self) -> int:

@@ -14,7 +14,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.envs import EnvBase
 
-from navrl_daemon.env.navigation import STAT_KEYS
+from navrl_daemon.env.contract import STAT_KEYS
 from navrl_daemon.rl.policy import NavRLPolicy
 
 # The outcomes EpisodeStats reports: the env's stats, then `out_of_bounds`, the share of

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from navrl_daemon.env.contract import ResumableEnv
 from navrl_daemon.host_copy import host_copy
 from navrl_daemon.rl.policy import has_own_critic
 from navrl_daemon.rl.ppo import CRITIC_EXTRACTOR_OPT, learning_rates
@@ -81,11 +82,10 @@ def restore_learner(learner: Learner, state: dict[str, Any], *, counters: bool =
 def collector_state(collector: Collector) -> dict[str, Any] | None:
     """Copies on the CPU: the producer goes on collecting into the originals. None for an
     env backend that cannot save its state (a resume then starts new episodes)."""
-    save = getattr(collector.env, "state_dict_env", None)
-    if save is None:
+    if not isinstance(collector.env, ResumableEnv):
         return None
     td = collector.td
-    env_state = save()
+    env_state = collector.env.state_dict_env()
     return {
         # Already the env's own copies (the contract; conformance's replay-after-load
         # check fails a backend whose saved tensors change as it steps): host only.
@@ -98,6 +98,9 @@ def collector_state(collector: Collector) -> dict[str, Any] | None:
 
 def restore_collector(collector: Collector, state: dict[str, Any]) -> None:
     """Raises ValueError (leaving the collector as it was) when the env does not match."""
+    env = collector.env
+    if not isinstance(env, ResumableEnv):
+        raise ValueError(f"{type(env).__name__} is no ResumableEnv: it cannot load env state")
     current = collector.td
     stored = state["td"]
     missing = sorted(set(_flatten(current)) - set(stored))
@@ -109,7 +112,7 @@ def restore_collector(collector: Collector, state: dict[str, Any]) -> None:
         if path in current.keys(include_nested=True) and current.get(path).shape != value.shape:
             raise ValueError(f"env key {key}: saved shape {tuple(value.shape)} differs")
         td.set(path, value.to(current.device))
-    collector.env.load_state_dict_env(state["env"])  # type: ignore[attr-defined]
+    env.load_state_dict_env(state["env"])
     collector.td = td
     # No episode counts: the episodes the checkpoint's rollout ended are in its
     # iteration's history row, and counting them again would report them twice (earlier

@@ -23,8 +23,8 @@ from torchrl.envs import EnvBase
 
 from navrl_daemon.config import Config, EnvConfig, PPOConfig, UpdatePath
 from navrl_daemon.env import check_backend, make_env
-from navrl_daemon.env.contract import step_record_bytes
-from navrl_daemon.env.navigation import NavigationEnv, collect_path
+from navrl_daemon.env.contract import collect_path, step_record_bytes
+from navrl_daemon.env.navigation import NavigationEnv
 from navrl_daemon.rl import fast_update, ppo, schedules
 from navrl_daemon.rl.captured_rollout import rollout_for
 from navrl_daemon.rl.data_parallel import DataParallel

@@ -33,10 +33,12 @@ RolloutArchiver(
     state_dir / "archive",
     archive.receiver(),
     shutdown=shutdown,
-    on_written=metrics.archive_written,
-    on_failed=metrics.archive_dropped,
-    on_rotated=metrics.archive_rotated,
-    on_usage=metrics.archive_usage,
+    events=ArchiverEvents(
+        on_written=metrics.archive_written,
+        on_failed=metrics.archive_dropped,
+        on_rotated=metrics.archive_rotated,
+        on_usage=metrics.archive_usage,
+    ),
 )
 ```
 Only build it when `cfg.archive.interval > 0`.
@@ -49,6 +51,7 @@ import resource
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
@@ -116,6 +119,16 @@ def is_due(cfg: ArchiveConfig, iteration: int) -> bool:
     return cfg.interval > 0 and iteration % cfg.interval == 0
 
 
+@dataclass(frozen=True)
+class ArchiverEvents:
+    """What the archiver reports as it goes (Prometheus)."""
+
+    on_written: Callable[[int, int, int], None] = lambda raw, stored, segments: None
+    on_failed: Callable[[], None] = lambda: None  # a rollout due for archiving, not archived
+    on_rotated: Callable[[int, int], None] = lambda files, nbytes: None
+    on_usage: Callable[[ArchiveUsage], None] = lambda usage: None
+
+
 class RolloutArchiver:
     name = "archiver"
 
@@ -126,20 +139,18 @@ class RolloutArchiver:
         rollouts: Receiver[Lease],
         *,
         shutdown: Shutdown,
-        on_written: Callable[[int, int, int], None] = lambda raw, stored, segments: None,
-        on_failed: Callable[[], None] = lambda: None,
         resumed_from: int = 0,
-        on_rotated: Callable[[int, int], None] = lambda files, nbytes: None,
-        on_usage: Callable[[ArchiveUsage], None] = lambda usage: None,
+        events: ArchiverEvents | None = None,
     ) -> None:
+        events = events or ArchiverEvents()
         self.cfg = cfg
         self.directory = directory
         self.rollouts = rollouts
         self.shutdown = shutdown
-        self.on_written = on_written
-        self.on_failed = on_failed
-        self.on_rotated = on_rotated
-        self.on_usage = on_usage
+        self.on_written = events.on_written
+        self.on_failed = events.on_failed
+        self.on_rotated = events.on_rotated
+        self.on_usage = events.on_usage
         self.retention = ArchiveRetention(
             directory,
             max_total_bytes=cfg.max_total_bytes,

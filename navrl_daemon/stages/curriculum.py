@@ -20,6 +20,7 @@ from typing import Any
 
 import structlog
 
+from navrl_daemon.env.contract import ResumableEnv
 from navrl_daemon.env.curriculum import Curriculum
 from navrl_daemon.rl.training import Collector
 from navrl_daemon.runtime.compute import ComputeThread
@@ -97,13 +98,13 @@ def use_stage(
     """Put the collector on a fresh env of curriculum `stage`: reset, or with `carry`
     holding the episodes in flight (the old env's whole state copied in, the running td
     kept), which then end by the new stage's rules and start its episodes at their next
-    reset. A backend without `state_dict_env` resets. Returns whether episodes carried."""
+    reset. A backend that is no `ResumableEnv` resets. Returns whether episodes carried."""
     old = collector.env
     env = curriculum.build_env(stage, device=old.device, seed=collector.cfg.run.seed, previous=old)
-    carried = carry and hasattr(old, "state_dict_env") and hasattr(env, "load_state_dict_env")
-    if carried:
-        env.load_state_dict_env(old.state_dict_env())  # type: ignore[operator]
-        collector.env = env
+    carried = False
+    if carry and isinstance(old, ResumableEnv) and isinstance(env, ResumableEnv):
+        env.load_state_dict_env(old.state_dict_env())
+        collector.env, carried = env, True
     else:
         collector.env, collector.td = env, env.reset()
     curriculum.applied = stage

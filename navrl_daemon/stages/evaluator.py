@@ -97,6 +97,23 @@ class EvaluationStopped(Exception):
     """Raised from the progress check of an evaluation in flight when the daemon stops."""
 
 
+@dataclass(frozen=True)
+class EvaluatorContext:
+    """What the evaluator runs with besides its inputs and outputs."""
+
+    results_path: Path  # eval/results.jsonl
+    shutdown: Shutdown
+    compute: ComputeThread
+
+
+@dataclass(frozen=True)
+class EvaluatorEvents:
+    """What the evaluator reports as it goes (telemetry, the curriculum, keep-best)."""
+
+    on_result: Callable[[dict[str, Any]], None] = lambda _: None
+    on_write_failed: Callable[[], None] = lambda: None
+
+
 class Evaluator:
     name = "evaluator"
 
@@ -106,27 +123,25 @@ class Evaluator:
         evaluate: Evaluate,
         weights: Receiver[PolicyWeights],
         *,
-        results_path: Path,
-        shutdown: Shutdown,
-        compute: ComputeThread,
+        context: EvaluatorContext,
         results: Sender[dict[str, Any]] | None = None,
-        on_result: Callable[[dict[str, Any]], None] = lambda _: None,
-        on_write_failed: Callable[[], None] = lambda: None,
         best: BestPolicy | None = None,
         videos: EvaluationVideos | None = None,
+        events: EvaluatorEvents | None = None,
     ) -> None:
+        events = events or EvaluatorEvents()
         self.policy = policy
         self.videos = videos
         self.best = best
         self.evaluate = evaluate
         self.weights = weights
-        self.results_path = results_path
-        self.results_file = JsonLinesFile(results_path)
-        self.on_write_failed = on_write_failed
+        self.results_path = context.results_path
+        self.results_file = JsonLinesFile(context.results_path)
+        self.on_write_failed = events.on_write_failed
         self.results = results
-        self.on_result = on_result
-        self.shutdown = shutdown
-        self.compute = compute
+        self.on_result = events.on_result
+        self.shutdown = context.shutdown
+        self.compute = context.compute
 
     async def run(self) -> None:
         try:

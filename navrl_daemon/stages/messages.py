@@ -50,3 +50,11 @@ class Rollout:
     # With `pipeline.trainer_stream`: a CUDA event recorded on the producer's stream right
     # after the rollout's last kernel, which the trainer's stream waits for.
     ready: torch.cuda.Event | None = None
+
+
+@dataclass(frozen=True)
+class FinalCollectorState:
+    """What the producer sends the trainer once every rank has stopped, for the final
+    snapshot: the collector's state after the last rollout (every rank's, on rank 0)."""
+
+    state: dict[str, Any] | None  # None: the env cannot save its state

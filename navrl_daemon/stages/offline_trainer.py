@@ -52,6 +52,27 @@ class StepRecord:
     stats: dict[str, float]  # bc_loss, grad_norm, skipped
 
 
+@dataclass(frozen=True)
+class OfflineTrainerContext:
+    """What the offline trainer runs with besides its inputs and outputs."""
+
+    cadence: Cadence  # which steps evaluate and checkpoint
+    shutdown: Shutdown
+    compute: ComputeThread
+    export_path: Path
+    steps: int  # `offline.steps` (0: until a signal)
+    batch_size: int
+
+
+@dataclass(frozen=True)
+class OfflineTrainerEvents:
+    """What the offline trainer reports as it goes (telemetry)."""
+
+    on_step: Callable[[StepRecord], None] = lambda _: None
+    on_end: Callable[[], None] = lambda: None  # after the last step (a last, partial window)
+    on_export_failed: Callable[[], None] = lambda: None
+
+
 class OfflineTrainer:
     name = "trainer"
 
@@ -60,29 +81,23 @@ class OfflineTrainer:
         learner: BCLearner,
         batches: Receiver[Lease[int]],
         *,
-        steps: int,
-        batch_size: int,
-        shutdown: Shutdown,
-        compute: ComputeThread,
-        export_path: Path,
-        on_step: Callable[[StepRecord], None] = lambda _: None,
-        on_end: Callable[[], None] = lambda: None,
-        cadence: Cadence,
+        context: OfflineTrainerContext,
         evaluations: Sender[PolicyWeights] | None = None,
         checkpoints: Checkpointing | None = None,
-        on_export_failed: Callable[[], None] = lambda: None,
+        events: OfflineTrainerEvents | None = None,
     ) -> None:
+        events = events or OfflineTrainerEvents()
         self.learner = learner
-        self.on_export_failed = on_export_failed
+        self.on_export_failed = events.on_export_failed
         self.batches = batches
-        self.steps = steps
-        self.batch_size = batch_size
-        self.shutdown = shutdown
-        self.compute = compute
-        self.export_path = export_path
-        self.on_step = on_step
-        self.on_end = on_end  # after the last step (a last, partial progress window)
-        self.cadence = cadence  # which steps evaluate and checkpoint
+        self.steps = context.steps
+        self.batch_size = context.batch_size
+        self.shutdown = context.shutdown
+        self.compute = context.compute
+        self.export_path = context.export_path
+        self.on_step = events.on_step
+        self.on_end = events.on_end
+        self.cadence = context.cadence
         self.evaluations = evaluations
         self.checkpoints = checkpoints
         if checkpoints is not None:

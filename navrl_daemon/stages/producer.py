@@ -10,8 +10,8 @@ the rollout in flight, hands it on, and closes its outputs.
 After each rollout whose update will be checkpointed (stages/cadence.py) it also captures
 the collector's state (env, running TensorDict, RNGs) into the rollout it hands on: a
 checkpoint must pair the learner after update i with the collector right after rollout i,
-and only here is that moment known. When it stops, it keeps the collector's final state
-for the final checkpoint.
+and only here is that moment known. When it stops, it sends the collector's final state
+to the trainer (`FinalCollectorState`) for the final checkpoint.
 
 Before each rollout the ranks agree (stages/coordinator.py; alone, the process agrees
 with itself) whether to stop and at which curriculum stage to train, which the
@@ -27,6 +27,7 @@ tensors) are read on its stream.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import anyio
@@ -43,7 +44,7 @@ from navrl_daemon.runtime.supervisor import Shutdown
 from navrl_daemon.stages.cadence import Cadence, Position
 from navrl_daemon.stages.coordinator import Coordinator
 from navrl_daemon.stages.curriculum import CurriculumFollower, NoCurriculum
-from navrl_daemon.stages.messages import PolicyWeights, Rollout
+from navrl_daemon.stages.messages import FinalCollectorState, PolicyWeights, Rollout
 
 log = structlog.get_logger("producer")
 
@@ -59,6 +60,28 @@ class Collected(NamedTuple):
     levels: tuple[list[float], list[list[float]]] | None
 
 
+@dataclass(frozen=True)
+class ProducerContext:
+    """What the producer runs with besides its inputs and outputs."""
+
+    cadence: Cadence
+    start: Position
+    coordinator: Coordinator
+    curriculum: CurriculumFollower | NoCurriculum
+    shutdown: Shutdown
+    compute: ComputeThread
+    mark_ready: bool = False  # the trainer has a CUDA stream of its own
+
+
+@dataclass(frozen=True)
+class ProducerEvents:
+    """What the producer reports as it goes (telemetry)."""
+
+    # With env.map_levels: told after every rollout the share of envs at each level and
+    # per level [episodes ended, reached, collided] during it (None: not measured).
+    on_levels: Callable[[list[float], list[list[float]]], None] | None = None
+
+
 class RolloutProducer:
     name = "producer"
 
@@ -69,36 +92,29 @@ class RolloutProducer:
         rollouts: Sender[Rollout],
         weights: Receiver[PolicyWeights],
         *,
-        cadence: Cadence,
-        start: Position,
-        coordinator: Coordinator,
-        curriculum: CurriculumFollower | NoCurriculum,
+        context: ProducerContext,
         archive: Sender[Lease] | None = None,
-        shutdown: Shutdown,
-        compute: ComputeThread,
-        mark_ready: bool = False,
-        # With env.map_levels: told after every rollout the share of envs at each level and
-        # per level [episodes ended, reached, collided] during it.
-        on_levels: Callable[[list[float], list[list[float]]], None] | None = None,
+        # The process that owns the state dir: where the final state goes (the trainer).
+        final_state: Sender[FinalCollectorState] | None = None,
+        events: ProducerEvents | None = None,
     ) -> None:
+        events = events or ProducerEvents()
         self.collector = collector
-        self.on_levels = on_levels
-        self.mark_ready = mark_ready  # the trainer has a CUDA stream of its own
+        self.on_levels = events.on_levels
+        self.mark_ready = context.mark_ready
         self.pool = pool
         self.rollouts = rollouts
         self.weights = weights
-        self.cadence = cadence
-        self.iteration = start.iteration
-        self.version = start.iteration
-        self.frames = start.frames
-        self.coordinator = coordinator
-        self.curriculum = curriculum
+        self.cadence = context.cadence
+        self.iteration = context.start.iteration
+        self.version = context.start.iteration
+        self.frames = context.start.frames
+        self.coordinator = context.coordinator
+        self.curriculum = context.curriculum
         self.archive = archive
-        self.shutdown = shutdown
-        self.compute = compute
-        # The collector state after the last rollout, once every rank has stopped (the
-        # final checkpoint's; every rank's on rank 0).
-        self.final_state: dict[str, Any] | None = None
+        self.final_state = final_state
+        self.shutdown = context.shutdown
+        self.compute = context.compute
         # Once a rollout capture failed (`env.collect_path = auto`), every rollout is
         # collected op by op: the same rollouts, several times slower on a GPU.
         self._capture_failure = FirstError(
@@ -121,11 +137,14 @@ class RolloutProducer:
                 await self._collect_and_send(lease)
             # Every rank ends here together: out of frames, or one of them voted so.
             state = await self.compute.run(self.collector_state)
-            self.final_state = await self.coordinator.gather_collectors(state)
+            gathered = await self.coordinator.gather_collectors(state)
+            if self.final_state is not None:
+                await self.final_state.send(FinalCollectorState(gathered))
         finally:
             self.rollouts.close()  # receivers drain what was sent, then end
-            if self.archive is not None:
-                self.archive.close()
+            for out in (self.archive, self.final_state):
+                if out is not None:
+                    out.close()
 
     async def _collect_and_send(self, lease: Lease) -> None:
         await self.curriculum.before_rollout(self.iteration)

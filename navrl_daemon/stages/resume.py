@@ -25,6 +25,7 @@ import torch
 
 from navrl_daemon import __version__
 from navrl_daemon.config import Config
+from navrl_daemon.env.contract import DensityLevels
 from navrl_daemon.env.curriculum import Curriculum
 from navrl_daemon.errors import ConfigError, DataError
 from navrl_daemon.rl.policy import has_own_critic
@@ -303,10 +304,12 @@ def keep_levels(
     `now`, `env.map_levels`) for as many envs. Otherwise every env starts at its floor."""
     levels = collected.get("env", {}).get("level")
     env = collector.env
-    here = getattr(env, "level", None)
-    if not now or saved != now or levels is None or here is None or here.shape != levels.shape:
+    if not now or saved != now or levels is None or not isinstance(env, DensityLevels):
         return
-    here.copy_(levels.to(here.device).clamp_min(env.min_level))  # type: ignore[attr-defined]
+    here = env.level
+    if here.shape != levels.shape:
+        return
+    here.copy_(levels.to(here.device).clamp_min(env.min_level))
     collector.td = env.reset()  # the first episodes fly the kept levels too
     shares = torch.bincount(here.cpu(), minlength=len(now)) / here.numel()
     log.info("density levels kept", level_shares=[round(x, 4) for x in shares.tolist()])

@@ -4,7 +4,8 @@ The update runs on a compute thread (the event loop only moves leases); the leas
 released the moment the update is done (with `pipeline.compress_rollouts`, as soon as the
 batch is compressed, before the epochs), so the producer can refill that buffer. When the
 rollout channel ends (the producer stopped) the trainer has trained on every rollout it
-was handed; it then stages a final snapshot for the checkpoint writer, and its flush
+was handed; it then stages a final snapshot for the checkpoint writer, with the
+collector state the producer sent when it stopped (`FinalCollectorState`), and its flush
 exports the final policy in NavRL's layout (a failed export is logged, never fatal:
 stages/export.py).
 
@@ -49,7 +50,7 @@ from navrl_daemon.runtime.compute import ComputeThread
 from navrl_daemon.runtime.supervisor import Shutdown
 from navrl_daemon.stages.cadence import Cadence
 from navrl_daemon.stages.export import export_policy
-from navrl_daemon.stages.messages import PolicyWeights, Rollout, Snapshot
+from navrl_daemon.stages.messages import FinalCollectorState, PolicyWeights, Rollout, Snapshot
 from navrl_daemon.storage.staging import SnapshotStaging
 
 log = structlog.get_logger("trainer")
@@ -74,15 +75,41 @@ class Checkpointing:
 
     snapshots: Sender[Snapshot]
     staging: SnapshotStaging
-    # The collector's final state (the final snapshot's; the producer has stopped by then).
-    collector_state: Callable[[], dict[str, Any] | None]
     # Constant entries of every snapshot: resolved config, library versions.
     static: dict[str, Any]
+    # The collector's final state, sent by the producer when it stops (the final
+    # snapshot's); None: the final snapshot holds no collector state.
+    final_state: Receiver[FinalCollectorState] | None = None
     on_stall: Callable[[float], None] = lambda _: None
     # The valid checkpoint file of an iteration, if one is on disk (CheckpointDir.holding).
     holding: Callable[[int], Path | None] = lambda iteration: None
     # Snapshots before this one was sent would repeat it: the version last snapshotted.
     last_version: int = -1
+
+
+@dataclass(frozen=True)
+class TrainerContext:
+    """What the trainer runs with besides its inputs and outputs."""
+
+    cadence: Cadence
+    shutdown: Shutdown
+    compute: ComputeThread
+    # None: export nothing (a rank other than 0, whose policy is rank 0's).
+    export_path: Path | None
+    start_frames: int = 0
+    # Loads the newest valid checkpoint's learner state into the learner after too
+    # many non-finite updates; returns its path (stages/coordinator.py).
+    rollback: Callable[[Learner], Path] | None = None
+    # `pipeline.trainer_stream` on a CUDA device: the trainer's own stream.
+    stream: torch.cuda.Stream | None = None
+
+
+@dataclass(frozen=True)
+class TrainerEvents:
+    """What the trainer reports as it goes (telemetry)."""
+
+    on_iteration: Callable[[IterationRecord], None] = lambda _: None
+    on_export_failed: Callable[[], None] = lambda: None
 
 
 class Trainer:
@@ -94,38 +121,28 @@ class Trainer:
         rollouts: Receiver[Rollout],
         weights: Sequence[Sender[PolicyWeights]],
         *,
-        cadence: Cadence,
-        start_frames: int = 0,
+        context: TrainerContext,
         evaluations: Sender[PolicyWeights] | None = None,
         checkpoints: Checkpointing | None = None,
-        # None: export nothing (a rank other than 0, whose policy is rank 0's).
-        export_path: Path | None,
-        # Loads the newest valid checkpoint's learner state into the learner after too
-        # many non-finite updates; returns its path (stages/coordinator.py).
-        rollback: Callable[[Learner], Path] | None = None,
-        on_iteration: Callable[[IterationRecord], None] = lambda _: None,
-        on_export_failed: Callable[[], None] = lambda: None,
-        shutdown: Shutdown,
-        compute: ComputeThread,
-        # `pipeline.trainer_stream` on a CUDA device: the trainer's own stream.
-        stream: torch.cuda.Stream | None = None,
+        events: TrainerEvents | None = None,
     ) -> None:
+        events = events or TrainerEvents()
         self.learner = learner
-        self.stream = stream
-        self.on_export_failed = on_export_failed
+        self.stream = context.stream
+        self.on_export_failed = events.on_export_failed
         self.rollouts = rollouts
         self.weights = list(weights)
-        self.cadence = cadence
-        self.frames = start_frames
+        self.cadence = context.cadence
+        self.frames = context.start_frames
         self.evaluations = evaluations
         self.checkpoints = checkpoints
         if checkpoints is not None:  # a resumed run's start is on disk: never rewritten
             checkpoints.last_version = learner.version
-        self.export_path = export_path
-        self.rollback = rollback
-        self.on_iteration = on_iteration
-        self.shutdown = shutdown
-        self.compute = compute
+        self.export_path = context.export_path
+        self.rollback = context.rollback
+        self.on_iteration = events.on_iteration
+        self.shutdown = context.shutdown
+        self.compute = context.compute
         self._rollbacks: dict[Path, int] = {}
         # Held while the weights change, so a flush never reads a half-stepped policy.
         self._weights_lock = threading.Lock()
@@ -147,8 +164,7 @@ class Trainer:
                     await self._snapshot(rollout.collector_state, final=False)
                 self.on_iteration(record)
             if ckpt and ckpt.last_version != self.learner.version and self.learner.version:
-                collected = await self.compute.run(ckpt.collector_state)
-                await self._snapshot(collected, final=True)
+                await self._snapshot(await self._final_state(), final=True)
         finally:
             outputs = [*self.weights, self.evaluations, ckpt and ckpt.snapshots]
             for out in outputs:
@@ -156,6 +172,17 @@ class Trainer:
                     out.close()
             if ckpt is not None:  # the last snapshot's copies finish on their own
                 ckpt.staging.close(wait=False)
+
+    async def _final_state(self) -> dict[str, Any] | None:
+        """The collector state the producer sent when it stopped (None if it sent none)."""
+        assert self.checkpoints is not None
+        final = self.checkpoints.final_state
+        if final is None:
+            return None
+        try:
+            return (await final.receive()).state
+        except anyio.EndOfStream:  # the producer stopped without one (it failed)
+            return None
 
     async def _snapshot(self, collected: dict[str, Any] | None, *, final: bool) -> None:
         """Start staging the learner (the trainer's only stall) and queue the snapshot."""

@@ -14,7 +14,7 @@ from torchrl.data import Bounded
 
 from navrl_daemon.config import EnvConfig
 from navrl_daemon.env import NavigationEnv
-from navrl_daemon.env.navigation import OBS
+from navrl_daemon.env.contract import OBS
 
 
 class _WrongShape(NavigationEnv):
@@ -58,7 +58,7 @@ class _Nondeterministic(NavigationEnv):
     """Ignores the seed for its spawns: draws them from a generator seeded by the OS."""
 
     def _set_seed(self, seed: int | None) -> None:
-        self._gen.seed()
+        self.generator.seed()
 
 
 class _WrongDtype(NavigationEnv):

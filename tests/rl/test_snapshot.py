@@ -104,9 +104,7 @@ def test_trainer_rolls_back_to_the_checkpoint_and_training_goes_on(tmp_path: Pat
     trainer = trainer_for(
         training,
         compute,
-        Checkpointing(
-            Channel("snapshots", 1).sender(), SnapshotStaging(1), collector_state=dict, static={}
-        ),
+        Checkpointing(Channel("snapshots", 1).sender(), SnapshotStaging(1), static={}),
         export_path=tmp_path / "policy.pt",
         rollback=rollback,
     )
@@ -160,7 +158,7 @@ def test_the_next_update_waits_for_a_snapshot_still_copying(monkeypatch) -> None
     snapshots = Channel("snapshots", 4)
     received = snapshots.receiver()
     compute = ComputeThread()
-    checkpoints = Checkpointing(snapshots.sender(), SnapshotStaging(2), dict, static={})
+    checkpoints = Checkpointing(snapshots.sender(), SnapshotStaging(2), static={})
     trainer = trainer_for(training, compute, checkpoints)
     training.collector.collect(training.buffer)
     trainer._update(training.buffer)
@@ -188,7 +186,7 @@ def test_a_finished_trainer_leaves_no_copier_thread_behind() -> None:
     from navrl_daemon.runtime.compute import ComputeThread
     from navrl_daemon.runtime.supervisor import Shutdown
     from navrl_daemon.stages.cadence import Cadence
-    from navrl_daemon.stages.trainer import Checkpointing, Trainer
+    from navrl_daemon.stages.trainer import Checkpointing, Trainer, TrainerContext
 
     training = Training.build(tiny(), "cpu")
     rollouts, snapshots = Channel("rollouts", 1), Channel("snapshots", 4)
@@ -199,11 +197,13 @@ def test_a_finished_trainer_leaves_no_copier_thread_behind() -> None:
         training.learner,
         rollouts.receiver(),
         [],
-        cadence=Cadence(frames_per_iteration=64, total_frames=0, checkpoint_interval=1),
-        shutdown=Shutdown(),
-        compute=compute,
-        export_path=None,
-        checkpoints=Checkpointing(snapshots.sender(), staging, dict, static={}),
+        context=TrainerContext(
+            cadence=Cadence(frames_per_iteration=64, total_frames=0, checkpoint_interval=1),
+            shutdown=Shutdown(),
+            compute=compute,
+            export_path=None,
+        ),
+        checkpoints=Checkpointing(snapshots.sender(), staging, static={}),
     )
     training.collector.collect(training.buffer)
     trainer._update(training.buffer)

@@ -24,6 +24,10 @@ class CountingEnv:
     def state_dict_env(self) -> dict[str, torch.Tensor]:
         return {"rollouts": torch.tensor(self.rollouts)}
 
+    def load_state_dict_env(self, state: dict[str, torch.Tensor]) -> None:
+        """A ResumableEnv (env/contract.py) restores what it saves."""
+        self.rollouts = int(state["rollouts"])
+
 
 class FakeCollector:
     """What the producer uses of rl.training.Collector. Each rollout fills the buffer with

@@ -19,7 +19,7 @@ from navrl_daemon.ops.metrics import Metrics
 from navrl_daemon.rl.training import Training
 from navrl_daemon.runtime.leases import Lease, LeasePool
 from navrl_daemon.runtime.supervisor import Shutdown
-from navrl_daemon.stages.archiver import RolloutArchiver, archive_channel
+from navrl_daemon.stages.archiver import ArchiverEvents, RolloutArchiver, archive_channel
 from navrl_daemon.storage.archive import ArchiveFile, archive_files
 from navrl_daemon.storage.episode_store import ArchiveReader, rollout_arrays
 from tests.conftest import TINY
@@ -64,10 +64,12 @@ async def run_archiver(
         directory,
         channel.receiver(),
         shutdown=Shutdown(),
-        on_written=lambda *a: written.append(a),
-        on_failed=metrics.archive_dropped,
-        on_rotated=metrics.archive_rotated,
-        on_usage=metrics.archive_usage,
+        events=ArchiverEvents(
+            on_written=lambda *a: written.append(a),
+            on_failed=metrics.archive_dropped,
+            on_rotated=metrics.archive_rotated,
+            on_usage=metrics.archive_usage,
+        ),
     )
 
     async def produce() -> None:

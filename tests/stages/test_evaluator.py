@@ -28,6 +28,8 @@ from navrl_daemon.stages.evaluator import (
     BestPolicy,
     Evaluate,
     Evaluator,
+    EvaluatorContext,
+    EvaluatorEvents,
     eval_scores,
     read_results,
 )
@@ -59,9 +61,7 @@ def one_weight_evaluator(
         torch.nn.Linear(1, 1, bias=False),  # type: ignore[arg-type]
         evaluate,
         weights.receiver(),
-        results_path=path,
-        shutdown=shutdown,
-        compute=compute,
+        context=EvaluatorContext(path, shutdown, compute),
         **more,
     )
 
@@ -87,7 +87,7 @@ def run_evaluator(
         shutdown,
         compute,
         results=results.sender(),
-        on_result=on_result,
+        events=EvaluatorEvents(on_result=on_result),
     )
 
     async def main() -> list[dict[str, Any]]:

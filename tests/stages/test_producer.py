@@ -9,6 +9,7 @@ where the ranks agree, gathers the final state, and closes its outputs.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import anyio
 import pytest
@@ -22,8 +23,8 @@ from navrl_daemon.runtime.supervisor import Shutdown
 from navrl_daemon.stages.cadence import Cadence, Position
 from navrl_daemon.stages.coordinator import Coordinator, SingleProcess
 from navrl_daemon.stages.curriculum import NoCurriculum
-from navrl_daemon.stages.messages import PolicyWeights, Rollout
-from navrl_daemon.stages.producer import RolloutProducer
+from navrl_daemon.stages.messages import FinalCollectorState, PolicyWeights, Rollout
+from navrl_daemon.stages.producer import ProducerContext, RolloutProducer
 from tests.stages.fakes import FakeCollector, VotingCoordinator, rollout_buffer
 
 FRAMES = 32  # per rollout
@@ -54,6 +55,7 @@ class Run:
         self.to_trainer: Channel[Rollout] = Channel("rollouts", 2, Overflow.BLOCK)
         self.weights: Channel[PolicyWeights] = Channel("weights", 1, Overflow.COALESCE)
         self.archive: Channel[Lease] | None = Channel("archive", 8) if archive else None
+        self.final: Channel[FinalCollectorState] = Channel("final collector state", 1)
         self.compute = ComputeThread("test")
         self.shutdown = Shutdown()
         self.coordinator = coordinator or SingleProcess()
@@ -62,19 +64,22 @@ class Run:
             self.pool,
             self.to_trainer.sender(),
             self.weights.receiver(),
-            cadence=Cadence(
-                FRAMES,
-                rollouts * FRAMES,
-                max_policy_lag=lag,
-                checkpoint_interval=checkpoint,
-                archive_interval=archive,
+            context=ProducerContext(
+                cadence=Cadence(
+                    FRAMES,
+                    rollouts * FRAMES,
+                    max_policy_lag=lag,
+                    checkpoint_interval=checkpoint,
+                    archive_interval=archive,
+                ),
+                start=start or Position(),
+                coordinator=self.coordinator,
+                curriculum=NoCurriculum(),
+                shutdown=self.shutdown,
+                compute=self.compute,
             ),
-            start=start or Position(),
-            coordinator=self.coordinator,
-            curriculum=NoCurriculum(),
             archive=self.archive.sender() if self.archive else None,
-            shutdown=self.shutdown,
-            compute=self.compute,
+            final_state=self.final.sender(),
         )
         self.received: list[Rollout] = []
         self.collected_with: list[float] = []  # the weight each rollout was collected with
@@ -111,6 +116,10 @@ class Run:
         finally:
             self.compute.close()
 
+    def final_state(self) -> dict[str, Any] | None:
+        """The state the producer sent when it stopped, for the final checkpoint."""
+        return anyio.run(self.final.receiver().receive).state
+
 
 def test_each_rollout_goes_on_with_its_versions_and_the_state_of_checkpointed_updates() -> None:
     run = Run(6, checkpoint=2, archive=3)
@@ -122,7 +131,7 @@ def test_each_rollout_goes_on_with_its_versions_and_the_state_of_checkpointed_up
     assert sorted(states) == [1, 3, 5]
     assert all(int(s["env"]["rollouts"]) == i + 1 for i, s in states.items())
     assert run.archived == [0, 3]
-    assert int(run.producer.final_state["env"]["rollouts"]) == 6  # type: ignore[index]
+    assert int(run.final_state()["env"]["rollouts"]) == 6  # type: ignore[index]
     assert run.pool.free == run.pool.size  # every lease came back
     assert run.producer.frames == 6 * FRAMES
 
@@ -148,14 +157,14 @@ def test_it_stops_where_the_ranks_agree_and_gathers_the_final_state_once() -> No
     assert run.pool.free == run.pool.size  # the buffer taken before the vote went back
     # One state per checkpointed rollout, then the final one, each through the coordinator.
     assert [int(s["env"]["rollouts"]) for s in coordinator.gathered] == [1, 2, 2]
-    assert run.producer.final_state is coordinator.gathered[-1]
+    assert run.final_state() is coordinator.gathered[-1]
 
 
 def test_a_stop_request_ends_it_before_the_next_rollout_with_the_final_state() -> None:
     run = Run(10, on_rollout=lambda run: run.shutdown.request("test", 10))
     run.go()
     assert [r.iteration for r in run.received] == [0]
-    assert int(run.producer.final_state["env"]["rollouts"]) == 1  # type: ignore[index]
+    assert int(run.final_state()["env"]["rollouts"]) == 1  # type: ignore[index]
     assert run.pool.free == run.pool.size
 
 

@@ -23,8 +23,14 @@ from navrl_daemon.runtime.compute import ComputeThread
 from navrl_daemon.runtime.leases import LeasePool
 from navrl_daemon.runtime.supervisor import Shutdown
 from navrl_daemon.stages.cadence import Cadence
-from navrl_daemon.stages.messages import PolicyWeights, Rollout, Snapshot
-from navrl_daemon.stages.trainer import Checkpointing, IterationRecord, Trainer
+from navrl_daemon.stages.messages import FinalCollectorState, PolicyWeights, Rollout, Snapshot
+from navrl_daemon.stages.trainer import (
+    Checkpointing,
+    IterationRecord,
+    Trainer,
+    TrainerContext,
+    TrainerEvents,
+)
 from navrl_daemon.storage.checkpoint import CheckpointDir, encode_checkpoint
 from navrl_daemon.storage.staging import SnapshotStaging
 from tests.stages.fakes import FakeLearner, rollout_buffer
@@ -57,27 +63,32 @@ class Run:
         self.compute = ComputeThread("test")
         self.records: list[IterationRecord] = []
         self.final_state = {"env": "after the last rollout"}
+        self.final: Channel[FinalCollectorState] = Channel("final collector state", 1)
         self.export = tmp / "export" / "policy.pt"
         self.trainer = Trainer(
             self.learner,  # type: ignore[arg-type]
             self.to_trainer.receiver(),
             [self.weights.sender()],
-            cadence=Cadence(
-                FRAMES, rollouts * FRAMES, checkpoint_interval=checkpoint, eval_interval=evaluate
+            context=TrainerContext(
+                cadence=Cadence(
+                    FRAMES,
+                    rollouts * FRAMES,
+                    checkpoint_interval=checkpoint,
+                    eval_interval=evaluate,
+                ),
+                shutdown=Shutdown(),
+                compute=self.compute,
+                export_path=self.export,
             ),
-            start_frames=0,
             evaluations=self.evaluations.sender(),
             checkpoints=Checkpointing(
                 self.snapshots.sender(),
                 SnapshotStaging(rollouts + 1),
-                collector_state=lambda: self.final_state,
                 static={"kind": "test"},
+                final_state=self.final.receiver(),
                 holding=holding,
             ),
-            export_path=self.export,
-            on_iteration=self.records.append,
-            shutdown=Shutdown(),
-            compute=self.compute,
+            events=TrainerEvents(on_iteration=self.records.append),
         )
 
     async def producer(self) -> None:
@@ -88,6 +99,8 @@ class Run:
                 episodes = (torch.zeros(3), torch.zeros(()))
                 state = {"env": f"after rollout {i}"}
                 await rollouts.send(Rollout(lease, i, max(i - 1, 0), 0.01, episodes, state))
+            async with self.final.sender() as final:  # as the producer does when it stops
+                await final.send(FinalCollectorState(self.final_state))
 
     def go(self) -> None:
         async def main() -> None:
