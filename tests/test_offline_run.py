@@ -175,6 +175,19 @@ def test_bc_run_ends_at_offline_steps_with_checkpoint_export_and_a_learned_polic
     print(f"held-out normalised action MSE: untrained {untrained:.3f}, after BC {trained:.3f}")
     assert trained < 0.3 * untrained and trained < 0.3  # predicting the mean scores ~1
 
+    # Started again, the finished run says so and writes nothing (export, config, history).
+    def files() -> dict[str, tuple[int, int]]:
+        found = (p for p in state.rglob("*") if p.is_file() and p.name != "lock")
+        return {str(p.relative_to(state)): (p.stat().st_mtime_ns, p.stat().st_size) for p in found}
+
+    before = files()
+    again = complete(
+        state, *offline_args(data["train"], "offline.steps=300", "checkpoint.interval=100")
+    )
+    assert files() == before
+    assert again.of("run already finished: nothing trained, nothing written")
+    assert not again.of("checkpoint written") and not again.of("policy exported")
+
 
 def test_offline_step_exports_bc_loss_and_data_wait_to_prometheus() -> None:
     cfg = load_config(overrides=["metrics.enabled=false"])

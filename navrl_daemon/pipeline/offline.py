@@ -81,11 +81,14 @@ def bc_stages(ctx: RunContext) -> list[Stage]:
     cfg = ctx.cfg
     data = load_offline_data(cfg.prefetch, cfg.offline)  # DataError: exit 65, nothing started
     try:
-        return _bc_stages(ctx, data, t0)
+        stages = _bc_stages(ctx, data, t0)
     except BaseException:
         if isinstance(data, ArchiveReader):
             data.close()
         raise
+    if not stages and isinstance(data, ArchiveReader):  # a finished run: no stage owns it
+        data.close()
+    return stages
 
 
 def _bc_stages(ctx: RunContext, data: MultimodalDataset | ArchiveReader, t0: float) -> list[Stage]:
@@ -118,6 +121,14 @@ def _bc_stages(ctx: RunContext, data: MultimodalDataset | ArchiveReader, t0: flo
         )
     else:
         log.info("no checkpoint: starting a new run", checkpoints=str(checkpoints.path))
+    if 0 < cfg.offline.steps <= learner.steps:
+        # Nothing to train: build nothing, so nothing is written (config, export, logs).
+        log.info(
+            "run already finished: nothing trained, nothing written",
+            iteration=learner.steps,
+            steps=cfg.offline.steps,
+        )
+        return []
     telemetry.run_starts(state_dir, learner.steps, frames)
 
     metrics = telemetry.metrics
