@@ -73,6 +73,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from tests.conftest import TINY  # noqa: E402
 from tests.small_disk import fill  # noqa: E402
 
 BASE = [
@@ -87,22 +88,9 @@ BASE = [
     "checkpoint.interval=2",
     "metrics.address=127.0.0.1",
 ]
-# Sizes of the small scenarios (what tests/conftest.py's TINY runs); later overrides win.
-SMALL = [
-    "env.num_envs=8",
-    "env.field_size=10.0",
-    "env.num_obstacles=4",
-    "env.num_dynamic_obstacles=8",
-    "env.max_episode_length=50",
-    "env.spawn=local",
-    "ppo.rollout_length=8",
-    "ppo.minibatches=4",
-    "ppo.epochs=1",
-    "eval.num_envs=4",
-    "eval.layout=train",
-    "log.summary_interval=1",
-    "checkpoint.interval=1",
-]
+# Sizes of the small scenarios: the tests' TINY on this run's device, a checkpoint every
+# iteration; later overrides win (each scenario's metrics.port).
+SMALL = [*(o for o in TINY if not o.startswith("run.device=")), "checkpoint.interval=1"]
 # Exit codes the docs give `run` (docs/operations.md): 0 stopped or finished, 65 invalid
 # data, 70 start-up timed out, 75 state dir locked, 78 configuration.
 DOCUMENTED_EXITS = (0, 65, 70, 75, 78)
@@ -337,6 +325,16 @@ def endpoints(port: int) -> dict[str, Any]:
     return {"metrics": scrape(port), "healthz": scrape(port, path="/healthz")}
 
 
+def restart_small(state: Path) -> tuple[LoggedDaemon, dict[str, Any], int | None]:
+    """A SMALL daemon started again on `state` until it has trained a few iterations: it,
+    what /metrics and /healthz answered then, and its exit code once stopped."""
+    port = free_port()
+    d = LoggedDaemon(state, *SMALL, f"metrics.port={port}")
+    d.progress(PHASE_LINES)
+    scrape_after = endpoints(port)
+    return d, scrape_after, d.stop()
+
+
 def raise_nofile(wanted: int) -> None:
     """This process's open-file soft limit to at least `wanted` (up to the hard limit)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -548,11 +546,7 @@ def misnamed_checkpoint(tmp: Path) -> dict[str, Any]:
     shutil.copyfile(oldest, copy)
     history_before = {r.get("iteration") for r in read_jsonl(state / "history.jsonl").rows}
 
-    port = free_port()
-    d = LoggedDaemon(state, *SMALL, f"metrics.port={port}")
-    d.progress(PHASE_LINES)
-    scrape_after = endpoints(port)
-    code = d.stop()
+    d, scrape_after, code = restart_small(state)
     resumed = d.named("resumed from checkpoint")
     resumed_at = resumed[0]["iteration"] if resumed else None
     history_after = {r.get("iteration") for r in read_jsonl(state / "history.jsonl").rows}
@@ -653,11 +647,7 @@ def oversize_claim(tmp: Path) -> dict[str, Any]:
     before_restart = checkpoints / f"ckpt-{10**6 + 1:09d}.nrc"
     before_restart.write_bytes(oversize_claim_file(10**6 + 1))
     verify_before_restart = verify_cli(str(before_restart))
-    port = free_port()
-    d = LoggedDaemon(state, *SMALL, f"metrics.port={port}")
-    d.progress(PHASE_LINES)
-    scrape_after = endpoints(port)
-    code = d.stop()
+    d, scrape_after, code = restart_small(state)
     resumed = d.named("resumed from checkpoint")
     rejected = checkpoints / REJECTED
     logs = first.other + d.other + [json.dumps(e) for _, e in first.events + d.events]
@@ -721,11 +711,7 @@ def startup_signal(
             first = next((i for i, line in enumerate(d.other) if "Traceback" in line), -8)
             log = d.other[first:][:40]
             bad.append({"signal": sent, "delay_s": round(delay, 3), "exit_code": code, "log": log})
-    port = free_port()
-    d = LoggedDaemon(state, *SMALL, f"metrics.port={port}")
-    d.progress(PHASE_LINES)
-    scrape_after = endpoints(port)
-    code = d.stop()
+    d, scrape_after, code = restart_small(state)
     return {
         "signals_requested": count,
         "signals_sent": sent,
