@@ -161,9 +161,13 @@ def spacing_ok(corner: Tensor, size: Tensor, prev_corner: Tensor) -> Tensor:
     pillar's sizes, as NavRL does). Both negative: overlap, fine. Otherwise the candidate is
     rejected if 2 <= sqrt(dx² + dy²) <= 10. Returns [M,T]: accepted by every earlier pillar.
     """
-    delta = (prev_corner[:, None, :, :] - corner[:, :, None, :]).abs() - size[:, :, None, :]
-    overlap = (delta < 0).all(-1)
-    d2 = (delta * delta).sum(-1)
+    # x and y apart, in int32 (a field is well under 2^15 px): [M,T,P] each, exact, ~6x
+    # faster than one int64 [M,T,P,2] tensor reduced over its last dim (450 pillars).
+    prev, new, side = (t.to(torch.int32) for t in (prev_corner, corner, size))
+    dx = (prev[:, None, :, 0] - new[:, :, None, 0]).abs_().sub_(side[:, :, None, 0])
+    dy = (prev[:, None, :, 1] - new[:, :, None, 1]).abs_().sub_(side[:, :, None, 1])
+    overlap = (dx < 0) & (dy < 0)
+    d2 = dx.mul_(dx).add_(dy.mul_(dy))
     lo, hi = GAP_REJECT_PX
     reject = ~overlap & (d2 >= lo * lo) & (d2 <= hi * hi)
     return ~reject.any(-1)
