@@ -47,6 +47,7 @@ import torch
 
 from navrl_daemon.config import Config, load_config
 from navrl_daemon.env import make_env
+from navrl_daemon.rl.eval_config import eval_steps
 from navrl_daemon.rl.evaluate import evaluate_outcomes, evaluate_recorded
 from navrl_daemon.rl.probes import (
     collision_approach,
@@ -58,7 +59,7 @@ from navrl_daemon.rl.probes import (
     pillar_pass,
     pillar_pass_env,
 )
-from navrl_daemon.rl.training import eval_steps, make_policy
+from navrl_daemon.rl.training import make_policy
 from navrl_daemon.storage.policy_file import check_policy_layout, load_any_policy
 
 

@@ -100,22 +100,21 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from navrl_daemon.config import Config, load_config
 from navrl_daemon.ops.curves import at_bar, first_at_bar
 from navrl_daemon.ops.intervals import share_interval
 from navrl_daemon.ops.paired import compare_outcomes
-from navrl_daemon.ops.plots import Series, curves_plot, write_png
-from navrl_daemon.rl.evaluate import evaluate_outcomes
-from navrl_daemon.rl.policy import navrl_layout
-from navrl_daemon.rl.training import eval_steps, evaluation_key, make_eval_env, make_policy
-from navrl_daemon.stages.evaluator import read_results
+from navrl_daemon.rl.eval_config import eval_steps, evaluation_key
 from navrl_daemon.storage.checkpoint import CheckpointDir, checkpoint_iteration
 from navrl_daemon.storage.history import DAEMON_FILE, HISTORY_FILE, RESULTS_FILE, cut_rows
-from navrl_daemon.storage.policy_file import check_policy_layout, load_any_policy_state
+
+if TYPE_CHECKING:
+    import torch
+
+# torch, tensordict and torchrl (~5 s to import) are imported where a sitting flies a
+# policy: `--check-config` only reads configs.
 
 REPO = Path(__file__).resolve().parents[1]
 NAVRL_CHECKPOINT = REPO / "tests" / "data" / "navrl_checkpoint.pt"
@@ -234,6 +233,13 @@ def evaluate_policy(
 ) -> dict[str, Any]:
     """The daemon's evaluation (same env, layout, seed and step cap) of `state`, or of the
     daemon's initial weights when None; on maps of `map_seed` when given."""
+    import torch
+
+    from navrl_daemon.rl.evaluate import evaluate_outcomes
+    from navrl_daemon.rl.policy import navrl_layout
+    from navrl_daemon.rl.training import make_eval_env, make_policy
+    from navrl_daemon.storage.policy_file import check_policy_layout
+
     device = torch.device(cfg.run.device if cfg.run.device != "auto" else "cpu")
     torch.manual_seed(cfg.run.seed)  # as the daemon does before building its policy
     policy = make_policy(cfg, device)
@@ -312,6 +318,8 @@ def load_average() -> dict[str, float]:
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
+    from navrl_daemon.ops.plots import Series, curves_plot, write_png
+
     curve = result["curve"]
     frames = [row["frames"] for row in curve]
     right = max([*frames, (result.get("final") or {}).get("frames", 0)])
@@ -472,6 +480,11 @@ def main() -> None:
         except ValueError as err:
             p.error(str(err))
         print(f"forked {args.fork_from} at iteration {at} into {args.keep_state}", flush=True)
+    import torch
+
+    from navrl_daemon.stages.evaluator import read_results
+    from navrl_daemon.storage.policy_file import load_any_policy_state
+
     if cfg.run.torch_threads:  # the evaluations here run as the daemon's do
         torch.set_num_threads(cfg.run.torch_threads)
     load_before = load_average()
@@ -724,6 +737,8 @@ def final_policy(state: Path, log: Path) -> tuple[dict[str, torch.Tensor] | None
     The daemon's export when its log says it wrote one in this sitting; else (a daemon
     that failed, or failed to stop in time) the newest valid checkpoint's policy, the
     last one that was safe. A stale export from an earlier sitting is never used."""
+    from navrl_daemon.storage.policy_file import load_any_policy_state
+
     exported = state / "export" / "policy.pt"
     at = exported_at(log)
     if at["iteration"] is not None and exported.exists():

@@ -73,8 +73,9 @@ def register(sub: Any) -> None:
 
 
 def handle(cfg: Config, args: argparse.Namespace) -> int:
+    from navrl_daemon.rl.eval_config import eval_steps
     from navrl_daemon.rl.evaluate import Evaluation
-    from navrl_daemon.rl.training import eval_steps, make_eval_env, make_policy
+    from navrl_daemon.rl.training import make_eval_env, make_policy
     from navrl_daemon.storage.policy_file import check_policy_layout, load_any_policy_state
 
     if args.episodes is not None and args.episodes < 1:
@@ -333,9 +334,9 @@ class _progress_bar:
 def _probe(cfg: Config, env: Any, policy: Any) -> dict[str, Any]:
     """rl/probes.py on this evaluation: LiDAR use, and path statistics per outcome."""
     from navrl_daemon.env.navigation import NavigationEnv
+    from navrl_daemon.rl.eval_config import eval_steps
     from navrl_daemon.rl.evaluate import evaluate_recorded
     from navrl_daemon.rl.probes import lidar_use, path_stats
-    from navrl_daemon.rl.training import eval_steps
 
     if not isinstance(env, NavigationEnv):
         raise UsageError(f"--probe needs env.backend = 'navigation', not {cfg.env.backend!r}")
@@ -357,8 +358,8 @@ def _evaluate_and_draw(
     numbers as without."""
     from navrl_daemon.env.navigation import NavigationEnv
     from navrl_daemon.ops.plots import trajectory_plot, write_png
+    from navrl_daemon.rl.eval_config import eval_steps
     from navrl_daemon.rl.evaluate import evaluate_recorded
-    from navrl_daemon.rl.training import eval_steps
 
     if not isinstance(env, NavigationEnv):
         raise UsageError(

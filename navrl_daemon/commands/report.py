@@ -156,8 +156,9 @@ def _replay(cfg: Config, checkpoint: Path) -> tuple[bytes | None, bytes | None, 
     from navrl_daemon.env.navigation import NavigationEnv
     from navrl_daemon.ops.plots import trajectory_plot
     from navrl_daemon.ops.video import gif_bytes
+    from navrl_daemon.rl.eval_config import eval_steps
     from navrl_daemon.rl.evaluate import evaluate_recorded
-    from navrl_daemon.rl.training import eval_steps, make_eval_env, make_policy
+    from navrl_daemon.rl.training import make_eval_env, make_policy
     from navrl_daemon.storage.policy_file import check_policy_layout, load_any_policy_state
 
     policy = make_policy(cfg, "cpu")

@@ -35,8 +35,9 @@ from navrl_daemon.errors import ConfigError, DataError
 from navrl_daemon.pipeline.context import RunContext
 from navrl_daemon.pipeline.telemetry import Telemetry
 from navrl_daemon.rl.bc import BCLearner, ImageJointPolicy
+from navrl_daemon.rl.eval_config import eval_steps
 from navrl_daemon.rl.evaluate import evaluate
-from navrl_daemon.rl.training import acting_copy, eval_steps, make_eval_env, make_policy
+from navrl_daemon.rl.training import acting_copy, make_eval_env, make_policy
 from navrl_daemon.runtime.channels import Channel, Overflow
 from navrl_daemon.runtime.leases import Lease
 from navrl_daemon.runtime.supervisor import Stage

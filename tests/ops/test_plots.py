@@ -19,9 +19,10 @@ from navrl_daemon.ops.plots import (
     OUTCOME_COLOURS,
     trajectory_plot,
 )
+from navrl_daemon.rl.eval_config import eval_steps
 from navrl_daemon.rl.evaluate import evaluate, evaluate_recorded
 from navrl_daemon.rl.rollout import STAT_KEYS
-from navrl_daemon.rl.training import eval_steps, make_eval_env, make_policy
+from navrl_daemon.rl.training import make_eval_env, make_policy
 from navrl_daemon.storage.policy_file import load_any_policy_state
 from tests.conftest import REPO, TINY, navrl_cli
 
