@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 CONFIG ?= config/default.toml
 
-.PHONY: install run test test-slow lint bench clean
+.PHONY: install run test test-slow coverage lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,14 +36,21 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check navrl_daemon tests benchmarks examples
 	$(BIN)/lint-imports
 
-# Two workers, one test file each at a time (module fixtures are built once): the CI
-# machine's two cores, and most tests wait on a one-thread daemon subprocess. The
+# Two workers, the CI machine's two cores; an idle worker takes tests from a busy one
+# (worksteal), so no long file holds one worker to the end. The CLI runs in the worker and
+# daemon processes are forks of one pre-imported interpreter (tests/forked.py). The
 # `slow`-marked checks (a learning run) run on their own in `test-slow`; .ci/run runs both.
 test: lint
-	$(BIN)/python -m pytest -q -ra -n 2 --dist loadfile -m "not slow"
+	$(BIN)/python -m pytest -q -ra -n 2 --dist worksteal -m "not slow"
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -ra -m slow
+
+# Line coverage of navrl_daemon over what `make test` runs, daemon processes included
+# (pyproject.toml's [tool.coverage.run]); the totals also land in coverage.json.
+coverage: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal -m "not slow" -p no:cacheprovider \
+		--cov --cov-report=term --cov-report=json:coverage.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,4 +1,5 @@
-"""Shared test fixtures: the real CLI in a subprocess, and the NavRL reference files."""
+"""Shared test fixtures: the real CLI (in-process or in a subprocess), and the NavRL reference
+files."""
 
 from __future__ import annotations
 
@@ -45,17 +46,60 @@ SUBPROCESS_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def navrl_cli(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 300, cwd: Path | None = None
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+    cwd: Path | None = None,
+    process: bool = False,
 ) -> subprocess.CompletedProcess[str]:
-    """Run `python -m navrl_daemon ARGS` as a user would, capturing output."""
-    full_env = {**SUBPROCESS_ENV, **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "navrl_daemon", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=full_env,
-        cwd=cwd or REPO,
+    """Run `navrl-daemon ARGS` as a user would, capturing output and exit code.
+
+    In this process by default: `cli.main` from argument parsing to exit code, the same
+    path a subprocess takes after its imports, which cost ~5 s of CPU per start. With
+    `process=True`, an `env` or a `cwd`, or where the promise is about a process (signals,
+    a crash's exit status), a process of its own (tests/forked.py)."""
+    if process or env is not None or cwd is not None:
+        from tests import forked
+
+        return forked.run(list(args), timeout=timeout, env=env, cwd=cwd)
+    return _cli_in_process(list(args))
+
+
+def _cli_in_process(args: list[str]) -> subprocess.CompletedProcess[str]:
+    """`cli.main(args)` with stdout and stderr captured, one intra-op torch thread (as
+    SUBPROCESS_ENV gives a subprocess), and what the call sets process-wide put back: the
+    signal handlers, structlog, threading's excepthook, torch's thread count and RNG."""
+    import io
+    import threading
+    import traceback
+
+    from navrl_daemon.cli import main
+
+    handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR2)
+    handlers = {sig: signal.getsignal(sig) for sig in handled}
+    saved = (sys.stdout, sys.stderr, threading.excepthook, structlog.get_config())
+    threads, rng = torch.get_num_threads(), torch.random.get_rng_state()
+    out, err = io.StringIO(), io.StringIO()
+    sys.stdout, sys.stderr = out, err
+    torch.set_num_threads(1)
+    try:
+        code = main(args)
+    except SystemExit as e:  # argparse's usage errors, a command's own exit
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if isinstance(e.code, str):
+            err.write(e.code + "\n")
+    except Exception:  # what the interpreter prints for an uncaught exception, and exit 1
+        err.write(traceback.format_exc())
+        code = 1
+    finally:
+        sys.stdout, sys.stderr, threading.excepthook, config = saved
+        structlog.configure(**config)
+        torch.set_num_threads(threads)
+        torch.random.set_rng_state(rng)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    return subprocess.CompletedProcess(
+        ["navrl-daemon", *args], code, out.getvalue(), err.getvalue()
     )
 
 

@@ -1,24 +1,22 @@
-"""A real `navrl-daemon run` subprocess whose JSON log lines are read as they come."""
+"""A real `navrl-daemon run` process (tests/forked.py) whose JSON log lines are read as they
+come."""
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import REPO, SUBPROCESS_ENV, TINY
+from tests import forked
+from tests.conftest import TINY
 
 
 class Daemon:
     def __init__(self, state: Path, *overrides: str, **popen: Any) -> None:
-        self.proc = subprocess.Popen(
+        self.proc = forked.start(
             [
-                sys.executable,
-                "-m",
-                "navrl_daemon",
                 "run",
                 "--state-dir",
                 str(state),
@@ -27,10 +25,8 @@ class Daemon:
                 "eval.interval=0",
                 *overrides,
             ],
-            cwd=REPO,
             stderr=subprocess.PIPE,
             text=True,
-            env=SUBPROCESS_ENV,
             **popen,
         )
         self.events: list[dict] = []
@@ -115,14 +111,9 @@ def crash_and_resume(
         args += ["checkpoint.interval=1", "checkpoint.keep_last=3", "run.total_frames=100000000"]
         args += ["archive.interval=1"]
         with log_path.open("w") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "navrl_daemon", *args, *overrides],
-                cwd=REPO,
-                stderr=log,
-                stdout=subprocess.DEVNULL,
-                env=SUBPROCESS_ENV,
-            )
-            # One kill in five lands during start-up; the others while training and writing.
+            proc = forked.start([*args, *overrides], stderr=log, stdout=subprocess.DEVNULL)
+            # One kill in five lands during start-up (config, lock, resume: the imports are
+            # done in a fork, tests/forked.py); the others while training and writing.
             if rng.random() < 0.2:
                 time.sleep(rng.uniform(0.1, 3.0))
             else:
@@ -136,13 +127,14 @@ def crash_and_resume(
         started = next((e for e in events if e["event"] in starts), None)
         removed = next((e for e in events if e["event"].startswith("removed temp files")), None)
         counts["trials"] += 1
-        if started is None:
-            counts["killed_before_resume"] += 1  # its leftovers are checked next trial
-        else:
+        if removed is not None or started is not None:  # removed first: a kill may land between
             counts["temp_files_left"] += len(left)
             if left:
                 assert removed is not None and sorted(removed["files"]) == left, where
                 counts["temp_files_removed"] += len(left)
+        if started is None:
+            counts["killed_before_resume"] += 1  # its leftovers are checked next trial
+        else:
             if expected is None:
                 assert started["event"].startswith("no checkpoint"), (where, started)
                 counts["fresh_starts"] += 1
@@ -188,7 +180,7 @@ def archive_checked(directory: Path, where: str) -> int:
     return sum(seen.values())
 
 
-def _wait_for_line(path: Path, needle: str, proc: subprocess.Popen, timeout: float) -> None:
+def _wait_for_line(path: Path, needle: str, proc: forked.Process, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while needle not in path.read_text():
         if proc.poll() is not None:

@@ -31,7 +31,9 @@ def cli(capsys: pytest.CaptureFixture[str]) -> Iterator[Callable[..., tuple[int,
 
 def test_env_check_example_backend_in_a_fresh_process() -> None:
     # A fresh interpreter finds "navrl-2d" through the installed entry point.
-    proc = navrl_cli("env", "check", "--backend", "navrl-2d", "--json", "--steps", "10", *TINY)
+    proc = navrl_cli(
+        "env", "check", "--backend", "navrl-2d", "--json", "--steps", "10", *TINY, process=True
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["ok"] and report["backend"] == "navrl-2d" and report["device"] == "cpu"

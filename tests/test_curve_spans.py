@@ -5,23 +5,15 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
-from tests.conftest import REPO, SUBPROCESS_ENV
+from tests import forked
 
 M = 1_000_000
 
 
 def spans_script(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "benchmarks/curve_spans.py", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=SUBPROCESS_ENV,
-        timeout=120,
-    )
+    return forked.run_script("benchmarks/curve_spans.py", list(args), timeout=120)
 
 
 def evaluation(frames: float, reach: float, collision: float, held: float, stage: int) -> dict:

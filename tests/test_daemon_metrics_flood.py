@@ -32,10 +32,6 @@ def fds_of(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def low_fd_limit() -> None:
-    resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, FD_LIMIT))
-
-
 @contextlib.contextmanager
 def fd_room(count: int) -> Iterator[None]:
     """This process may hold `count` more sockets (soft limit raised up to the hard one)."""
@@ -55,7 +51,7 @@ def test_idle_connections_take_nothing_from_training(tmp_path: Path) -> None:
         "checkpoint.interval=1",
         "checkpoint.keep_last=2",
         "run.total_frames=100000000",
-        preexec_fn=low_fd_limit,
+        rlimits={resource.RLIMIT_NOFILE: (FD_LIMIT, FD_LIMIT)},
     )
     held: list[socket.socket] = []
     try:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -13,7 +13,8 @@ import pytest
 
 from navrl_daemon import cli
 from navrl_daemon.stages.trainer import Trainer
-from tests.conftest import REPO, SUBPROCESS_ENV, TINY, navrl_cli
+from tests import forked
+from tests.conftest import TINY, navrl_cli
 from tests.daemon_process import Daemon
 
 # Collection dominates: 200 env steps per rollout, one tiny update.
@@ -35,11 +36,31 @@ def assert_clean_stop(d: Daemon, state: Path) -> None:
     assert names[-2:] == ["stopped", "run summary"]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_signal_during_collect(tmp_path: Path, sig: signal.Signals) -> None:
+def test_sigint_while_collecting_after_stack_dumps_with_no_child_process(tmp_path: Path) -> None:
+    """One daemon, three promises of its process. SIGUSR2 writes every thread's stack and
+    the run goes on. Nothing of ours may outlive a kill -9: no child process (tqdm's
+    default lock used to start a multiprocessing resource tracker). A stop signal while
+    collecting finishes the rollout in flight and trains on it, starts no new one, saves
+    everything and exits 0 (SIGTERM in an update: the test below)."""
     d = Daemon(tmp_path, *LONG_COLLECT)
     d.wait_for("collecting", count=2)
-    d.proc.send_signal(sig)
+    # Many dumps while the threads run: faulthandler's C-level handler, which read the
+    # other threads' frames as they changed, killed the daemon (SIGSEGV) in 5 dumps of 40
+    # under load; 20 in a row failed this test in 1 run of 5 there.
+    for _ in range(DUMPS):
+        d.proc.send_signal(signal.SIGUSR2)
+        time.sleep(0.05)
+    d.wait_for("progress")  # still training after the dumps
+    dump = "\n".join(d.text)
+    # faulthandler's format: one block per thread, the event loop's and the producer's
+    # compute thread among them, each with its frames; signals that land before the main
+    # thread ran the handler merge into one dump
+    assert dump.count("Thread 0x") >= 2 and 1 <= dump.count("Current thread") <= DUMPS, dump[-3000:]
+    assert "navrl_daemon/pipeline/daemon.py" in dump, dump[-3000:]
+    assert "navrl_daemon/runtime/compute.py" in dump or "concurrent/futures" in dump
+    assert children_of(d.proc.pid) == []
+    d.wait_for("collecting")
+    d.proc.send_signal(signal.SIGINT)
     code, seconds = d.finish()
     assert code == 0
     assert seconds < 30
@@ -49,38 +70,35 @@ def test_signal_during_collect(tmp_path: Path, sig: signal.Signals) -> None:
     assert d.names()[stop_at:].count("collecting") == 0
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_signal_during_update(tmp_path: Path, sig: signal.Signals) -> None:
+def test_sigterm_while_updating_and_a_second_run_on_its_state_dir_exits_75(
+    tmp_path: Path,
+) -> None:
+    """While one daemon updates, a second `run` on its state dir exits 75 naming the
+    holder's pid; then SIGTERM (during the update) stops the first cleanly, in time."""
     d = Daemon(tmp_path, *LONG_UPDATE)
-    d.wait_for("updating", count=1)
-    d.proc.send_signal(sig)
-    code, seconds = d.finish()
+    try:
+        d.wait_for("updating")
+        second = navrl_cli("run", "--state-dir", str(tmp_path), *TINY)
+        assert second.returncode == 75
+        assert f"pid {d.proc.pid}" in second.stderr
+    finally:
+        d.proc.send_signal(signal.SIGTERM)
+        code, seconds = d.finish()
     assert code == 0
     assert seconds < 30
     assert_clean_stop(d, tmp_path)
 
 
-def test_sigusr2_dumps_every_thread_and_the_run_goes_on(tmp_path: Path) -> None:
-    d = Daemon(tmp_path, *LONG_COLLECT)
-    d.wait_for("collecting", count=2)
-    # Many dumps while the threads run: faulthandler's C-level handler, which read the
-    # other threads' frames as they changed, killed the daemon (SIGSEGV) in 5 dumps of 40
-    # under load; 20 in a row failed this test in 1 run of 5 there.
-    for _ in range(DUMPS):
-        d.proc.send_signal(signal.SIGUSR2)
-        time.sleep(0.05)
-    d.wait_for("collecting", count=2)  # still training after the dumps
-    dump = "\n".join(d.text)
-    # faulthandler's format: one block per thread, the event loop's and the producer's
-    # compute thread among them, each with its frames; signals that land before the main
-    # thread ran the handler merge into one dump
-    assert dump.count("Thread 0x") >= 2 and 1 <= dump.count("Current thread") <= DUMPS, dump[-3000:]
-    assert "navrl_daemon/pipeline/daemon.py" in dump, dump[-3000:]
-    assert "navrl_daemon/runtime/compute.py" in dump or "concurrent/futures" in dump
-    d.proc.send_signal(signal.SIGTERM)
-    code, _ = d.finish()
-    assert code == 0
-    assert_clean_stop(d, tmp_path)
+def children_of(pid: int) -> list[str]:
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:  # field 4 of /proc/PID/stat: the parent pid
+            children.append(stat.parent.name)
+    return children
 
 
 def test_second_sigint_during_shutdown_aborts_the_update(tmp_path: Path) -> None:
@@ -115,37 +133,14 @@ def test_failing_stage_exits_1_naming_it(
     assert not (tmp_path / "export" / "policy.pt").exists()
 
 
-def test_second_run_on_a_locked_state_dir_exits_75(tmp_path: Path) -> None:
-    d = Daemon(tmp_path, *LONG_UPDATE)
-    try:
-        d.wait_for("updating")
-        second = navrl_cli("run", "--state-dir", str(tmp_path), *TINY)
-        assert second.returncode == 75
-        assert f"pid {d.proc.pid}" in second.stderr
-    finally:
-        d.proc.send_signal(signal.SIGTERM)
-        assert d.finish()[0] == 0
-
-
 def test_systemd_notifications_from_a_real_run(tmp_path: Path) -> None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     path = tmp_path / "notify.sock"
     sock.bind(str(path))
     sock.settimeout(120)  # start-up and a first, long update on a busy machine
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "navrl_daemon",
-            "run",
-            "--state-dir",
-            str(tmp_path / "s"),
-            *TINY,
-            "eval.interval=0",
-            *LONG_UPDATE,
-        ],
-        cwd=REPO,
-        env={**SUBPROCESS_ENV, "NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "400000"},
+    proc = forked.start(
+        ["run", "--state-dir", str(tmp_path / "s"), *TINY, "eval.interval=0", *LONG_UPDATE],
+        env={"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "400000"},
         stderr=subprocess.DEVNULL,
     )
     messages: list[str] = []
@@ -171,13 +166,22 @@ def test_systemd_notifications_from_a_real_run(tmp_path: Path) -> None:
 
 
 def test_lag_one_overlaps_and_records_the_lag(tmp_path: Path) -> None:
-    d = Daemon(tmp_path, "pipeline.max_policy_lag=1", "run.total_frames=384")
-    code, _ = d.finish()
-    assert code == 0
-    progress = [e for e in d.events if e["event"] == "progress"]
+    proc = navrl_cli(
+        "run",
+        "--state-dir",
+        str(tmp_path),
+        *TINY,
+        "eval.interval=0",
+        "log.level=debug",
+        "pipeline.max_policy_lag=1",
+        "run.total_frames=384",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    events = [json.loads(x) for x in proc.stderr.splitlines() if x.startswith("{")]
+    progress = [e for e in events if e["event"] == "progress"]
     # 6 iterations; all but the first trained on a rollout collected one version back.
     assert [e["policy_lag"] for e in progress] == [0.0, 1.0, 1.0, 1.0, 1.0, 1.0]
-    exported = next(e for e in d.events if e["event"] == "policy exported")
+    exported = next(e for e in events if e["event"] == "policy exported")
     assert exported["iteration"] == 6
 
 
@@ -223,24 +227,6 @@ async def test_stop_timeout_is_re_extended_while_draining(
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-def test_the_daemon_starts_no_child_processes(tmp_path: Path) -> None:
-    """Nothing of ours may outlive a kill -9 (tqdm's default lock used to start a
-    multiprocessing resource tracker)."""
-    d = Daemon(tmp_path, "ppo.rollout_length=8")
-    d.wait_for("progress", count=2)
-    children = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == d.proc.pid:  # field 4 of /proc/PID/stat: the parent pid
-            children.append(stat.parent.name)
-    d.proc.send_signal(signal.SIGTERM)
-    assert d.finish()[0] == 0
-    assert children == []
 
 
 # An evaluation far longer than the shutdown timeout: 256 drones for up to 3,000 steps.

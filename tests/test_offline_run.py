@@ -12,7 +12,6 @@ import json
 import math
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -32,7 +31,8 @@ from navrl_daemon.storage.archive import archive_name
 from navrl_daemon.storage.checkpoint import load_checkpoint
 from navrl_daemon.storage.dataset_synth import SynthSpec, write_synth
 from navrl_daemon.storage.datasets import ImageReader, MultimodalDataset
-from tests.conftest import REPO, SUBPROCESS_ENV, TINY
+from tests import forked
+from tests.conftest import TINY
 from tests.stages.test_prefetcher import archive_rollouts
 
 SIZE = 16  # prefetch.image_size
@@ -56,17 +56,17 @@ def offline_args(data: Path | str, *extra: str) -> list[str]:
 
 
 class Run:
-    """A `navrl-daemon run` subprocess, tagged so that every process it starts (prefetch
-    workers, resource tracker) can be found afterwards by the tag in its environment."""
+    """A `navrl-daemon run` process (tests/forked.py), tagged so that every process it
+    starts (prefetch workers, resource tracker) can be found afterwards by the tag in its
+    environment."""
 
     def __init__(self, state: Path, *args: str) -> None:
         self.tag = f"NAVRL_TEST_TAG_{uuid.uuid4().hex}"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "navrl_daemon", "run", "--state-dir", str(state), *args],
-            cwd=REPO,
+        self.proc = forked.start(
+            ["run", "--state-dir", str(state), *args],
+            env={self.tag: "1"},
             stderr=subprocess.PIPE,
             text=True,
-            env={**SUBPROCESS_ENV, self.tag: "1"},
         )
         self.events: list[dict] = []
 

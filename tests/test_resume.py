@@ -1,16 +1,15 @@
 """Stop, crash and continue: `run` resumes from the newest valid checkpoint, exactly.
 
-Real subprocesses, real signals, real files. The kill -9 loop here runs 10 trials; the
-benchmark `benchmarks/kill9_resume.py` runs the same loop 100+ times.
+Real processes (tests/forked.py), real signals, real files. The kill -9 loop here runs 10
+trials; the benchmark `benchmarks/kill9_resume.py` runs the same loop 100+ times.
 """
 
 from __future__ import annotations
 
 import json
 import resource
+import shutil
 import signal
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -18,12 +17,12 @@ import pytest
 import torch
 
 from navrl_daemon.storage.checkpoint import CheckpointDir, encode_checkpoint, load_checkpoint
-from tests.conftest import REPO, SUBPROCESS_ENV, TINY, navrl_cli
+from tests import forked
+from tests.conftest import TINY, navrl_cli
 from tests.daemon_process import Daemon, crash_and_resume
 from tests.storage.test_checkpoint_file import nrc
 
 FRAMES_PER_ITERATION = 64  # TINY: 8 envs x 8 steps
-DAEMON = [sys.executable, "-m", "navrl_daemon", "run"]
 
 
 def events(stderr: str) -> list[dict]:
@@ -138,15 +137,18 @@ def test_resume_is_exact_with_density_levels_and_a_spawn_mix(
     guards (ppo.target_kl, ppo.feature_extractor_max_grad_norm) keep the resume exact: the
     levels and the hold counts travel in the env state."""
     common = ("checkpoint.interval=2", *extra)
-    run(tmp_path / "a", *common, "run.total_frames=640")
-    (tmp_path / "a" / "checkpoints" / "ckpt-000000010.nrc").unlink()  # as if killed at 9
-    resumed = run(tmp_path / "a", *common, "run.total_frames=960")
+    run(tmp_path / "b", *common, "run.total_frames=768")  # checkpoints 2, 4, ..., 12
+    # Resumed from that run's own checkpoint 8 (as a crash at 9 leaves it; the crash
+    # itself: the test above), it ends bit for bit where the run did.
+    checkpoints = tmp_path / "a" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    shutil.copy(tmp_path / "b" / "checkpoints" / "ckpt-000000008.nrc", checkpoints)
+    resumed = run(tmp_path / "a", *common, "run.total_frames=768")
     start = next(e for e in resumed if e["event"] == "resumed from checkpoint")
     assert (start["iteration"], start["env_restored"]) == (8, True)
-    run(tmp_path / "b", *common, "run.total_frames=960")
     a, b = exported(tmp_path / "a"), exported(tmp_path / "b")
     assert all(torch.equal(a[k], b[k]) for k in a)
-    _, snap = load_checkpoint(tmp_path / "b" / "checkpoints" / "ckpt-000000014.nrc")
+    _, snap = load_checkpoint(tmp_path / "b" / "checkpoints" / "ckpt-000000012.nrc")
     assert snap["collector"]["env"]["level"].shape == (8,)
 
 
@@ -320,22 +322,14 @@ def test_no_valid_checkpoint_among_several_refuses_to_start_over(tmp_path: Path)
     assert (state / "checkpoints" / "ckpt-000000007.nrc").exists()  # nothing deleted
 
 
-def _limit_file_size() -> None:
-    # Writes past 1.5 MB fail with EFBIG (Python ignores SIGXFSZ): a full disk for every
-    # checkpoint (~2 MB here), while logs, eval results and the policy export still fit.
-    resource.setrlimit(resource.RLIMIT_FSIZE, (1_500_000, 1_500_000))
+# Writes past 1.5 MB fail with EFBIG (Python ignores SIGXFSZ): a full disk for every
+# checkpoint (~2 MB here), while logs, eval results and the policy export still fit.
+FILE_SIZE_LIMIT = {resource.RLIMIT_FSIZE: (1_500_000, 1_500_000)}
 
 
 def run_on_a_full_disk(state: Path, *overrides: str) -> list[dict]:
-    proc = subprocess.run(
-        [*DAEMON, "--state-dir", str(state), *TINY, *overrides],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=SUBPROCESS_ENV,
-        preexec_fn=_limit_file_size,
-        timeout=300,
-    )
+    args = ["run", "--state-dir", str(state), *TINY, *overrides]
+    proc = forked.run(args, timeout=300, rlimits=FILE_SIZE_LIMIT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return events(proc.stderr)
 

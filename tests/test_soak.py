@@ -6,9 +6,9 @@ asserted in a minute or two of a daemon with every stage busy.
   points of one run, 10 iterations apart, and none may grow by more than 3 twice (a
   per-iteration or per-evaluation list grows by 10 or 5; windows that reset, such as
   the progress window, stay within the summary interval of 3).
-- Threads, open fds and child processes of a real `navrl-daemon run` subprocess do not
+- Threads, open fds and child processes of a real `navrl-daemon run` process do not
   grow: sampled from /proc ten times a second (children once a second) while every
-  stage works dozens of times, the second half's least fd count is at most the first
+  stage works a dozen times or more, the second half's least fd count is at most the first
   half's (a failure names what the fds point at), the threads' peak rises by at most
   one worker of a pool started on demand, and there are never any children.
 A slope of RSS cannot be told from noise in this time; the soak benchmark measures it.
@@ -31,7 +31,8 @@ import anyio
 from navrl_daemon.config import load_config
 from navrl_daemon.pipeline.daemon import serve
 from navrl_daemon.stages.trainer import IterationRecord
-from tests.conftest import REPO, SUBPROCESS_ENV, TINY
+from tests import forked
+from tests.conftest import REPO, TINY
 
 _spec = importlib.util.spec_from_file_location("soak_bench", REPO / "benchmarks/soak.py")
 assert _spec is not None and _spec.loader is not None
@@ -53,6 +54,8 @@ BUSY = [
     "log.level=warning",
 ]
 CONTAINERS = (list, dict, set, collections.deque)
+# The /proc sampling window: this many checkpoints (iterations), 12 in each half.
+CHECKPOINTS = 24
 
 
 def container_sizes() -> dict[tuple[str, str, int], int]:
@@ -100,15 +103,11 @@ def test_threads_fds_and_children_do_not_grow(tmp_path: Path) -> None:
     state, log_path = tmp_path / "state", tmp_path / "daemon.log"
     args = [*BUSY, "log.level=info", "run.total_frames=100000000"]
     with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "navrl_daemon", "run", "--state-dir", str(state), *args],
-            cwd=REPO,
-            stderr=log,
-            stdout=subprocess.DEVNULL,
-            env=SUBPROCESS_ENV,
+        proc = forked.start(
+            ["run", "--state-dir", str(state), *args], stderr=log, stdout=subprocess.DEVNULL
         )
         try:
-            samples, children, written = _sample_after_warmup(proc, log_path, seconds=50)
+            samples, children, written = _sample_after_warmup(proc, log_path, CHECKPOINTS)
         finally:
             proc.terminate()
             code = proc.wait(timeout=120)
@@ -117,7 +116,7 @@ def test_threads_fds_and_children_do_not_grow(tmp_path: Path) -> None:
     first, second = samples[:half], samples[half:]
     # Every stage worked many times meanwhile, so a thread or fd lost per iteration,
     # checkpoint or evaluation would show as many, not one.
-    assert written >= 20, written
+    assert written >= CHECKPOINTS, written
     # Threads: the checkpoint, archive and anyio pools start workers on demand, up to
     # their caps, the first time calls overlap; under load that can first happen late,
     # and anyio retires a worker idle for 10 s. So the count may rise by one per pool
@@ -138,27 +137,30 @@ def test_threads_fds_and_children_do_not_grow(tmp_path: Path) -> None:
 
 
 def _sample_after_warmup(
-    proc: subprocess.Popen, log_path: Path, seconds: float
+    proc: forked.Process, log_path: Path, checkpoints: int
 ) -> tuple[list[Any], list[int], int]:
-    """Wait until every stage has done its work once, then sample /proc for `seconds`:
-    fds and threads ten times a second, child processes once a second (walking /proc
-    costs more); also the number of checkpoints written meanwhile."""
-    deadline = time.monotonic() + 180
+    """Wait until every stage has done its work once, then sample /proc until `checkpoints`
+    more are written (an iteration each, an evaluation every other): fds and threads ten
+    times a second, child processes once a second (walking /proc costs more). Returns the
+    samples and the number of checkpoints written meanwhile."""
+    deadline = time.monotonic() + 300
     warm = ('"archive file started"', '"evaluation"', '"checkpoint written"')
     while not all(w in log_path.read_text() for w in warm):
         assert proc.poll() is None, log_path.read_text()[-2000:]
         assert time.monotonic() < deadline, log_path.read_text()[-2000:]
         time.sleep(0.5)
     samples, children = [], []
-    written = log_path.read_text().count('"checkpoint written"')
-    stop = time.monotonic() + seconds
-    while time.monotonic() < stop:
+    at_start = log_path.read_text().count('"checkpoint written"')
+    written = 0
+    while written < checkpoints:
         assert proc.poll() is None, log_path.read_text()[-2000:]
+        assert time.monotonic() < deadline, ("checkpoints written", written)
         samples.append(_fds_and_threads(proc.pid))
         if len(samples) % 10 == 1:
             children.append(len(soak.descendants(proc.pid)))
+            written = log_path.read_text().count('"checkpoint written"') - at_start
         time.sleep(0.1)
-    return samples, children, log_path.read_text().count('"checkpoint written"') - written
+    return samples, children, written
 
 
 def _fds_and_threads(pid: int) -> dict[str, Any]:

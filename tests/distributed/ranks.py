@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 
-from tests.daemon_process import SUBPROCESS_ENV
+from tests.conftest import SUBPROCESS_ENV
 
 
 def free_port() -> int:

@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from navrl_daemon.storage.checkpoint import CheckpointDir
-from tests.conftest import REPO, SUBPROCESS_ENV, TINY
+from tests import forked
+from tests.conftest import REPO, SUBPROCESS_ENV, TINY, navrl_cli
 from tests.distributed.ranks import free_port, rank_env
 
-DAEMON = [sys.executable, "-m", "navrl_daemon", "run"]
 FRAMES_PER_ITERATION = 2 * 64  # two ranks x TINY's 8 envs x 8 steps
 COMMON = ("checkpoint.interval=0", "eval.interval=4", "log.format=json", "log.summary_interval=1")
 
@@ -119,14 +119,7 @@ def test_resume_with_another_world_size_keeps_the_model_and_reseeds_envs(tmp_pat
     two = Launched(tmp_path / "s", f"run.total_frames={3 * FRAMES_PER_ITERATION}")
     assert two.finish() == 0
     frames = f"run.total_frames={4 * FRAMES_PER_ITERATION}"
-    one = subprocess.run(
-        [*DAEMON, "--state-dir", str(tmp_path / "s"), *TINY, *COMMON, frames],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env=SUBPROCESS_ENV,
-        timeout=120,
-    )
+    one = navrl_cli("run", "--state-dir", str(tmp_path / "s"), *TINY, *COMMON, frames)
     assert one.returncode == 0, one.stderr[-3000:]
     events = [json.loads(x) for x in one.stderr.splitlines() if x.startswith("{")]
     names = [e["event"] for e in events]
@@ -144,12 +137,10 @@ def test_a_killed_rank_makes_the_survivor_exit_nonzero_in_time(
     """No launcher to clean up: rank 1 dies (SIGKILL: its sockets close) or hangs (SIGSTOP:
     only the collective timeout notices); rank 0 must exit non-zero, not hang."""
     port = free_port()
-    args = [*DAEMON, "--state-dir", str(tmp_path / "k")]
+    args = ["run", "--state-dir", str(tmp_path / "k")]
     args += [*TINY, *COMMON, "run.total_frames=100000000", "distributed.timeout_s=10"]
     logs = [(tmp_path / f"rank{r}.log").open("w") for r in range(2)]
-    procs = [
-        subprocess.Popen(args, cwd=REPO, stderr=logs[r], env=rank_env(r, 2, port)) for r in range(2)
-    ]
+    procs = [forked.start(args, stderr=logs[r], env=rank_env(r, 2, port)) for r in range(2)]
     try:
         deadline = time.monotonic() + 120
         while '"event": "progress"' not in (tmp_path / "rank0.log").read_text():

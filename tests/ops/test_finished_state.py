@@ -1,18 +1,18 @@
 """A daemon that reaches run.total_frames says so before it exits: /metrics serves
 `navrl_daemon_state{state="finished"} 1` for metrics.final_scrape_s, so a Prometheus
 scrape records it (the down alert tells a finished run from a crash by it; the rule logic
-is unit-tested in alerts_test.yml)."""
+is unit-tested in alerts_test.yml); a stop signal ends that wait early."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import signal
 import time
 import urllib.request
 from pathlib import Path
 
-from tests.conftest import REPO, SUBPROCESS_ENV, TINY
+from tests import forked
+from tests.conftest import TINY
 
 
 def scrape_state(state: Path) -> dict[str, float]:
@@ -33,12 +33,12 @@ def scrape_state(state: Path) -> dict[str, float]:
 
 def test_finished_state_is_served_before_exit(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    cmd = [sys.executable, "-m", "navrl_daemon", "run", "--state-dir", str(state), *TINY]
+    cmd = ["run", "--state-dir", str(state), *TINY]
     # 20 iterations: long enough that the 0.2 s poll sees it running (at 3, an idle
     # machine finished the run before the first scrape answered).
     cmd += ["run.total_frames=1280", "eval.interval=0", "metrics.final_scrape_s=30"]
     log = (tmp_path / "daemon.log").open("w")
-    proc = subprocess.Popen(cmd, cwd=REPO, env=SUBPROCESS_ENV, stdout=log, stderr=log)
+    proc = forked.start(cmd, stdout=log, stderr=log)
     seen: list[dict[str, float]] = []
     deadline = time.monotonic() + 600
     try:
@@ -49,7 +49,11 @@ def test_finished_state_is_served_before_exit(tmp_path: Path) -> None:
             if sample.get("finished") == 1:
                 break
             time.sleep(0.2)
+        # A stop signal ends the final-scrape wait early (30 s otherwise), still exit 0.
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=120)
+        stopped_in = time.monotonic() - t0
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -57,3 +61,4 @@ def test_finished_state_is_served_before_exit(tmp_path: Path) -> None:
     assert code == 0, (tmp_path / "daemon.log").read_text()[-2000:]
     assert seen and seen[-1]["finished"] == 1 and seen[-1]["running"] == 0, seen
     assert any(s.get("running") == 1 for s in seen), seen  # it was running before
+    assert stopped_in < 20, stopped_in

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import anyio
@@ -427,14 +426,7 @@ def _diagnose(checkpoint: Path, tmp_path: Path, options: list[str], overrides: l
 
 
 def _script(name: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """benchmarks/NAME run as a user runs it, from the repository root."""
-    from tests.conftest import REPO, SUBPROCESS_ENV
+    """benchmarks/NAME run as a user runs it, from the repository root (tests/forked.py)."""
+    from tests import forked
 
-    return subprocess.run(
-        [sys.executable, f"benchmarks/{name}", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=SUBPROCESS_ENV,
-        timeout=300,
-    )
+    return forked.run_script(f"benchmarks/{name}", list(args), timeout=300)

@@ -108,6 +108,7 @@ def test_a_stop_signal_while_main_reports_a_stop_is_ignored(
         os.kill(os.getpid(), signal.SIGTERM)  # lands while the stop is being reported
         lines.append(signal_name)
 
+    cli.build_parser()  # the commands' modules import `load_config`: the real one, not ours
     monkeypatch.setattr(config, "load_config", stopped_during_start_up)
     monkeypatch.setattr(cli, "_stopped", report)
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}

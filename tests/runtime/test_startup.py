@@ -80,6 +80,7 @@ def test_a_daemon_stuck_building_its_envs_exits_70_with_the_phase_and_stacks(
         "env.backend=tests.runtime.stalling_backend:never_returns",
         "run.startup_timeout_s=4",
         timeout=120,
+        process=True,  # the watchdog ends the process
     )
     assert proc.returncode == EXIT_STARTUP_TIMEOUT, proc.stderr[-3000:]
     assert time.monotonic() - t0 < 90  # 4 s of start-up once torch is imported
