@@ -3,7 +3,8 @@
 The same loop as tests/test_resume.py (10 trials there), at a scale that finds rare races:
 each trial starts `run` on one state dir (checkpoint.interval = 1 and archive.interval = 1,
 so a checkpoint and an archive write are in flight much of the time), kills it with
-SIGKILL after a random delay — one in five during start-up, the others while training —
+SIGKILL after a random delay — one in five during start-up (after the imports: each
+start is a fork of a pre-imported interpreter, tests/forked.py), the others while training —
 and checks that the next start resumed from the newest valid checkpoint there was (never
 a temp file, never an older one), removed and logged the temp files left behind, that
 iterations only went forward (a start never resumes from an older checkpoint than the

@@ -1,5 +1,5 @@
-"""Shared test fixtures: the real CLI (in-process or in a subprocess), and the NavRL reference
-files."""
+"""Shared test fixtures: the real CLI (in-process, or as a process of its own), and the NavRL
+reference files."""
 
 from __future__ import annotations
 

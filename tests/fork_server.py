@@ -33,10 +33,7 @@ FDS = 3  # stdin, stdout, stderr
 
 
 def import_the_daemon() -> None:
-    import torch  # noqa: F401
-    import torchrl  # noqa: F401
-
-    import navrl_daemon.pipeline.daemon  # noqa: F401
+    import navrl_daemon.pipeline.daemon  # noqa: F401 (torch, tensordict, torchrl with it)
     from navrl_daemon import cli
 
     cli.build_parser()  # every command's module

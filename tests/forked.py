@@ -5,8 +5,9 @@ Each `start` is a process of its own (its own pid, signals, exit status, kill -9
 descriptors and lock), running `cli.main` from argument parsing to the interpreter's
 exit, as `python -m navrl_daemon` does once torch, tensordict and torchrl are imported
 (~5 s of CPU per start on the 2-core machine, most of a short test's time). What only a
-fresh interpreter shows (a signal during those imports, a torch that fails to import, an
-entry point found at start-up) is tested with `subprocess` instead. `run_script` runs a
+fresh interpreter shows (a signal during those imports, a torch that fails to import,
+torchrun's ranks) is tested with `subprocess` instead; backends and their entry points are
+looked up at run time, in the child, as in a fresh process. `run_script` runs a
 benchmarks/ script the same way, as `python SCRIPT ARGS` would.
 
 An `env` that changes what is read while importing (OMP_*, TORCH*, CUDA*, PYTHON*, ...)
@@ -19,6 +20,7 @@ import atexit
 import json
 import os
 import resource
+import signal
 import socket
 import subprocess
 import sys
@@ -62,12 +64,13 @@ def _server_path() -> str:
 
 
 def _import_time_change(env: dict[str, str]) -> bool:
-    keys = set(env) | set(SUBPROCESS_ENV)
-    return any(env.get(k) != SUBPROCESS_ENV.get(k) for k in keys if k.startswith(IMPORT_TIME_ENV))
+    """`env` (SUBPROCESS_ENV and more) sets a variable read while importing differently."""
+    return any(k.startswith(IMPORT_TIME_ENV) and SUBPROCESS_ENV.get(k) != v for k, v in env.items())
 
 
 class Forked:
-    """The part of `subprocess.Popen` the tests use, for a forked `navrl-daemon ARGS`."""
+    """The part of `subprocess.Popen` the tests use, for a forked `navrl-daemon ARGS`
+    (stdin is /dev/null: no test writes to a daemon's)."""
 
     def __init__(
         self,
@@ -159,10 +162,10 @@ class Forked:
             os.kill(self.pid, sig)
 
     def terminate(self) -> None:
-        self.send_signal(15)
+        self.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
-        self.send_signal(9)
+        self.send_signal(signal.SIGKILL)
 
     def communicate(self, timeout: float | None = None) -> tuple[Any, Any]:
         """Both pipes read to their end, each on a thread (neither may fill and block the

@@ -30,7 +30,8 @@ def cli(capsys: pytest.CaptureFixture[str]) -> Iterator[Callable[..., tuple[int,
 
 
 def test_env_check_example_backend_in_a_fresh_process() -> None:
-    # A fresh interpreter finds "navrl-2d" through the installed entry point.
+    # A process that has looked up no backend yet (tests/forked.py) finds "navrl-2d"
+    # through the installed entry point, not through anything registered in this one.
     proc = navrl_cli(
         "env", "check", "--backend", "navrl-2d", "--json", "--steps", "10", *TINY, process=True
     )

@@ -107,16 +107,15 @@ def test_threads_fds_and_children_do_not_grow(tmp_path: Path) -> None:
             ["run", "--state-dir", str(state), *args], stderr=log, stdout=subprocess.DEVNULL
         )
         try:
-            samples, children, written = _sample_after_warmup(proc, log_path, CHECKPOINTS)
+            samples, children = _sample_after_warmup(proc, log_path, CHECKPOINTS)
         finally:
             proc.terminate()
             code = proc.wait(timeout=120)
     assert code == 0, log_path.read_text()[-2000:]
     half = len(samples) // 2
     first, second = samples[:half], samples[half:]
-    # Every stage worked many times meanwhile, so a thread or fd lost per iteration,
-    # checkpoint or evaluation would show as many, not one.
-    assert written >= CHECKPOINTS, written
+    # Every stage worked CHECKPOINTS times or more meanwhile, so a thread or fd lost per
+    # iteration, checkpoint or evaluation would show as many, not one.
     # Threads: the checkpoint, archive and anyio pools start workers on demand, up to
     # their caps, the first time calls overlap; under load that can first happen late,
     # and anyio retires a worker idle for 10 s. So the count may rise by one per pool
@@ -138,11 +137,10 @@ def test_threads_fds_and_children_do_not_grow(tmp_path: Path) -> None:
 
 def _sample_after_warmup(
     proc: forked.Process, log_path: Path, checkpoints: int
-) -> tuple[list[Any], list[int], int]:
+) -> tuple[list[Any], list[int]]:
     """Wait until every stage has done its work once, then sample /proc until `checkpoints`
     more are written (an iteration each, an evaluation every other): fds and threads ten
-    times a second, child processes once a second (walking /proc costs more). Returns the
-    samples and the number of checkpoints written meanwhile."""
+    times a second, child processes once a second (walking /proc costs more)."""
     deadline = time.monotonic() + 300
     warm = ('"archive file started"', '"evaluation"', '"checkpoint written"')
     while not all(w in log_path.read_text() for w in warm):
@@ -160,7 +158,7 @@ def _sample_after_warmup(
             children.append(len(soak.descendants(proc.pid)))
             written = log_path.read_text().count('"checkpoint written"') - at_start
         time.sleep(0.1)
-    return samples, children, written
+    return samples, children
 
 
 def _fds_and_threads(pid: int) -> dict[str, Any]:
