@@ -20,6 +20,7 @@ import atexit
 import json
 import os
 import resource
+import shutil
 import signal
 import socket
 import subprocess
@@ -59,8 +60,14 @@ def _server_path() -> str:
     assert _server.stdout is not None
     line = _server.stdout.readline()
     assert line == "ready\n", f"fork server did not start: {line!r}"
-    atexit.register(_server.kill)
+    atexit.register(_stop_server, _server, os.path.dirname(_path))
     return _path
+
+
+def _stop_server(server: subprocess.Popen[str], folder: str) -> None:
+    server.kill()
+    server.wait()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _import_time_change(env: dict[str, str]) -> bool:

@@ -35,8 +35,15 @@ def launch(state: Path, *overrides: str, nproc: int = 2) -> subprocess.Popen[str
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,
-        env=SUBPROCESS_ENV,
+        env=torchrun_env(state),
     )
+
+
+def torchrun_env(state: Path) -> dict[str, str]:
+    """SUBPROCESS_ENV with torchrun's temporary files (torchelastic_*) beside `state`."""
+    tmp = state.with_name(state.name + "-tmp")
+    tmp.mkdir(exist_ok=True)
+    return {**SUBPROCESS_ENV, "TMPDIR": str(tmp)}
 
 
 class Launched:

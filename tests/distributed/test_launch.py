@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 from navrl_daemon.storage.checkpoint import verify
-from tests.conftest import REPO, SUBPROCESS_ENV, TINY
+from tests.conftest import REPO, TINY
 from tests.distributed.ranks import free_port
-from tests.distributed.test_distributed_run import COMMON, Launched
+from tests.distributed.test_distributed_run import COMMON, Launched, torchrun_env
 
 
 class Launch(Launched):
@@ -30,7 +30,7 @@ class Launch(Launched):
             stderr=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             text=True,
-            env=SUBPROCESS_ENV,
+            env=torchrun_env(state),
             start_new_session=True,
         )
         self.events: list[dict] = []
