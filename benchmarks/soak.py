@@ -14,7 +14,7 @@ series and reports the slope per hour, then a verdict against issue #27's goals:
   written counts its file), children constant; whether threads and fds were strictly
   constant is reported too;
 - state-dir bytes bounded by the configured caps: archive <= archive.max_total_bytes
-  plus one rollout, checkpoints <= (keep_last + 1) files; the append-only records
+  plus one rollout, checkpoints <= (keep_last + keep_best + 1) files; the append-only records
   (history.jsonl, eval/results.jsonl) grow with the run by design and are reported as
   bytes per hour, not capped;
 - frames/s in the last window (10 minutes, or a third of a shorter run after the
@@ -488,10 +488,18 @@ def configured_caps(cfg: Any, rollout_bytes: int, state: Path, log_path: Path) -
     return {
         # One rollout of slack: rotation makes room before an append, from its size.
         "archive": cfg.archive.max_total_bytes + rollout_bytes,
-        # keep_last files and the one just written, before the oldest goes; the manifest.
-        "checkpoints": (cfg.checkpoint.keep_last + 1) * largest_checkpoint(state, log_path)
+        # keep_last files, keep_best older ones that scored best, and the one just written
+        # before the oldest goes; the manifest. (The benchmark runs with keep_every = 0.)
+        "checkpoints": kept_checkpoints(cfg.checkpoint) * largest_checkpoint(state, log_path)
         + (64 << 10),
     }
+
+
+def kept_checkpoints(checkpoint: Any) -> int:
+    """The most checkpoint files the writer's retention leaves at once, keep_every off."""
+    if checkpoint.keep_every:
+        raise SystemExit("soak: checkpoint.keep_every > 0 keeps files without bound; use 0")
+    return checkpoint.keep_last + checkpoint.keep_best + 1
 
 
 def largest_checkpoint(state: Path, log_path: Path) -> int:

@@ -27,10 +27,13 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
+import torch
 
 from navrl_daemon.config import load_config
 from navrl_daemon.pipeline.daemon import serve
 from navrl_daemon.stages.trainer import IterationRecord
+from navrl_daemon.storage.checkpoint import CheckpointDir, encode_checkpoint
 from tests import forked
 from tests.conftest import REPO, TINY
 
@@ -170,3 +173,22 @@ def _fds_and_threads(pid: int) -> dict[str, Any]:
         except OSError:
             continue  # closed since listdir
     return {"fds": fds, "threads": soak.status_fields(pid)["Threads"]}
+
+
+def test_the_soaks_checkpoint_cap_holds_what_retention_keeps(tmp_path: Path) -> None:
+    """The benchmark's cap counts the best-scored file kept beside the newest ones: with
+    keep_best = 1 a 16-env soak held five files at once and failed a cap of four."""
+    cfg = load_config(REPO / "config/default.toml", ["checkpoint.keep_last=3"], environ={})
+    directory = CheckpointDir(tmp_path)
+    scores: dict[Path, float] = {}
+    most = 0
+    for iteration in range(1, 10):
+        state = {"w": torch.full((4,), float(iteration))}
+        blob = encode_checkpoint(state, iteration=iteration, frames=iteration, policy_version=1)
+        path = directory.write(blob, iteration)
+        scores[path] = 1.0 if iteration == 1 else 0.1  # the first one stays the best
+        most = max(most, len(directory.files()))  # the new file, before the oldest goes
+        directory.prune(cfg.checkpoint.keep_last, cfg.checkpoint.keep_best, scores, path)
+    assert most == soak.kept_checkpoints(cfg.checkpoint) == 5
+    with pytest.raises(SystemExit, match="keep_every"):
+        soak.kept_checkpoints(cfg.checkpoint.model_copy(update={"keep_every": 20}))
