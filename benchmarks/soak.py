@@ -416,6 +416,7 @@ def soak(
 
     args = ["--config", str(config), *BUSY, *overrides]
     cfg = load_config(config, [*BUSY, *overrides], environ={})
+    kept_checkpoints(cfg.checkpoint)  # a config the checkpoint cap cannot hold: before the hour
     state, log_path = workdir / "state", workdir / "daemon.log"
     snapshots = workdir / "snapshots" if probe != "none" else None
     if snapshots is not None:
