@@ -482,7 +482,7 @@ def main() -> None:
         print(f"forked {args.fork_from} at iteration {at} into {args.keep_state}", flush=True)
     import torch
 
-    from navrl_daemon.stages.evaluator import read_results
+    from navrl_daemon.storage.history import read_results
     from navrl_daemon.storage.policy_file import load_any_policy_state
 
     if cfg.run.torch_threads:  # the evaluations here run as the daemon's do

@@ -31,10 +31,10 @@ import torch
 
 from navrl_daemon.config import Config, load_config
 from navrl_daemon.ops.logging import configure_logging
+from navrl_daemon.ops.progress import IterationRecord
 from navrl_daemon.pipeline.daemon import serve
 from navrl_daemon.rl.training import Training
-from navrl_daemon.stages.evaluator import read_results
-from navrl_daemon.stages.trainer import IterationRecord
+from navrl_daemon.storage.history import read_results
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -141,9 +141,9 @@ def navrl_checkpoint() -> Path:
 def trainer_for(training, compute, checkpoints=None, export_path=None, rollback=None, **extra):  # type: ignore[no-untyped-def]
     """A Trainer stage around a `Training`'s learner, driven by calling its methods
     (`extra`: more TrainerContext fields, e.g. its CUDA stream)."""
+    from navrl_daemon.pipeline.cadence import Cadence
     from navrl_daemon.runtime.channels import Channel
     from navrl_daemon.runtime.supervisor import Shutdown
-    from navrl_daemon.stages.cadence import Cadence
     from navrl_daemon.stages.trainer import Trainer, TrainerContext
 
     return Trainer(

@@ -106,7 +106,7 @@ def test_holds_while_the_rule_is_not_met(tmp_path: Path) -> None:
     iteration, saved = saved_curriculum(state)
     # The last evaluation counted when the final snapshot was taken. Under load the
     # evaluator lags by more than one (a fresh-clone run, 2026-11-28: 4); the later ones
-    # are in results.jsonl, which a resume replays (stages/resume.replay_evaluations).
+    # are in results.jsonl, which a resume replays (pipeline/resume.replay_evaluations).
     assert saved.pop("last_eval") in {r["iteration"] for r in results}
     assert (iteration, saved) == (6, {"stage": 0, "streak": 0, "applied": 0})
 
@@ -207,7 +207,7 @@ def test_the_stage_is_a_prometheus_gauge() -> None:
 
 
 def test_progress_is_kept_while_the_stages_reached_train_the_same() -> None:
-    from navrl_daemon.stages.resume import progress_kept
+    from navrl_daemon.pipeline.resume import progress_kept
 
     rule = {"reach_goal": 0.5, "collision": 1.0, "evals": 2}
     saved = [

@@ -31,8 +31,8 @@ import pytest
 import torch
 
 from navrl_daemon.config import load_config
+from navrl_daemon.ops.progress import IterationRecord
 from navrl_daemon.pipeline.daemon import serve
-from navrl_daemon.stages.trainer import IterationRecord
 from navrl_daemon.storage.checkpoint import CheckpointDir, encode_checkpoint
 from tests import forked
 from tests.conftest import REPO, TINY

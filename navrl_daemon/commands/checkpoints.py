@@ -5,7 +5,7 @@
   marked (the rule of `eval_rank`).
 - `verify`: loads every file (magic, lengths, checksum, weights-only load) and checks that
   its contents fit the run (kind, policy and optimiser shapes: the check `run` makes,
-  stages/resume.py `CheckpointFit`) against `--config`, else the state dir's `config.toml`
+  pipeline/resume.py `CheckpointFit`) against `--config`, else the state dir's `config.toml`
   (the config its run resolved), else the built-in one; exit 65 and a line per bad file
   when any is not valid. Files `run` moved aside (`checkpoints/rejected/`) are not listed.
 - `export --format navrl`: the policy of a checkpoint as a plain state_dict in NavRL's key
@@ -92,7 +92,7 @@ def _directory(cfg: Config, args: argparse.Namespace) -> CheckpointDir:
 
 def _fit(cfg: Config, args: argparse.Namespace) -> Accept:
     """The run check against the config the files were written under (see the docstring)."""
-    from navrl_daemon.stages.resume import CheckpointFit
+    from navrl_daemon.pipeline.resume import CheckpointFit
 
     saved = state_dir(cfg, args) / "config.toml"
     if args.config is None and saved.is_file():
@@ -240,9 +240,9 @@ def _chosen_checkpoint(cfg: Config, args: argparse.Namespace) -> tuple[Path, Any
 
 
 def handle_import(cfg: Config, args: argparse.Namespace) -> int:
+    from navrl_daemon.pipeline.resume import WARM_START, library_versions
     from navrl_daemon.rl.training import make_policy
     from navrl_daemon.runtime.lock import StateDirLock
-    from navrl_daemon.stages.resume import WARM_START, library_versions
     from navrl_daemon.storage.policy_file import check_policy_layout, load_policy_state
 
     policy = load_policy_state(args.file)

@@ -24,8 +24,8 @@ log = structlog.get_logger("run")
 
 def run_summary(cfg: Config, state_dir: Path) -> dict[str, Any]:
     """The facts of the summary, from the state dir."""
+    from navrl_daemon.pipeline.resume import newest_header
     from navrl_daemon.rl.evaluate import eval_rank
-    from navrl_daemon.stages.resume import newest_header
     from navrl_daemon.storage.checkpoint import CheckpointDir
     from navrl_daemon.storage.history import read_jsonl
 

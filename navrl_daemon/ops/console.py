@@ -28,13 +28,13 @@ WIDTH = 92
 class BarAwareStderr:
     """`sys.stderr` as it is when a line is written (a test harness may swap it), with any
     tqdm bar on it cleared before the line and redrawn after it. tqdm's lock (a thread
-    lock, set by stages/progress.py) serialises these writes with the bar's own, so a line
+    lock, set by ops/progress.py) serialises these writes with the bar's own, so a line
     and the bar never interleave, whichever thread logs."""
 
     def __init__(self) -> None:
         # tqdm's default lock is a multiprocessing RLock, whose first use starts a
         # resource-tracker child process: a daemon should not have one (it outlives a
-        # kill -9 of ours). A thread lock does here; stages/progress.py sets the same.
+        # kill -9 of ours). A thread lock does here; ops/progress.py sets the same.
         tqdm.set_lock(threading.RLock())
 
     def write(self, text: str) -> int:
@@ -154,7 +154,7 @@ class Outcomes:
 
 
 def progress_table(s: dict[str, Any], earlier: Outcomes | None = None) -> str:
-    """One summary (stages/progress.py's fields) as a block of aligned lines; `earlier`:
+    """One summary (ops/progress.py's fields) as a block of aligned lines; `earlier`:
     the outcomes a window without finished episodes shows instead of its own."""
     when = _clock(s.get("timestamp"))
     frames = s.get("frames", 0)

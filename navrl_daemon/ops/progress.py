@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -26,10 +27,22 @@ import torch
 from tqdm import tqdm
 
 from navrl_daemon.rl.rollout import EpisodeStats
-from navrl_daemon.stages.trainer import IterationRecord
 
 log = structlog.get_logger("progress")
 NONE = {"episodes": 0}  # a window in which no training episode finished
+
+
+@dataclass(frozen=True)
+class IterationRecord:
+    # The policy version after this iteration's update: one update per iteration.
+    iteration: int
+    frames: int
+    policy_lag: int
+    collect_s: float
+    update_s: float
+    losses: dict[str, float]
+    episodes: tuple[torch.Tensor, torch.Tensor]
+    rolled_back: bool = False
 
 
 class ProgressLog:

@@ -8,12 +8,12 @@ from pathlib import Path
 import torch
 
 from navrl_daemon.config import Config
+from navrl_daemon.pipeline.cadence import Cadence
+from navrl_daemon.pipeline.coordinator import Coordinator
 from navrl_daemon.pipeline.telemetry import Telemetry
 from navrl_daemon.runtime.compute import ComputeThreads
 from navrl_daemon.runtime.distributed import World
 from navrl_daemon.runtime.supervisor import Shutdown
-from navrl_daemon.stages.cadence import Cadence
-from navrl_daemon.stages.coordinator import Coordinator
 
 
 @dataclass(frozen=True)

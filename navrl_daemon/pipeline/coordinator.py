@@ -19,15 +19,15 @@ from typing import Any, Protocol
 import structlog
 import torch
 
+from navrl_daemon.pipeline import resume
 from navrl_daemon.rl.data_parallel import DataParallel
 from navrl_daemon.rl.training import Learner
 from navrl_daemon.runtime.distributed import World
-from navrl_daemon.stages import resume
 from navrl_daemon.storage.checkpoint import CheckpointDir
 
 log = structlog.get_logger("distributed")
 
-# The newest valid checkpoint: its path, header and state (stages/resume.py).
+# The newest valid checkpoint: its path, header and state (pipeline/resume.py).
 Found = tuple[Path, Any, dict[str, Any]]
 
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import structlog
 
-from navrl_daemon.env.contract import ResumableEnv
 from navrl_daemon.env.curriculum import Curriculum
+from navrl_daemon.rl.stage_switch import use_stage
 from navrl_daemon.rl.training import Collector
 from navrl_daemon.runtime.compute import ComputeThread
 
@@ -90,25 +90,6 @@ class NoCurriculum:
 
     def state_dict(self) -> dict[str, int] | None:
         return None
-
-
-def use_stage(
-    collector: Collector, curriculum: Curriculum, stage: int, carry: bool = False
-) -> bool:
-    """Put the collector on a fresh env of curriculum `stage`: reset, or with `carry`
-    holding the episodes in flight (the old env's whole state copied in, the running td
-    kept), which then end by the new stage's rules and start its episodes at their next
-    reset. A backend that is no `ResumableEnv` resets. Returns whether episodes carried."""
-    old = collector.env
-    env = curriculum.build_env(stage, device=old.device, seed=collector.cfg.run.seed, previous=old)
-    carried = False
-    if carry and isinstance(old, ResumableEnv) and isinstance(env, ResumableEnv):
-        env.load_state_dict_env(old.state_dict_env())
-        collector.env, carried = env, True
-    else:
-        collector.env, collector.td = env, env.reset()
-    curriculum.applied = stage
-    return carried
 
 
 def promote(curriculum: Curriculum, record: Mapping[str, Any]) -> None:

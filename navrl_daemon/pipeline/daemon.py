@@ -7,7 +7,7 @@
      └──────────────── weights (coalesce) ─┘
 ```
 Before anything runs, the newest valid checkpoint in `STATE_DIR/checkpoints` (if any) is
-loaded into the learner and the collector (stages/resume.py).
+loaded into the learner and the collector (pipeline/resume.py).
 
 Started by torchrun as one of several ranks (pipeline/ranks.py), every rank runs a
 producer and a trainer on its own envs, and the trainers average gradients; rank 0 alone
@@ -33,8 +33,12 @@ from navrl_daemon.env.contract import CapturableEnv, DensityLevels
 from navrl_daemon.env.curriculum import Curriculum
 from navrl_daemon.errors import StageFailed
 from navrl_daemon.ops.logging import bind_process_fields
-from navrl_daemon.pipeline import offline
+from navrl_daemon.pipeline import offline, resume
+from navrl_daemon.pipeline.cadence import Cadence, Position
 from navrl_daemon.pipeline.context import RunContext
+from navrl_daemon.pipeline.coordinator import Coordinator, Found, SingleProcess, collector_for_rank
+from navrl_daemon.pipeline.curriculum import CurriculumFollower, NoCurriculum, promote
+from navrl_daemon.pipeline.messages import FinalCollectorState, PolicyWeights, Rollout, Snapshot
 from navrl_daemon.pipeline.ranks import Ranks
 from navrl_daemon.pipeline.telemetry import Telemetry
 from navrl_daemon.rl import ppo
@@ -57,12 +61,8 @@ from navrl_daemon.runtime.leases import Lease, LeasePool
 from navrl_daemon.runtime.lock import StateDirLock
 from navrl_daemon.runtime.signals import StopSignals
 from navrl_daemon.runtime.supervisor import Shutdown, Stage, State, Supervisor
-from navrl_daemon.stages import resume
 from navrl_daemon.stages.archiver import ArchiverEvents, RolloutArchiver, archive_channel
-from navrl_daemon.stages.cadence import Cadence, Position
 from navrl_daemon.stages.checkpoint_writer import CheckpointWriter
-from navrl_daemon.stages.coordinator import Coordinator, Found, SingleProcess, collector_for_rank
-from navrl_daemon.stages.curriculum import CurriculumFollower, NoCurriculum, promote
 from navrl_daemon.stages.evaluator import (
     BestPolicy,
     EvaluationVideos,
@@ -71,9 +71,7 @@ from navrl_daemon.stages.evaluator import (
     EvaluatorEvents,
     RecordedEvaluate,
     StageEvaluation,
-    eval_scores,
 )
-from navrl_daemon.stages.messages import FinalCollectorState, PolicyWeights, Rollout, Snapshot
 from navrl_daemon.stages.producer import ProducerContext, ProducerEvents, RolloutProducer
 from navrl_daemon.stages.trainer import (
     Checkpointing,
@@ -84,7 +82,7 @@ from navrl_daemon.stages.trainer import (
 )
 from navrl_daemon.storage.checkpoint import CheckpointDir
 from navrl_daemon.storage.compressed_rollout import CompressedMinibatches
-from navrl_daemon.storage.history import RESULTS_FILE
+from navrl_daemon.storage.history import RESULTS_FILE, eval_scores
 from navrl_daemon.storage.staging import SnapshotStaging
 from navrl_daemon.storage.state_dir import check_writable
 

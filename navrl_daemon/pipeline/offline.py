@@ -32,7 +32,9 @@ import torch
 
 from navrl_daemon.config import Config
 from navrl_daemon.errors import ConfigError, DataError
+from navrl_daemon.pipeline import resume
 from navrl_daemon.pipeline.context import RunContext
+from navrl_daemon.pipeline.messages import PolicyWeights, Snapshot
 from navrl_daemon.pipeline.telemetry import Telemetry
 from navrl_daemon.rl.bc import BCLearner, ImageJointPolicy
 from navrl_daemon.rl.eval_config import eval_steps
@@ -41,10 +43,8 @@ from navrl_daemon.rl.training import acting_copy, make_eval_env, make_policy
 from navrl_daemon.runtime.channels import Channel, Overflow
 from navrl_daemon.runtime.leases import Lease
 from navrl_daemon.runtime.supervisor import Stage
-from navrl_daemon.stages import resume
 from navrl_daemon.stages.checkpoint_writer import CheckpointWriter
-from navrl_daemon.stages.evaluator import Evaluator, EvaluatorContext, EvaluatorEvents, eval_scores
-from navrl_daemon.stages.messages import PolicyWeights, Snapshot
+from navrl_daemon.stages.evaluator import Evaluator, EvaluatorContext, EvaluatorEvents
 from navrl_daemon.stages.offline_trainer import (
     BCTerm,
     OfflineTrainer,
@@ -58,7 +58,7 @@ from navrl_daemon.stages.trainer import Checkpointing, Trainer
 from navrl_daemon.storage.checkpoint import CheckpointDir
 from navrl_daemon.storage.datasets import MultimodalDataset
 from navrl_daemon.storage.episode_store import ArchiveReader
-from navrl_daemon.storage.history import RESULTS_FILE
+from navrl_daemon.storage.history import RESULTS_FILE, eval_scores
 from navrl_daemon.storage.staging import SnapshotStaging
 
 log = structlog.get_logger("daemon")

@@ -1,4 +1,4 @@
-"""The coordinator of a distributed run (stages/coordinator.py's protocol) over the
+"""The coordinator of a distributed run (pipeline/coordinator.py's protocol) over the
 process groups of torch.distributed (torchrun; runtime/distributed.py's `World`).
 
 `Ranks` opens them:
@@ -29,12 +29,12 @@ import torch
 import torch.distributed as dist
 
 from navrl_daemon.errors import DataError
+from navrl_daemon.pipeline import resume
+from navrl_daemon.pipeline.coordinator import Found
 from navrl_daemon.rl.data_parallel import DataParallel
 from navrl_daemon.rl.snapshot import learner_state, restore_learner
 from navrl_daemon.rl.training import Learner
 from navrl_daemon.runtime.distributed import World
-from navrl_daemon.stages import resume
-from navrl_daemon.stages.coordinator import Found
 from navrl_daemon.storage.checkpoint import CheckpointDir
 
 log = structlog.get_logger("distributed")
@@ -116,7 +116,7 @@ class Ranks:
     # ------------------------------------------------------------------ start-up (wiring)
 
     def newest_checkpoint(self, checkpoints: CheckpointDir) -> Found | None:
-        """Rank 0 reads the newest valid checkpoint (stages/resume.py); every rank gets
+        """Rank 0 reads the newest valid checkpoint (pipeline/resume.py); every rank gets
         rank 0's choice, or its DataError."""
         found, error = None, None
         if self.world.leader:

@@ -36,15 +36,15 @@ from navrl_daemon.rl.snapshot import (
     restore_learner,
     saved_optimizer,
 )
+from navrl_daemon.rl.stage_switch import use_stage
 from navrl_daemon.rl.training import Collector, Learner, make_policy
-from navrl_daemon.stages.curriculum import use_stage
-from navrl_daemon.stages.evaluator import read_results
 from navrl_daemon.storage.checkpoint import (
     REJECTED,
     CheckpointDir,
     CheckpointHeader,
     read_header,
 )
+from navrl_daemon.storage.history import read_results
 
 log = structlog.get_logger("resume")
 

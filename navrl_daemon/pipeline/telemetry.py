@@ -21,15 +21,14 @@ from navrl_daemon.config import Config, to_toml
 from navrl_daemon.errors import StageFailed
 from navrl_daemon.ops.http import Health, MetricsServer
 from navrl_daemon.ops.metrics import Metrics
+from navrl_daemon.ops.progress import IterationRecord, ProgressLog
 from navrl_daemon.ops.tensorboard import TensorBoardLog, open_tensorboard
 from navrl_daemon.ops.wandb_log import WandbLog, open_wandb, require_wandb
+from navrl_daemon.pipeline.cadence import Cadence
 from navrl_daemon.runtime.distributed import World
 from navrl_daemon.runtime.sd_notify import ProgressWatchdog, SystemdNotifier
 from navrl_daemon.runtime.startup import StartupWatchdog
 from navrl_daemon.runtime.supervisor import Shutdown, State
-from navrl_daemon.stages.cadence import Cadence
-from navrl_daemon.stages.progress import ProgressLog
-from navrl_daemon.stages.trainer import IterationRecord
 from navrl_daemon.storage.atomic import write_atomic
 from navrl_daemon.storage.history import (
     DAEMON_FILE,

@@ -23,8 +23,8 @@ import anyio
 import structlog
 
 from navrl_daemon.config import CheckpointConfig
+from navrl_daemon.pipeline.messages import Snapshot
 from navrl_daemon.runtime.channels import Receiver
-from navrl_daemon.stages.messages import Snapshot
 from navrl_daemon.storage.checkpoint import (
     REJECTED,
     CheckpointDir,

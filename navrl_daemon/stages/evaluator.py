@@ -22,7 +22,7 @@ and a stop skips a video not yet drawn.
 With a curriculum (env/curriculum.py) it evaluates at the curriculum's current stage
 (`StageEvaluation` rebuilds the eval env when the stage changes; `eval.layout` still
 chooses the spawn rule), and its `on_result` feeds every result to the curriculum
-(stages/curriculum.py: `promote`), which decides promotions; the producer applies them
+(pipeline/curriculum.py: `promote`), which decides promotions; the producer applies them
 between rollouts.
 """
 
@@ -31,7 +31,7 @@ from __future__ import annotations
 import functools
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -41,13 +41,13 @@ import structlog
 
 from navrl_daemon.config import Config
 from navrl_daemon.env.curriculum import Curriculum
+from navrl_daemon.pipeline.messages import PolicyWeights
 from navrl_daemon.rl.evaluate import Progress, Trajectories, eval_rank
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.rl.training import Evaluations
 from navrl_daemon.runtime.channels import Receiver, Sender
 from navrl_daemon.runtime.compute import ComputeThread
 from navrl_daemon.runtime.supervisor import Shutdown
-from navrl_daemon.stages.messages import PolicyWeights
 from navrl_daemon.storage.atomic import write_atomic
 from navrl_daemon.storage.history import JsonLinesFile
 from navrl_daemon.storage.policy_file import save_policy_state
@@ -305,29 +305,3 @@ class StageEvaluation:
             cfg = self.cfg.model_copy(update={"env": self.curriculum.env_config(stage)})
             self._evaluations = (stage, Evaluations(cfg, self.device))
         return self._evaluations
-
-
-def read_results(path: Path) -> Iterator[dict[str, Any]]:
-    """The rows of `eval/results.jsonl` in order, skipping a torn last line (kill -9)."""
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return
-    for line in lines:
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict) and "iteration" in row:
-            yield row
-
-
-def eval_scores(path: Path) -> dict[int, float]:
-    """reach_goal by iteration from the earlier evaluations in `path` (keep_best)."""
-    scores: dict[int, float] = {}
-    for row in read_results(path):
-        try:
-            scores[int(row["iteration"])] = float(row["reach_goal"])
-        except (KeyError, TypeError, ValueError):
-            continue
-    return scores

@@ -29,15 +29,15 @@ import structlog
 import torch
 from tensordict import TensorDictBase
 
+from navrl_daemon.pipeline.cadence import Cadence
+from navrl_daemon.pipeline.export import export_policy
+from navrl_daemon.pipeline.messages import PolicyWeights, Snapshot
 from navrl_daemon.rl.bc import ACTION_KEY, BCLearner, beta_bc_loss
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.runtime.channels import Receiver, Sender
 from navrl_daemon.runtime.compute import ComputeThread
 from navrl_daemon.runtime.leases import Lease
 from navrl_daemon.runtime.supervisor import Shutdown
-from navrl_daemon.stages.cadence import Cadence
-from navrl_daemon.stages.export import export_policy
-from navrl_daemon.stages.messages import PolicyWeights, Snapshot
 from navrl_daemon.stages.trainer import Checkpointing, Trainer
 
 log = structlog.get_logger("trainer")

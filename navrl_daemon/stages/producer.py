@@ -7,15 +7,15 @@ goes to the trainer, and every `archive.interval`-th to the archiver too (the le
 shared between them); an exhausted lease pool is its backpressure. On stop it finishes
 the rollout in flight, hands it on, and closes its outputs.
 
-After each rollout whose update will be checkpointed (stages/cadence.py) it also captures
+After each rollout whose update will be checkpointed (pipeline/cadence.py) it also captures
 the collector's state (env, running TensorDict, RNGs) into the rollout it hands on: a
 checkpoint must pair the learner after update i with the collector right after rollout i,
 and only here is that moment known. When it stops, it sends the collector's final state
 to the trainer (`FinalCollectorState`) for the final checkpoint.
 
-Before each rollout the ranks agree (stages/coordinator.py; alone, the process agrees
+Before each rollout the ranks agree (pipeline/coordinator.py; alone, the process agrees
 with itself) whether to stop and at which curriculum stage to train, which the
-curriculum follower applies (stages/curriculum.py), so every rank stops after the same
+curriculum follower applies (pipeline/curriculum.py), so every rank stops after the same
 rollout and changes stage at the same one.
 
 With `pipeline.trainer_stream` (CUDA) the trainer runs on a stream of its own: the
@@ -35,16 +35,16 @@ import structlog
 import torch
 
 from navrl_daemon.ops.logging import FirstError
+from navrl_daemon.pipeline.cadence import Cadence, Position
+from navrl_daemon.pipeline.coordinator import Coordinator
+from navrl_daemon.pipeline.curriculum import CurriculumFollower, NoCurriculum
+from navrl_daemon.pipeline.messages import FinalCollectorState, PolicyWeights, Rollout
 from navrl_daemon.rl.snapshot import collector_state
 from navrl_daemon.rl.training import Collector
 from navrl_daemon.runtime.channels import Receiver, Sender
 from navrl_daemon.runtime.compute import ComputeThread
 from navrl_daemon.runtime.leases import Lease, LeasePool
 from navrl_daemon.runtime.supervisor import Shutdown
-from navrl_daemon.stages.cadence import Cadence, Position
-from navrl_daemon.stages.coordinator import Coordinator
-from navrl_daemon.stages.curriculum import CurriculumFollower, NoCurriculum
-from navrl_daemon.stages.messages import FinalCollectorState, PolicyWeights, Rollout
 
 log = structlog.get_logger("producer")
 

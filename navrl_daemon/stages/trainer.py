@@ -7,12 +7,12 @@ rollout channel ends (the producer stopped) the trainer has trained on every rol
 was handed; it then stages a final snapshot for the checkpoint writer, with the
 collector state the producer sent when it stopped (`FinalCollectorState`), and its flush
 exports the final policy in NavRL's layout (a failed export is logged, never fatal:
-stages/export.py).
+pipeline/export.py).
 
-Checkpoints: every `checkpoint.interval` updates (stages/cadence.py) the trainer stages its
+Checkpoints: every `checkpoint.interval` updates (pipeline/cadence.py) the trainer stages its
 learner state (host copies into reusable buffers, made off the training thread;
 storage/staging.py) together with the collector state the producer captured right after
-that rollout (stages/messages.py's `Rollout`), and
+that rollout (pipeline/messages.py's `Rollout`), and
 hands the snapshot to the writer's coalescing queue; it never waits for serialisation or
 disk, and waits for the copies only if its next update starts before they are done. Too
 many non-finite updates in a row roll the learner back to the newest valid checkpoint on
@@ -43,30 +43,18 @@ import structlog
 import torch
 
 from navrl_daemon.ops.logging import FirstError
+from navrl_daemon.ops.progress import IterationRecord
+from navrl_daemon.pipeline.cadence import Cadence
+from navrl_daemon.pipeline.export import export_policy
+from navrl_daemon.pipeline.messages import FinalCollectorState, PolicyWeights, Rollout, Snapshot
 from navrl_daemon.rl.snapshot import learner_state
 from navrl_daemon.rl.training import Learner, NonFiniteTraining
 from navrl_daemon.runtime.channels import Receiver, Sender
 from navrl_daemon.runtime.compute import ComputeThread
 from navrl_daemon.runtime.supervisor import Shutdown
-from navrl_daemon.stages.cadence import Cadence
-from navrl_daemon.stages.export import export_policy
-from navrl_daemon.stages.messages import FinalCollectorState, PolicyWeights, Rollout, Snapshot
 from navrl_daemon.storage.staging import SnapshotStaging
 
 log = structlog.get_logger("trainer")
-
-
-@dataclass(frozen=True)
-class IterationRecord:
-    # The policy version after this iteration's update: one update per iteration.
-    iteration: int
-    frames: int
-    policy_lag: int
-    collect_s: float
-    update_s: float
-    losses: dict[str, float]
-    episodes: tuple[torch.Tensor, torch.Tensor]
-    rolled_back: bool = False
 
 
 @dataclass
@@ -98,7 +86,7 @@ class TrainerContext:
     export_path: Path | None
     start_frames: int = 0
     # Loads the newest valid checkpoint's learner state into the learner after too
-    # many non-finite updates; returns its path (stages/coordinator.py).
+    # many non-finite updates; returns its path (pipeline/coordinator.py).
     rollback: Callable[[Learner], Path] | None = None
     # `pipeline.trainer_stream` on a CUDA device: the trainer's own stream.
     stream: torch.cuda.Stream | None = None

@@ -315,7 +315,7 @@ def load_checkpoint(
 
 
 # Whether a loaded checkpoint's contents fit the run that would use it: None, or why not.
-# The run composes it from its config (stages/resume.py `CheckpointFit`).
+# The run composes it from its config (pipeline/resume.py `CheckpointFit`).
 Accept = Callable[[CheckpointHeader, dict[str, Any]], "str | None"]
 
 
@@ -344,7 +344,7 @@ class CheckpointDir:
     """`STATE_DIR/checkpoints/`: the files on disk are the truth, MANIFEST.json a hint.
 
     A file counts as a checkpoint when it loads (magic, lengths, checksum, weights-only
-    load) and `accept` takes its contents (a run's config: stages/resume.py). Whether a
+    load) and `accept` takes its contents (a run's config: pipeline/resume.py). Whether a
     file counts is remembered per file version (inode, size, times), so each is read once.
     """
 

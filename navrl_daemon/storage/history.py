@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -139,3 +140,29 @@ def cut_rows(path: Path, iteration: int) -> int:
     if len(kept) < len(lines) or (lines and not path.read_bytes().endswith(b"\n")):
         write_atomic(path, "".join(line + "\n" for line in kept).encode())
     return len(lines) - len(kept)
+
+
+def read_results(path: Path) -> Iterator[dict[str, Any]]:
+    """The rows of `eval/results.jsonl` in order, skipping a torn last line (kill -9)."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and "iteration" in row:
+            yield row
+
+
+def eval_scores(path: Path) -> dict[int, float]:
+    """reach_goal by iteration from the earlier evaluations in `path` (keep_best)."""
+    scores: dict[int, float] = {}
+    for row in read_results(path):
+        try:
+            scores[int(row["iteration"])] = float(row["reach_goal"])
+        except (KeyError, TypeError, ValueError):
+            continue
+    return scores

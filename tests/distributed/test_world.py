@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from navrl_daemon.errors import ConfigError
+from navrl_daemon.pipeline.coordinator import collector_for_rank
 from navrl_daemon.rl.data_parallel import checksum
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.runtime.distributed import World
-from navrl_daemon.stages.coordinator import collector_for_rank
 
 
 def test_no_launcher_or_one_rank_is_the_plain_daemon() -> None:

@@ -25,11 +25,11 @@ from navrl_daemon.env.contract import (
     ResumableEnv,
 )
 from navrl_daemon.env.navigation import NavigationEnv
+from navrl_daemon.pipeline.resume import keep_levels
 from navrl_daemon.rl import captured_rollout, evaluate
 from navrl_daemon.rl.graphs import SameObjects
 from navrl_daemon.rl.snapshot import collector_state, restore_collector
-from navrl_daemon.stages.curriculum import use_stage
-from navrl_daemon.stages.resume import keep_levels
+from navrl_daemon.rl.stage_switch import use_stage
 
 CFG = EnvConfig(
     num_envs=4,

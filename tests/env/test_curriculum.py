@@ -344,7 +344,7 @@ def test_a_carried_switch_lets_the_episodes_in_flight_finish_then_spawns_the_new
     """With env.stage_switch = "episodes" the new stage's env takes over the old one's
     state and the running td: no episode restarts at the switch; each env's next episode
     starts by the new stage's rule (a crossing: on the border). "reset" restarts all."""
-    from navrl_daemon.stages.curriculum import use_stage
+    from navrl_daemon.rl.stage_switch import use_stage
 
     half = 10.0 / 2  # TINY's field
     for switch in ("episodes", "reset"):

@@ -182,10 +182,10 @@ def test_a_finished_trainer_leaves_no_copier_thread_behind() -> None:
     (an in-process caller running the daemon again and again would pile them up)."""
     import anyio
 
+    from navrl_daemon.pipeline.cadence import Cadence
     from navrl_daemon.runtime.channels import Channel
     from navrl_daemon.runtime.compute import ComputeThread
     from navrl_daemon.runtime.supervisor import Shutdown
-    from navrl_daemon.stages.cadence import Cadence
     from navrl_daemon.stages.trainer import Checkpointing, Trainer, TrainerContext
 
     training = Training.build(tiny(), "cpu")

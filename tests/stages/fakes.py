@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
+from navrl_daemon.pipeline.coordinator import SingleProcess
 from navrl_daemon.rl.rollout import EpisodeStats
-from navrl_daemon.stages.coordinator import SingleProcess
 
 
 class CountingEnv:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from navrl_daemon.config import load_config
-from navrl_daemon.stages.cadence import Cadence
+from navrl_daemon.pipeline.cadence import Cadence
 
 
 def test_intervals_count_versions_and_rollouts_and_zero_means_never() -> None:

@@ -10,9 +10,9 @@ import structlog
 import torch
 
 from navrl_daemon.config import CheckpointConfig
+from navrl_daemon.pipeline.messages import Snapshot
 from navrl_daemon.runtime.channels import Channel, Overflow
 from navrl_daemon.stages.checkpoint_writer import CheckpointWriter
-from navrl_daemon.stages.messages import Snapshot
 from navrl_daemon.storage.checkpoint import CheckpointDir, load_checkpoint
 from navrl_daemon.storage.staging import SnapshotStaging
 

@@ -20,6 +20,7 @@ import anyio
 import pytest
 import torch
 
+from navrl_daemon.pipeline.messages import PolicyWeights
 from navrl_daemon.rl.evaluate import Progress
 from navrl_daemon.runtime.channels import Channel
 from navrl_daemon.runtime.compute import ComputeThread
@@ -30,10 +31,8 @@ from navrl_daemon.stages.evaluator import (
     Evaluator,
     EvaluatorContext,
     EvaluatorEvents,
-    eval_scores,
-    read_results,
 )
-from navrl_daemon.stages.messages import PolicyWeights
+from navrl_daemon.storage.history import eval_scores, read_results
 
 
 @pytest.fixture

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from navrl_daemon.stages.progress import ProgressLog
-from navrl_daemon.stages.trainer import IterationRecord
+from navrl_daemon.ops.progress import IterationRecord, ProgressLog
 
 
 def record(iteration: int, losses: dict[str, float], rolled_back: bool = False) -> IterationRecord:

@@ -18,12 +18,12 @@ import pytest
 import structlog
 import torch
 
+from navrl_daemon.pipeline.cadence import Cadence
+from navrl_daemon.pipeline.messages import FinalCollectorState, PolicyWeights, Rollout, Snapshot
 from navrl_daemon.runtime.channels import Channel
 from navrl_daemon.runtime.compute import ComputeThread
 from navrl_daemon.runtime.leases import LeasePool
 from navrl_daemon.runtime.supervisor import Shutdown
-from navrl_daemon.stages.cadence import Cadence
-from navrl_daemon.stages.messages import FinalCollectorState, PolicyWeights, Rollout, Snapshot
 from navrl_daemon.stages.trainer import (
     Checkpointing,
     IterationRecord,

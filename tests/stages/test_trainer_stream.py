@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from navrl_daemon.config import Config, load_config
+from navrl_daemon.ops.progress import IterationRecord
 from navrl_daemon.pipeline.daemon import serve
-from navrl_daemon.stages.trainer import IterationRecord
 from navrl_daemon.storage.policy_file import load_policy_state
 from tests.conftest import TINY, trainer_for
 

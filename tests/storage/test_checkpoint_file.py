@@ -418,7 +418,7 @@ def test_junk_files_never_take_keep_last_places_and_are_moved_aside(tmp_path):
 
 
 def test_files_the_run_does_not_accept_count_as_invalid(tmp_path):
-    """`accept` (a run's check of the contents: stages/resume.py) counts like the
+    """`accept` (a run's check of the contents: pipeline/resume.py) counts like the
     container checks: newest_valid skips, verify names, prune moves such a file aside."""
 
     def accept(header, state):

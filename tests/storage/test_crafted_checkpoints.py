@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from navrl_daemon.errors import DataError
-from navrl_daemon.stages.resume import newest_checkpoint
+from navrl_daemon.pipeline.resume import newest_checkpoint
 from navrl_daemon.storage import checkpoint
 from navrl_daemon.storage.checkpoint import (
     REJECTED,

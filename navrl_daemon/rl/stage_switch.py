@@ -1,0 +1,27 @@
+"""The collector onto another curriculum stage's env: reset, or carrying the episodes in
+flight over (env/curriculum.py builds the env; stages/curriculum.py says when)."""
+
+from __future__ import annotations
+
+from navrl_daemon.env.contract import ResumableEnv
+from navrl_daemon.env.curriculum import Curriculum
+from navrl_daemon.rl.training import Collector
+
+
+def use_stage(
+    collector: Collector, curriculum: Curriculum, stage: int, carry: bool = False
+) -> bool:
+    """Put the collector on a fresh env of curriculum `stage`: reset, or with `carry`
+    holding the episodes in flight (the old env's whole state copied in, the running td
+    kept), which then end by the new stage's rules and start its episodes at their next
+    reset. A backend that is no `ResumableEnv` resets. Returns whether episodes carried."""
+    old = collector.env
+    env = curriculum.build_env(stage, device=old.device, seed=collector.cfg.run.seed, previous=old)
+    carried = False
+    if carry and isinstance(old, ResumableEnv) and isinstance(env, ResumableEnv):
+        env.load_state_dict_env(old.state_dict_env())
+        collector.env, carried = env, True
+    else:
+        collector.env, collector.td = env, env.reset()
+    curriculum.applied = stage
+    return carried
