@@ -37,7 +37,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from navrl_daemon.config import load_config
 from navrl_daemon.env.contract import CapturableEnv
-from navrl_daemon.rl.training import Collector, make_policy
+from navrl_daemon.rl.collector import Collector
+from navrl_daemon.rl.policy import make_policy
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))

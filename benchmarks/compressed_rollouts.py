@@ -32,7 +32,8 @@ from pipeline_overhead import alternate, daemon, make_config, parse_or_run_one, 
 
 from navrl_daemon.ops.logging import configure_logging
 from navrl_daemon.rl import ppo
-from navrl_daemon.rl.training import Learner, Training
+from navrl_daemon.rl.learner import Learner
+from navrl_daemon.rl.training import Training
 from navrl_daemon.storage.compressed_rollout import CompressedMinibatches
 
 VARIANTS = {

@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from navrl_daemon.ops.curves import first_at_bar
+from navrl_daemon.analysis.curves import first_at_bar
 from navrl_daemon.storage.history import HISTORY_FILE, RESULTS_FILE, read_jsonl
 
 EXIT_DATAERR = 65  # sysexits' EX_DATAERR, the daemon's "bad data"

@@ -1,6 +1,6 @@
 """What a trained policy has learned (issue #23): NavRL's evaluation of saved policies on
 the maps they trained on and on maps they never saw, at several densities and spawn
-layouts, with the LiDAR-use probe and path statistics (rl/probes.py), as JSON.
+layouts, with the LiDAR-use probe and path statistics (analysis/probes.py), as JSON.
 
 Each row is one (checkpoint, pillars, layout, maps) evaluation:
 - pillars `K` builds maps of K pillars (a curriculum stage's maps are drawn that way);
@@ -45,11 +45,7 @@ from typing import Any
 
 import torch
 
-from navrl_daemon.config import Config, load_config
-from navrl_daemon.env import make_env
-from navrl_daemon.rl.eval_config import eval_steps
-from navrl_daemon.rl.evaluate import evaluate_outcomes, evaluate_recorded
-from navrl_daemon.rl.probes import (
+from navrl_daemon.analysis.probes import (
     collision_approach,
     collision_hazard,
     goal_distance_use,
@@ -59,7 +55,11 @@ from navrl_daemon.rl.probes import (
     pillar_pass,
     pillar_pass_env,
 )
-from navrl_daemon.rl.training import make_policy
+from navrl_daemon.config import Config, load_config
+from navrl_daemon.env import make_env
+from navrl_daemon.rl.eval_config import eval_steps
+from navrl_daemon.rl.evaluate import evaluate_outcomes, evaluate_recorded
+from navrl_daemon.rl.policy import make_policy
 from navrl_daemon.storage.policy_file import check_policy_layout, load_any_policy
 
 
@@ -222,7 +222,7 @@ def main() -> None:
         "--pillar-pass",
         action="store_true",
         help="also fly the scripted scene of one pillar on the goal line, shifted sideways "
-        "(rl/probes.py pillar_pass): collisions, the shortest beam and the side passed",
+        "(analysis/probes.py pillar_pass): collisions, the shortest beam and the side passed",
     )
     p.add_argument("--out", type=Path)
     p.add_argument("overrides", nargs="*", help="KEY=VALUE config overrides")

@@ -45,7 +45,7 @@ The final export and NavRL's checkpoint fly the same drones (the evaluation is
 deterministic), so they are also compared drone by drone: `paired_with_navrl` (on the
 training maps and held out) gives, for reach_goal and collision, both shares, the export's
 minus NavRL's with its paired 95 % interval, the drones only one of them reached (or
-collided on) and McNemar's exact p-value (navrl_daemon/ops/paired.py). Where both fail
+collided on) and McNemar's exact p-value (navrl_daemon/analysis/paired.py). Where both fail
 the same hard crossings the paired interval is narrower than two separate ones. Every
 evaluation there also keeps its drones' outcomes (`outcomes`, one of "RCOT" per drone).
 
@@ -102,10 +102,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from navrl_daemon.analysis.curves import at_bar, first_at_bar
+from navrl_daemon.analysis.paired import compare_outcomes
 from navrl_daemon.config import Config, load_config
-from navrl_daemon.ops.curves import at_bar, first_at_bar
 from navrl_daemon.ops.intervals import share_interval
-from navrl_daemon.ops.paired import compare_outcomes
 from navrl_daemon.rl.eval_config import eval_steps, evaluation_key
 from navrl_daemon.storage.checkpoint import CheckpointDir, checkpoint_iteration
 from navrl_daemon.storage.history import DAEMON_FILE, HISTORY_FILE, RESULTS_FILE, cut_rows
@@ -236,8 +236,8 @@ def evaluate_policy(
     import torch
 
     from navrl_daemon.rl.evaluate import evaluate_outcomes
-    from navrl_daemon.rl.policy import navrl_layout
-    from navrl_daemon.rl.training import make_eval_env, make_policy
+    from navrl_daemon.rl.evaluations import make_eval_env
+    from navrl_daemon.rl.policy import make_policy, navrl_layout
     from navrl_daemon.storage.policy_file import check_policy_layout
 
     device = torch.device(cfg.run.device if cfg.run.device != "auto" else "cpu")

@@ -27,8 +27,9 @@ import torch
 from machine import device_fields  # benchmarks/machine.py, beside this script
 
 from navrl_daemon.config import load_config
+from navrl_daemon.rl.collector import Collector
 from navrl_daemon.rl.graphs import capture_graph
-from navrl_daemon.rl.training import Collector, make_policy
+from navrl_daemon.rl.policy import make_policy
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -3,7 +3,7 @@
 `benchmarks/diagnose.py` keeps every row's per-drone outcomes. Two checkpoints' rows with
 the same pillars, layout, maps (seed and count) and evaluation (drones, step cap, seed)
 flew the same drones, so their reach_goal and collision compare pairwise
-(navrl_daemon/ops/paired.py): the difference with its paired 95 % interval, the drones
+(navrl_daemon/analysis/paired.py): the difference with its paired 95 % interval, the drones
 only one of them reached, McNemar's exact p-value. Every checkpoint whose path contains
 `--against` (e.g. `navrl_checkpoint`) is the baseline B; every other checkpoint is A and
 is compared with it on each row they share. Files may come from several diagnose.py
@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from navrl_daemon.ops.paired import compare_outcomes
+from navrl_daemon.analysis.paired import compare_outcomes
 
 EXIT_DATAERR = 65  # sysexits' EX_DATAERR, the daemon's "bad data"
 ROW_KEY = ("pillars", "layout", "maps_seed", "maps_count")

@@ -27,7 +27,8 @@ from PIL import Image
 from navrl_daemon.config import load_config
 from navrl_daemon.ops.video import FPS, encode_gif, frames
 from navrl_daemon.rl.evaluate import evaluate_recorded
-from navrl_daemon.rl.training import make_eval_env, make_policy
+from navrl_daemon.rl.evaluations import make_eval_env
+from navrl_daemon.rl.policy import make_policy
 
 SCENE = [
     "run.device=cpu",

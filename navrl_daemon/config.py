@@ -1006,7 +1006,7 @@ def resolve_update_path(
     "auto" is "cuda_graph" on a CUDA device ("fused" where only the graph is ruled out)
     and "eager" otherwise; an explicit fast path
     that cannot run is a ConfigError (exit 78), never a silent fallback. The config applies
-    it at load time; the learner (rl/training.py) again with what it is built with.
+    it at load time; the learner (rl/learner.py) again with what it is built with.
     """
     if requested == "auto":
         if device_type != "cuda" or why_not is not None:

@@ -1,5 +1,5 @@
 """`navrl-daemon eval --against`: two policies flown on the same drones, compared drone by
-drone (navrl_daemon/ops/paired.py), as a user runs it."""
+drone (navrl_daemon/analysis/paired.py), as a user runs it."""
 
 from __future__ import annotations
 

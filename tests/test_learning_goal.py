@@ -7,7 +7,7 @@ import importlib.util
 import torch
 
 from navrl_daemon.config import Config, load_config
-from navrl_daemon.rl.training import make_eval_env
+from navrl_daemon.rl.evaluations import make_eval_env
 from tests.conftest import REPO, TINY
 
 _spec = importlib.util.spec_from_file_location("learning_bench", REPO / "benchmarks/learning.py")

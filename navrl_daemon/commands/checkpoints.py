@@ -191,8 +191,7 @@ def handle_verify(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def handle_export(cfg: Config, args: argparse.Namespace) -> int:
-    from navrl_daemon.rl.policy import navrl_layout
-    from navrl_daemon.rl.training import make_policy
+    from navrl_daemon.rl.policy import make_policy, navrl_layout
     from navrl_daemon.storage.policy_file import check_policy_layout, save_policy_state
 
     if args.checkpoint is not None:
@@ -241,7 +240,7 @@ def _chosen_checkpoint(cfg: Config, args: argparse.Namespace) -> tuple[Path, Any
 
 def handle_import(cfg: Config, args: argparse.Namespace) -> int:
     from navrl_daemon.pipeline.resume import WARM_START, library_versions
-    from navrl_daemon.rl.training import make_policy
+    from navrl_daemon.rl.policy import make_policy
     from navrl_daemon.runtime.lock import StateDirLock
     from navrl_daemon.storage.policy_file import check_policy_layout, load_policy_state
 

@@ -75,7 +75,8 @@ def register(sub: Any) -> None:
 def handle(cfg: Config, args: argparse.Namespace) -> int:
     from navrl_daemon.rl.eval_config import eval_steps
     from navrl_daemon.rl.evaluate import Evaluation
-    from navrl_daemon.rl.training import make_eval_env, make_policy
+    from navrl_daemon.rl.evaluations import make_eval_env
+    from navrl_daemon.rl.policy import make_policy
     from navrl_daemon.storage.policy_file import check_policy_layout, load_any_policy_state
 
     if args.episodes is not None and args.episodes < 1:
@@ -206,8 +207,8 @@ def _paired(
     evaluation: Any, policy: Any, other: Any, other_path: Path, drones: int
 ) -> dict[str, Any]:
     """Both policies flown by one `Evaluation` (the same drones), compared drone by drone:
-    the policy's results and outcomes, `against` (the other's), `paired` (ops/paired.py)."""
-    from navrl_daemon.ops.paired import compare_outcomes
+    the policy's results and outcomes, `against` (the other's), `paired` (analysis/paired.py)."""
+    from navrl_daemon.analysis.paired import compare_outcomes
 
     flown = []
     for one in (policy, other):
@@ -332,11 +333,11 @@ class _progress_bar:
 
 
 def _probe(cfg: Config, env: Any, policy: Any) -> dict[str, Any]:
-    """rl/probes.py on this evaluation: LiDAR use, and path statistics per outcome."""
+    """analysis/probes.py on this evaluation: LiDAR use, and path statistics per outcome."""
+    from navrl_daemon.analysis.probes import lidar_use, path_stats
     from navrl_daemon.env.navigation import NavigationEnv
     from navrl_daemon.rl.eval_config import eval_steps
     from navrl_daemon.rl.evaluate import evaluate_recorded
-    from navrl_daemon.rl.probes import lidar_use, path_stats
 
     if not isinstance(env, NavigationEnv):
         raise UsageError(f"--probe needs env.backend = 'navigation', not {cfg.env.backend!r}")

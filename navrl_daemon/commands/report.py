@@ -25,7 +25,7 @@ from navrl_daemon.storage.history import HISTORY_FILE, read_jsonl
 from navrl_daemon.storage.run_config import earlier_configs
 
 if TYPE_CHECKING:
-    from navrl_daemon.ops.report import RunRecords
+    from navrl_daemon.analysis.report import RunRecords
 
 RESULTS_FILE = Path("eval") / "results.jsonl"
 
@@ -45,7 +45,7 @@ def register(sub: Any) -> None:
 
 
 def handle(cfg: Config, args: argparse.Namespace) -> int:
-    from navrl_daemon.ops.report import RunRecords, learning_curves, render_html
+    from navrl_daemon.analysis.report import RunRecords, learning_curves, render_html
 
     root = state_dir(cfg, args)
     if args.episodes is not None and args.episodes < 1:
@@ -158,7 +158,8 @@ def _replay(cfg: Config, checkpoint: Path) -> tuple[bytes | None, bytes | None, 
     from navrl_daemon.ops.video import gif_bytes
     from navrl_daemon.rl.eval_config import eval_steps
     from navrl_daemon.rl.evaluate import evaluate_recorded
-    from navrl_daemon.rl.training import make_eval_env, make_policy
+    from navrl_daemon.rl.evaluations import make_eval_env
+    from navrl_daemon.rl.policy import make_policy
     from navrl_daemon.storage.policy_file import check_policy_layout, load_any_policy_state
 
     policy = make_policy(cfg, "cpu")

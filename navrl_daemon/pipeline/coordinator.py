@@ -21,7 +21,7 @@ import torch
 
 from navrl_daemon.pipeline import resume
 from navrl_daemon.rl.data_parallel import DataParallel
-from navrl_daemon.rl.training import Learner
+from navrl_daemon.rl.learner import Learner
 from navrl_daemon.runtime.distributed import World
 from navrl_daemon.storage.checkpoint import CheckpointDir
 

@@ -21,8 +21,8 @@ from typing import Any
 import structlog
 
 from navrl_daemon.env.curriculum import Curriculum
+from navrl_daemon.rl.collector import Collector
 from navrl_daemon.rl.stage_switch import use_stage
-from navrl_daemon.rl.training import Collector
 from navrl_daemon.runtime.compute import ComputeThread
 
 log = structlog.get_logger("curriculum")

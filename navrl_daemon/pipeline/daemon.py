@@ -43,15 +43,10 @@ from navrl_daemon.pipeline.ranks import Ranks
 from navrl_daemon.pipeline.telemetry import Telemetry
 from navrl_daemon.rl import ppo
 from navrl_daemon.rl.captured_rollout import CapturedRollout
-from navrl_daemon.rl.policy import NavRLPolicy
-from navrl_daemon.rl.training import (
-    Collector,
-    Evaluations,
-    Learner,
-    acting_copy,
-    make_policy,
-    rollout_memory,
-)
+from navrl_daemon.rl.collector import Collector, rollout_memory
+from navrl_daemon.rl.evaluations import Evaluations
+from navrl_daemon.rl.learner import Learner
+from navrl_daemon.rl.policy import NavRLPolicy, acting_copy, make_policy
 from navrl_daemon.runtime import memory
 from navrl_daemon.runtime.channels import Channel, Overflow, Sender
 from navrl_daemon.runtime.compute import ComputeThreads

@@ -39,7 +39,8 @@ from navrl_daemon.pipeline.telemetry import Telemetry
 from navrl_daemon.rl.bc import BCLearner, ImageJointPolicy
 from navrl_daemon.rl.eval_config import eval_steps
 from navrl_daemon.rl.evaluate import evaluate
-from navrl_daemon.rl.training import acting_copy, make_eval_env, make_policy
+from navrl_daemon.rl.evaluations import make_eval_env
+from navrl_daemon.rl.policy import acting_copy, make_policy
 from navrl_daemon.runtime.channels import Channel, Overflow
 from navrl_daemon.runtime.leases import Lease
 from navrl_daemon.runtime.supervisor import Stage

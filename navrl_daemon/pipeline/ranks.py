@@ -32,8 +32,8 @@ from navrl_daemon.errors import DataError
 from navrl_daemon.pipeline import resume
 from navrl_daemon.pipeline.coordinator import Found
 from navrl_daemon.rl.data_parallel import DataParallel
+from navrl_daemon.rl.learner import Learner
 from navrl_daemon.rl.snapshot import learner_state, restore_learner
-from navrl_daemon.rl.training import Learner
 from navrl_daemon.runtime.distributed import World
 from navrl_daemon.storage.checkpoint import CheckpointDir
 

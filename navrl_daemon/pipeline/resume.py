@@ -28,7 +28,9 @@ from navrl_daemon.config import Config
 from navrl_daemon.env.contract import DensityLevels
 from navrl_daemon.env.curriculum import Curriculum
 from navrl_daemon.errors import ConfigError, DataError
-from navrl_daemon.rl.policy import has_own_critic
+from navrl_daemon.rl.collector import Collector
+from navrl_daemon.rl.learner import Learner
+from navrl_daemon.rl.policy import has_own_critic, make_policy
 from navrl_daemon.rl.ppo import make_optimizers
 from navrl_daemon.rl.snapshot import (
     SNAPSHOT_VERSION,
@@ -37,7 +39,6 @@ from navrl_daemon.rl.snapshot import (
     saved_optimizer,
 )
 from navrl_daemon.rl.stage_switch import use_stage
-from navrl_daemon.rl.training import Collector, Learner, make_policy
 from navrl_daemon.storage.checkpoint import (
     REJECTED,
     CheckpointDir,

@@ -17,7 +17,7 @@ def eval_steps(cfg: Config) -> int:
 
 
 def eval_env_config(cfg: Config) -> EnvConfig:
-    """The env section as the evaluation flies it (see rl/training.py: `make_eval_env`)."""
+    """The env section as the evaluation flies it (see rl/evaluations.py: `make_eval_env`)."""
     return cfg.env.model_copy(
         update={
             "map_levels": [],

@@ -72,7 +72,7 @@ class Trajectories:
 
     def codes(self) -> str:
         """`outcomes` one character per drone, as `outcome_codes` writes an evaluation's
-        (the first letters of OUTCOMES): the string `ops/paired.py` compares."""
+        (the first letters of OUTCOMES): the string `analysis/paired.py` compares."""
         return "".join(name[0].upper() for name in self.outcomes())
 
 
@@ -181,7 +181,7 @@ class Evaluation:
     def outcomes(self) -> str:
         """The last evaluation's outcome per drone (`outcome_codes`): which drones it
         failed, so two policies flown on the same drones compare drone by drone
-        (`ops/paired.py`)."""
+        (`analysis/paired.py`)."""
         with self._own_stream():  # the stream the buffers were written on
             return outcome_codes(self._first, self._last, self._finished)
 

@@ -11,6 +11,7 @@ to the same 37 keys.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,6 +21,7 @@ from tensordict import TensorDictBase
 from torch import nn
 from torch.distributions import Beta, Independent
 
+from navrl_daemon.config import Config
 from navrl_daemon.rl.gae import GAE
 from navrl_daemon.rl.value_norm import ValueNorm
 
@@ -296,3 +298,19 @@ def sample_beta(dist: Independent, generator: torch.Generator | None) -> torch.T
     beta = dist.base_dist
     concentration = torch.stack((beta.concentration1, beta.concentration0), -1)
     return torch._sample_dirichlet(concentration, generator=generator).select(-1, 0)
+
+
+def make_policy(cfg: Config, device: torch.device | str) -> NavRLPolicy:
+    return NavRLPolicy(
+        action_limit=cfg.env.action_limit,
+        gamma=cfg.ppo.gamma,
+        lmbda=cfg.ppo.lmbda,
+        separate_critic=cfg.ppo.separate_critic,
+    ).to(device)
+
+
+def acting_copy(policy: NavRLPolicy) -> NavRLPolicy:
+    """A separate policy for collection or evaluation that weights are copied into."""
+    clone = copy.deepcopy(policy)
+    clone.requires_grad_(False)
+    return clone

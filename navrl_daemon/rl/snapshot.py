@@ -25,9 +25,10 @@ from tensordict import TensorDict, TensorDictBase
 
 from navrl_daemon.env.contract import ResumableEnv
 from navrl_daemon.host_copy import host_copy
+from navrl_daemon.rl.collector import Collector
+from navrl_daemon.rl.learner import Learner
 from navrl_daemon.rl.policy import has_own_critic
 from navrl_daemon.rl.ppo import CRITIC_EXTRACTOR_OPT, learning_rates
-from navrl_daemon.rl.training import Collector, Learner
 
 SNAPSHOT_VERSION = 1
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from navrl_daemon.env.contract import ResumableEnv
 from navrl_daemon.env.curriculum import Curriculum
-from navrl_daemon.rl.training import Collector
+from navrl_daemon.rl.collector import Collector
 
 
 def use_stage(

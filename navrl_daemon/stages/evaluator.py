@@ -43,8 +43,8 @@ from navrl_daemon.config import Config
 from navrl_daemon.env.curriculum import Curriculum
 from navrl_daemon.pipeline.messages import PolicyWeights
 from navrl_daemon.rl.evaluate import Progress, Trajectories, eval_rank
+from navrl_daemon.rl.evaluations import Evaluations
 from navrl_daemon.rl.policy import NavRLPolicy
-from navrl_daemon.rl.training import Evaluations
 from navrl_daemon.runtime.channels import Receiver, Sender
 from navrl_daemon.runtime.compute import ComputeThread
 from navrl_daemon.runtime.supervisor import Shutdown

@@ -39,8 +39,8 @@ from navrl_daemon.pipeline.cadence import Cadence, Position
 from navrl_daemon.pipeline.coordinator import Coordinator
 from navrl_daemon.pipeline.curriculum import CurriculumFollower, NoCurriculum
 from navrl_daemon.pipeline.messages import FinalCollectorState, PolicyWeights, Rollout
+from navrl_daemon.rl.collector import Collector
 from navrl_daemon.rl.snapshot import collector_state
-from navrl_daemon.rl.training import Collector
 from navrl_daemon.runtime.channels import Receiver, Sender
 from navrl_daemon.runtime.compute import ComputeThread
 from navrl_daemon.runtime.leases import Lease, LeasePool

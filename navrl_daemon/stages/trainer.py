@@ -47,8 +47,8 @@ from navrl_daemon.ops.progress import IterationRecord
 from navrl_daemon.pipeline.cadence import Cadence
 from navrl_daemon.pipeline.export import export_policy
 from navrl_daemon.pipeline.messages import FinalCollectorState, PolicyWeights, Rollout, Snapshot
+from navrl_daemon.rl.learner import Learner, NonFiniteTraining
 from navrl_daemon.rl.snapshot import learner_state
-from navrl_daemon.rl.training import Learner, NonFiniteTraining
 from navrl_daemon.runtime.channels import Receiver, Sender
 from navrl_daemon.runtime.compute import ComputeThread
 from navrl_daemon.runtime.supervisor import Shutdown

@@ -16,7 +16,8 @@ import torch
 
 from navrl_daemon.config import load_config
 from navrl_daemon.rl import ppo
-from navrl_daemon.rl.training import Training, make_policy
+from navrl_daemon.rl.policy import make_policy
+from navrl_daemon.rl.training import Training
 from tests.distributed.ranks import free_port, rank_env
 
 OVERRIDES = [

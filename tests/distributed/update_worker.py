@@ -18,7 +18,7 @@ import torch.distributed as dist
 from navrl_daemon.config import load_config
 from navrl_daemon.rl import ppo
 from navrl_daemon.rl.data_parallel import DataParallel, RanksDiverged
-from navrl_daemon.rl.training import make_policy
+from navrl_daemon.rl.policy import make_policy
 
 
 def main(directory: Path) -> None:

@@ -232,7 +232,7 @@ def test_a_stage_of_short_episodes_is_evaluated_for_eval_max_steps() -> None:
     """A stage may train on short episodes; an `eval.max_steps` above them still evaluates
     episodes that long (NavRL's crossing needs its whole 2,200 steps). Without it, the
     stage's own episode length holds."""
-    from navrl_daemon.rl.training import make_policy
+    from navrl_daemon.rl.policy import make_policy
     from navrl_daemon.stages.evaluator import StageEvaluation
 
     short = (
@@ -256,7 +256,7 @@ def test_a_stage_evaluation_tells_progress_on_both_map_sets() -> None:
     training maps' and the held-out maps' evaluations, and an exception it raises ends
     the evaluation there."""
     from navrl_daemon.rl.evaluate import CHECK_EVERY
-    from navrl_daemon.rl.training import make_policy
+    from navrl_daemon.rl.policy import make_policy
     from navrl_daemon.stages.evaluator import StageEvaluation
 
     stages = 'env.curriculum=[{name = "a", promote = {reach_goal = 0.5}}, {}]'

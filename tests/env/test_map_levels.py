@@ -11,8 +11,8 @@ from tensordict import TensorDict
 from navrl_daemon.config import load_config
 from navrl_daemon.env.navigation import STAT_KEYS, NavigationEnv
 from navrl_daemon.rl.eval_config import evaluation_key
+from navrl_daemon.rl.evaluations import Evaluations, make_eval_env
 from navrl_daemon.rl.policy import NavRLPolicy
-from navrl_daemon.rl.training import Evaluations, make_eval_env
 from tests.conftest import navrl_cli
 
 LEVELS = [0, 10, 30, 60]

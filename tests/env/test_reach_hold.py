@@ -8,7 +8,7 @@ import torch
 
 from navrl_daemon.config import load_config
 from navrl_daemon.env.navigation import REACH_RADIUS, STAT_KEYS, NavigationEnv
-from navrl_daemon.rl.training import make_eval_env
+from navrl_daemon.rl.evaluations import make_eval_env
 from tests.conftest import navrl_cli
 
 ACTION = ("agents", "action")

@@ -10,8 +10,8 @@ import torch
 from navrl_daemon.config import EnvConfig
 from navrl_daemon.env import NavigationEnv, make_env
 from navrl_daemon.rl.eval_config import evaluation_key
+from navrl_daemon.rl.evaluations import Evaluations
 from navrl_daemon.rl.policy import NavRLPolicy
-from navrl_daemon.rl.training import Evaluations
 from tests.conftest import navrl_cli
 from tests.env.test_map_levels import small
 

@@ -16,7 +16,8 @@ from PIL import Image
 from navrl_daemon.config import load_config
 from navrl_daemon.ops.tensorboard import VIDEO_TAG
 from navrl_daemon.ops.video import SIZE_PX
-from navrl_daemon.rl.training import Evaluations, make_policy
+from navrl_daemon.rl.evaluations import Evaluations
+from navrl_daemon.rl.policy import make_policy
 from tests.conftest import TINY, navrl_cli
 
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")

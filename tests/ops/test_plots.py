@@ -21,8 +21,9 @@ from navrl_daemon.ops.plots import (
 )
 from navrl_daemon.rl.eval_config import eval_steps
 from navrl_daemon.rl.evaluate import evaluate, evaluate_recorded
+from navrl_daemon.rl.evaluations import make_eval_env
+from navrl_daemon.rl.policy import make_policy
 from navrl_daemon.rl.rollout import STAT_KEYS
-from navrl_daemon.rl.training import make_eval_env, make_policy
 from navrl_daemon.storage.policy_file import load_any_policy_state
 from tests.conftest import REPO, TINY, navrl_cli
 

@@ -14,7 +14,8 @@ from navrl_daemon.config import load_config
 from navrl_daemon.ops.plots import DYNAMIC_COLOUR, OUTCOME_COLOURS
 from navrl_daemon.ops.video import MAX_FRAMES, SIZE_PX, frames, gif_bytes
 from navrl_daemon.rl.evaluate import Trajectories, evaluate_recorded
-from navrl_daemon.rl.training import make_eval_env, make_policy
+from navrl_daemon.rl.evaluations import make_eval_env
+from navrl_daemon.rl.policy import make_policy
 from tests.conftest import TINY
 
 

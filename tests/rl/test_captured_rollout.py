@@ -18,10 +18,10 @@ from tensordict import TensorDictBase
 from navrl_daemon.config import Config, load_config
 from navrl_daemon.env import make_env
 from navrl_daemon.rl.captured_rollout import CapturedRollout
+from navrl_daemon.rl.collector import Collector
 from navrl_daemon.rl.graphs import cuda_capture, traced_capture
-from navrl_daemon.rl.policy import NavRLPolicy, sample_beta
+from navrl_daemon.rl.policy import NavRLPolicy, make_policy, sample_beta
 from navrl_daemon.rl.rollout import collect
-from navrl_daemon.rl.training import Collector, make_policy
 from tests.host_reads import CountHostReads, HostData
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")

@@ -6,7 +6,8 @@ import torch
 
 from navrl_daemon.config import load_config
 from navrl_daemon.rl.evaluate import evaluate
-from navrl_daemon.rl.training import make_eval_env, make_policy
+from navrl_daemon.rl.evaluations import make_eval_env
+from navrl_daemon.rl.policy import make_policy
 from tests.conftest import TINY
 
 

@@ -9,8 +9,9 @@ import torch
 
 from navrl_daemon.config import Config, load_config
 from navrl_daemon.rl.evaluate import Evaluation, evaluate, evaluate_outcomes, evaluate_recorded
+from navrl_daemon.rl.evaluations import make_eval_env
 from navrl_daemon.rl.graphs import traced_capture
-from navrl_daemon.rl.training import make_eval_env, make_policy
+from navrl_daemon.rl.policy import make_policy
 from tests.host_reads import HostData
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")

@@ -17,8 +17,8 @@ from navrl_daemon.config import Config, PPOConfig, resolve_update_path
 from navrl_daemon.errors import ConfigError
 from navrl_daemon.rl import fast_update, ppo
 from navrl_daemon.rl.fast_update import EagerUpdate, FastUpdate, resolve
+from navrl_daemon.rl.learner import Learner
 from navrl_daemon.rl.policy import NavRLPolicy
-from navrl_daemon.rl.training import Learner
 from tests.host_reads import CountHostReads
 
 SMALL = PPOConfig(epochs=2, minibatches=4)

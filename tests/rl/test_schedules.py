@@ -14,9 +14,9 @@ from tensordict import TensorDict
 from navrl_daemon.config import Config, load_config
 from navrl_daemon.errors import ConfigError
 from navrl_daemon.rl import ppo, schedules
+from navrl_daemon.rl.learner import Learner
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.rl.snapshot import learner_state, restore_learner
-from navrl_daemon.rl.training import Learner
 from tests.conftest import navrl_cli
 from tests.test_resume import exported
 from tests.test_resume import run as run_daemon

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from navrl_daemon.config import load_config
+from navrl_daemon.rl.learner import NonFiniteTraining
 from navrl_daemon.rl.snapshot import (
     collector_state,
     learner_state,
@@ -19,7 +20,7 @@ from navrl_daemon.rl.snapshot import (
     restore_rng,
     rng_state,
 )
-from navrl_daemon.rl.training import NonFiniteTraining, Training
+from navrl_daemon.rl.training import Training
 from navrl_daemon.storage.staging import SnapshotStaging
 from tests.conftest import TINY, trainer_for
 

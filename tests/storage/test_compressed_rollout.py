@@ -13,7 +13,8 @@ import torch
 from navrl_daemon.config import load_config
 from navrl_daemon.errors import ConfigError
 from navrl_daemon.rl import ppo
-from navrl_daemon.rl.training import Learner, Training
+from navrl_daemon.rl.learner import Learner
+from navrl_daemon.rl.training import Training
 from navrl_daemon.storage.compressed_rollout import CompressedMinibatches
 from tests.conftest import TINY, navrl_cli
 

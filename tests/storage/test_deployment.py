@@ -37,7 +37,7 @@ def reference(policy: NavRLPolicy, obs: dict[str, torch.Tensor]) -> tuple[np.nda
 
 def test_observation_shapes_are_the_envs() -> None:
     from navrl_daemon.config import Config
-    from navrl_daemon.rl.training import make_env
+    from navrl_daemon.env import make_env
 
     cfg = Config().env.model_copy(update={"num_obstacles": 2, "num_dynamic_obstacles": 8})
     env = make_env(cfg, device="cpu", seed=0, num_envs=3)

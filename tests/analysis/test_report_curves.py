@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from navrl_daemon.analysis.report import RunRecords, pool_episodes, render_html
 from navrl_daemon.ops.intervals import share_interval
 from navrl_daemon.ops.plots import RATIO_YLIM, Panel, Series, curves_figure
-from navrl_daemon.ops.report import RunRecords, pool_episodes, render_html
 
 
 def rows(values: list[tuple[int, float]]) -> list[dict]:

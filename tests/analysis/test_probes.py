@@ -1,4 +1,4 @@
-"""The policy probes of rl/probes.py: LiDAR use, goal-distance use, path statistics per
+"""The policy probes of analysis/probes.py: LiDAR use, goal-distance use, path statistics per
 outcome and the share of training frames spent at the goal."""
 
 from __future__ import annotations
@@ -11,12 +11,7 @@ import anyio
 import pytest
 import torch
 
-from navrl_daemon.config import load_config
-from navrl_daemon.env import make_env
-from navrl_daemon.env.geometry import goal_to_world, yaw_of
-from navrl_daemon.rl.evaluate import Trajectories, evaluate
-from navrl_daemon.rl.policy import OBS_KEY, NavRLPolicy
-from navrl_daemon.rl.probes import (
+from navrl_daemon.analysis.probes import (
     PASS_OFFSETS,
     collision_approach,
     collision_hazard,
@@ -27,7 +22,12 @@ from navrl_daemon.rl.probes import (
     pillar_pass,
     pillar_pass_env,
 )
-from navrl_daemon.rl.training import make_eval_env
+from navrl_daemon.config import load_config
+from navrl_daemon.env import make_env
+from navrl_daemon.env.geometry import goal_to_world, yaw_of
+from navrl_daemon.rl.evaluate import Trajectories, evaluate
+from navrl_daemon.rl.evaluations import make_eval_env
+from navrl_daemon.rl.policy import OBS_KEY, NavRLPolicy
 
 _OVERRIDES = [
     "run.device=cpu",

@@ -1,4 +1,4 @@
-"""Drone-by-drone comparison of two policies (navrl_daemon/ops/paired.py), checked against
+"""Drone-by-drone comparison of two policies (navrl_daemon/analysis/paired.py), checked against
 hand-computed values and against its own definitions."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from navrl_daemon.ops.paired import (
+from navrl_daemon.analysis.paired import (
     OUTCOME_CODES,
     binomial_tail,
     clopper_pearson,
