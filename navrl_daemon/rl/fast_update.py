@@ -36,7 +36,7 @@ minibatches in one process, and an extra term (`aux_loss`) everywhere but in a C
 which would not see the data the host hands such a term. `resolve` picks the eager path
 for anything else, and for `auto` on a CPU, where there is no launch overhead to save
 (benchmarks/throughput.py and ppo_update.py measure both; docs/throughput.md). The rule
-itself is config.py's `resolve_update_path`, the one place that decides whether a path
+itself is `resolve_update_path` (config/update_path.py), the one place that decides whether a path
 can run. `build_update` makes a learner's update once, from the path resolved for what
 the learner is built with: an `EagerUpdate` (ppo.update, which takes a reducer, an extra
 loss term and any minibatch source) or a `FastUpdate`.

@@ -1,0 +1,219 @@
+"""Reading a config: TOML file < `NAVRL_` environment < dotted `KEY=VALUE` overrides,
+validated into a `Config` (config/sections.py); and writing one back as TOML. Every error
+names the key path and what is allowed, and maps to exit 78 through `ConfigError`."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import tomllib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, get_args, get_origin
+
+from pydantic import (
+    BaseModel,
+    ValidationError,
+)
+
+from navrl_daemon.config.sections import _KEY_RE, ENV_PREFIX, Config
+from navrl_daemon.errors import ConfigError
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: Iterable[str] = (),
+    environ: Mapping[str, str] | None = None,
+) -> Config:
+    """Resolve a config: file, then `NAVRL_SECTION__KEY` variables, then `KEY=VALUE` args."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        data = read_toml(Path(path))
+    env_items = environ if environ is not None else os.environ
+    variables: dict[str, str] = {}  # dotted key -> the environment variable that set it
+    for name, raw in sorted(env_items.items()):
+        if name.startswith(ENV_PREFIX) and "__" in name:
+            key = name[len(ENV_PREFIX) :].lower().replace("__", ".")
+            origin = f"environment variable {name}"
+            _set_dotted(data, key, parse_value(raw, origin=origin), origin=origin)
+            variables[key] = name
+    for item in overrides:
+        key, value = parse_override(item)
+        _set_dotted(data, key, value, origin=f"override {item!r}")
+        variables.pop(key, None)  # the override wins, and is what an error is about
+    return validate(data, variables)
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path}: not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {path}: not valid TOML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"config file {path}: not UTF-8 text (TOML must be): byte {e.object[e.start]:#04x} "
+            f"at offset {e.start}"
+        ) from None
+    except OSError as e:
+        raise ConfigError(f"config file {path}: cannot read: {e.strerror}") from None
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """`a.b=VALUE`: VALUE is parsed as TOML; a bare word is taken as a string."""
+    key, sep, raw = item.partition("=")
+    key = key.strip()
+    if not sep:
+        raise ConfigError(f"override {item!r}: expected KEY=VALUE, e.g. env.num_envs=64")
+    if not _KEY_RE.match(key):
+        raise ConfigError(
+            f"override {item!r}: key {key!r} is not a dotted path like section.key "
+            "(letters, digits and _ separated by dots)"
+        )
+    return key, parse_value(raw, origin=f"override {key}")
+
+
+def parse_value(raw: str, *, origin: str) -> Any:
+    text = raw.strip()
+    if not text:
+        raise ConfigError(f"{origin}: empty value")
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        if re.fullmatch(r"[A-Za-z0-9_.:/@+-]+", text):
+            return text  # bare word such as cuda:0 or a path
+        raise ConfigError(
+            f"{origin}: value {raw!r} is not a TOML value (numbers, true/false, "
+            '"strings", [lists]) nor a bare word'
+        ) from None
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: Any, *, origin: str) -> None:
+    *parents, leaf = key.split(".")
+    node = data
+    walked: list[str] = []
+    for part in parents:
+        walked.append(part)
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(
+                f"{'.'.join(walked)}: is a value, not a section; cannot set {key} (from {origin})"
+            )
+        node = child
+    node[leaf] = value
+
+
+# Keys taken out of the config, with the value a config saved while they existed may hold
+# and still mean today's behaviour: a state dir's config.toml or a checkpoint's config
+# written then loads (the key dropped); any other value is a ConfigError saying why.
+RETIRED: dict[tuple[str, str], tuple[Any, str]] = {
+    ("ppo", "mirror_ratio"): (
+        "behaviour",
+        'removed: "own" diverged within 50 iterations where it was tried (docs/results.md); '
+        "ppo.mirror always takes a reflection's ratio over the collected row's "
+        'log-prob ("behaviour")',
+    ),
+}
+
+
+def _without_retired(data: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(data)
+    for (section, key), (kept, why) in RETIRED.items():
+        table = out.get(section)
+        if not isinstance(table, Mapping) or key not in table:
+            continue
+        if table[key] != kept:
+            raise ConfigError(f"invalid configuration:\n  {section}.{key} = {table[key]!r}: {why}")
+        out[section] = {k: v for k, v in table.items() if k != key}
+    return out
+
+
+def validate(data: Mapping[str, Any], variables: Mapping[str, str] | None = None) -> Config:
+    """`variables`: dotted key -> the `NAVRL_` environment variable that set it, named in
+    the message of an error at or under that key. Retired keys (RETIRED) at their kept
+    value are dropped."""
+    data = _without_retired(data)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_describe(e, variables or {})) from None
+
+
+def _describe(err: ValidationError, variables: Mapping[str, str]) -> str:
+    lines = []
+    for item in err.errors():
+        # ("env", "curriculum", 0, "spawn") reads env.curriculum[0].spawn
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in item["loc"])
+        where = where.removeprefix(".") or "config"
+        # The variables that set this key, something under it, or the section it is in.
+        setters = [
+            name for key, name in variables.items() if _nested(where, key) or _nested(key, where)
+        ]
+        source = f" (from environment variable {', '.join(setters)})" if setters else ""
+        kind = item["type"]
+        if kind == "extra_forbidden":
+            parent = _section_model(item["loc"][:-1])
+            allowed = ", ".join(parent.model_fields) if parent else "?"
+            lines.append(f"{where}: unknown key{source}; allowed here: {allowed}")
+            continue
+        msg = item["msg"].removeprefix("Value error, ")
+        got = item.get("input")
+        shown = "" if kind == "value_error" or isinstance(got, dict) else f" (got {got!r})"
+        lines.append(f"{where}: {msg}{shown}{source}")
+    return "invalid configuration:\n  " + "\n  ".join(lines)
+
+
+def _nested(inner: str, outer: str) -> bool:
+    """Whether dotted path `inner` is `outer` or lies under it."""
+    return inner == outer or inner.startswith((f"{outer}.", f"{outer}["))
+
+
+def _section_model(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    model: type[BaseModel] = Config
+    for part in loc:
+        if isinstance(part, int):
+            continue  # an item of a list of sections (env.curriculum)
+        field = model.model_fields.get(str(part))
+        ann = field.annotation if field else None
+        if get_origin(ann) is list or (ann is not None and type(None) in get_args(ann)):
+            ann = next((a for a in get_args(ann) if isinstance(a, type)), None)
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return None
+        model = ann
+    return model
+
+
+# ---------------------------------------------------------------------------- TOML out
+
+
+def to_toml(cfg: Config) -> str:
+    """The resolved config as TOML; `load_config` of this text gives back `cfg`."""
+    out: list[str] = []
+    for section, values in cfg.model_dump().items():
+        out.append(f"[{section}]")
+        out.extend(f"{k} = {_toml_value(v)}" for k, v in values.items())
+        out.append("")
+    return "\n".join(out)
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if math.isinf(v) or math.isnan(v):
+            raise ValueError(f"cannot write non-finite {v} to TOML")
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):  # env.options: an inline table
+        return (
+            "{" + ", ".join(f"{_toml_value(str(k))} = {_toml_value(x)}" for k, x in v.items()) + "}"
+        )
+    raise TypeError(f"cannot write {type(v).__name__} to TOML")
