@@ -71,7 +71,7 @@ def test_resume_from_an_interval_checkpoint_after_kill9_is_also_exact(
 ) -> None:
     """A crash loses the iterations since the last interval checkpoint, nothing else;
     with the fused update (rl/fast_update.py) as well as NavRL's eager one, and with the
-    env's masked reset (env/navigation.py) as well as torchrl's indexed one."""
+    env's masked reset (env/navigation/env.py) as well as torchrl's indexed one."""
     common = (
         "checkpoint.interval=2",
         f"ppo.update_path={update_path}",

@@ -44,8 +44,8 @@ from torch import Tensor
 from torchrl.envs import EnvBase
 
 from navrl_daemon.config import EnvConfig
-from navrl_daemon.env.lidar import LIDAR_RANGE
 from navrl_daemon.env.navigation import COLLISION_DISTANCE, REACH_RADIUS, NavigationEnv
+from navrl_daemon.env.navigation.lidar import LIDAR_RANGE
 from navrl_daemon.rl.evaluate import OUTCOMES, Trajectories, evaluate_op_by_op
 from navrl_daemon.rl.policy import OBS_KEY, NavRLPolicy
 

@@ -230,7 +230,7 @@ class EnvConfig(Section):
     # counts, ascending, each the first k pillars of the env's map (a prefix is itself a
     # valid map: each pillar is placed against the earlier ones only). Every env starts at
     # level 0; after an episode that reached its goal it moves up one level, after a
-    # collision down one (env/navigation.py). Evaluations fly the whole map.
+    # collision down one (env/navigation/env.py). Evaluations fly the whole map.
     map_levels: list[NonNegInt] = []
     # Ours, with map_levels: the lowest level (an index into map_levels) an env may be at.
     # Envs below it move up to it (at the start, at a new curriculum stage, on a resume);

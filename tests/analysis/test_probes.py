@@ -24,7 +24,7 @@ from navrl_daemon.analysis.probes import (
 )
 from navrl_daemon.config import load_config
 from navrl_daemon.env import make_env
-from navrl_daemon.env.geometry import goal_to_world, yaw_of
+from navrl_daemon.env.navigation.geometry import goal_to_world, yaw_of
 from navrl_daemon.rl.evaluate import Trajectories, evaluate
 from navrl_daemon.rl.evaluations import make_eval_env
 from navrl_daemon.rl.policy import OBS_KEY, NavRLPolicy

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from navrl_daemon.env.dynamics import GRAVITY, commanded_thrust, point_mass_step
+from navrl_daemon.env.navigation.dynamics import GRAVITY, commanded_thrust, point_mass_step
 
 DT, TAU = 0.016, 0.45
 

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from navrl_daemon.env.geometry import goal_to_world, world_to_goal, yaw_of
+from navrl_daemon.env.navigation.geometry import goal_to_world, world_to_goal, yaw_of
 
 
 def rz(theta: float) -> torch.Tensor:

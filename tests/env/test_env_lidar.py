@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from navrl_daemon.env.lidar import (
+from navrl_daemon.env.navigation.lidar import (
     HORIZONTAL_BEAMS,
     LIDAR_RANGE,
     NUM_BEAMS,
@@ -15,7 +15,7 @@ from navrl_daemon.env.lidar import (
     PillarGrid,
     beam_directions,
 )
-from navrl_daemon.env.obstacles import generate_pillars
+from navrl_daemon.env.navigation.obstacles import generate_pillars
 
 FRONT, LEFT = 0, 9  # beam columns: yaw + 0° and yaw + 90°
 DOWN, LEVEL, UP10, UP20 = 0, 1, 2, 3  # elevation rows: -10°, 0°, 10°, 20°

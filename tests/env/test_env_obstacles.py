@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from navrl_daemon.env.obstacles import (
+from navrl_daemon.env.navigation.obstacles import (
     MAX_TRIES,
     DynamicObstacles,
     dynamic_sizes,

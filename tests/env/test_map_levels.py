@@ -9,7 +9,8 @@ import torch
 from tensordict import TensorDict
 
 from navrl_daemon.config import load_config
-from navrl_daemon.env.navigation import STAT_KEYS, NavigationEnv
+from navrl_daemon.env.contract import STAT_KEYS
+from navrl_daemon.env.navigation import NavigationEnv
 from navrl_daemon.rl.eval_config import evaluation_key
 from navrl_daemon.rl.evaluations import Evaluations, make_eval_env
 from navrl_daemon.rl.policy import NavRLPolicy

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from navrl_daemon.config import load_config
-from navrl_daemon.env.navigation import REACH_RADIUS, STAT_KEYS, NavigationEnv
+from navrl_daemon.env.contract import STAT_KEYS
+from navrl_daemon.env.navigation import REACH_RADIUS, NavigationEnv
 from navrl_daemon.rl.evaluations import make_eval_env
 from tests.conftest import navrl_cli
 

@@ -10,7 +10,7 @@ import torch
 
 from navrl_daemon.config import EnvConfig
 from navrl_daemon.env import NavigationEnv, make_env
-from navrl_daemon.env.obstacles import DynamicObstacles, place_dynamic_origins
+from navrl_daemon.env.navigation.obstacles import DynamicObstacles, place_dynamic_origins
 from navrl_daemon.rl.graphs import traced_capture
 
 ACTION = ("agents", "action")

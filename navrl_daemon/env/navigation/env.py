@@ -81,9 +81,9 @@ from navrl_daemon.env.contract import STAT_KEYS as STAT_KEYS
 from navrl_daemon.env.contract import CollectPath as CollectPath
 from navrl_daemon.env.contract import Layout as Layout
 from navrl_daemon.env.contract import collect_path as collect_path
-from navrl_daemon.env.dynamics import point_mass_step
-from navrl_daemon.env.geometry import world_to_goal, yaw_of
-from navrl_daemon.env.lidar import (
+from navrl_daemon.env.navigation.dynamics import point_mass_step
+from navrl_daemon.env.navigation.geometry import world_to_goal, yaw_of
+from navrl_daemon.env.navigation.lidar import (
     HORIZONTAL_BEAMS,
     LIDAR_RANGE,
     NUM_BEAMS,
@@ -91,7 +91,7 @@ from navrl_daemon.env.lidar import (
     Lidar,
     PillarGrid,
 )
-from navrl_daemon.env.obstacles import DYN_WIDTH_STEP, DynamicObstacles, generate_pillars
+from navrl_daemon.env.navigation.obstacles import DYN_WIDTH_STEP, DynamicObstacles, generate_pillars
 from navrl_daemon.host_copy import host_copy
 
 # --- navrl-task §1.6: dynamic-obstacle observation ------------------------------------------------
