@@ -22,14 +22,15 @@ series and reports the slope per hour, then a verdict against issue #27's goals:
   load average of each window is in the JSON, and frames per CPU-second of the daemon
   (its own work rate, much less sensitive to other processes' load) is compared as well.
 
-The daemon gives freed heap memory back every `run.heap_trim_s` (60 s; 0 turns it off, the
-A/B of what that does to RSS). `--probe malloc` writes glibc's `malloc_info` at the end of
-the warm-up, half-way and at the end (what the allocator holds from the system and how
-much of it sits free in its bins: fragmentation, not live data); `--probe tracemalloc`
-also starts tracemalloc at the end of the warm-up (slower from then on: its numbers are
-not the soak's) and diffs the half-way snapshot against the last by allocation site: what
-Python objects grew. Torch tensor storage and its allocator caches are not Python
-allocations and never show up there.
+With `SOAK_MALLOC_TRIM_S=S` in the environment, a probed daemon also calls glibc's
+`malloc_trim(0)` every S seconds (an experiment on where RSS goes, not a daemon feature).
+`--probe malloc` writes glibc's `malloc_info` at the end of the warm-up, half-way and at
+the end (what the allocator holds from the system and how much of it sits free in its
+bins: fragmentation, not live data); `--probe tracemalloc` also starts tracemalloc at the
+end of the warm-up (slower from then on: its numbers are not the soak's) and diffs the
+half-way snapshot against the last by allocation site: what Python objects grew. Torch
+tensor storage and its allocator caches are not Python allocations and never show up
+there.
 
 Run: `OMP_NUM_THREADS=1 nice -n 5 .venv/bin/python benchmarks/soak.py --minutes 60
 [--warmup-min 5] [--out soak.json] [KEY=VALUE ...]` (overrides after the defaults below).
@@ -49,6 +50,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tracemalloc
 import urllib.request
@@ -603,6 +605,16 @@ def probed_child(snapshots: Path, probe: str, argv: list[str]) -> int:
         taken[0] += 1
 
     signal.signal(signal.SIGUSR1, dump)
+    trim_s = float(os.environ.get("SOAK_MALLOC_TRIM_S", "0"))
+    if trim_s > 0:  # an experiment: does giving freed heap back keep RSS flat?
+        libc.malloc_trim.argtypes = [ctypes.c_size_t]
+
+        def trim() -> None:
+            while True:
+                time.sleep(trim_s)
+                libc.malloc_trim(0)
+
+        threading.Thread(target=trim, name="malloc-trim", daemon=True).start()
     return main(argv)
 
 

@@ -6,8 +6,8 @@ A daemon whose threads allocate and free large buffers at different times (check
 encoding, archive compression, rollout staging) leaves free holes in every arena: live data
 stays flat while RSS climbs by megabytes an hour until the holes happen to be reused.
 `malloc_trim(0)` walks every arena and returns each free page to the system (madvise), at
-a cost of milliseconds; `trim_periodically` calls it from a worker thread every
-`run.heap_trim_s` (a minute). On a C library without `malloc_trim` (musl, macOS) it does nothing.
+a cost of milliseconds; `trim_periodically` calls it from a worker thread every few
+seconds of wall time. On a C library without `malloc_trim` (musl, macOS) it does nothing.
 """
 
 from __future__ import annotations
