@@ -95,9 +95,6 @@ class RunConfig(Section):
     # phase and every thread's stack and exits 70, for systemd to restart it (0: no limit).
     # Building NavRL-scale maps, CUDA graphs and a compiled update fit well inside it.
     startup_timeout_s: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 600.0
-    # Every this many seconds, memory that was freed goes back to the system (glibc's
-    # malloc_trim), so that RSS stays flat over weeks instead of holding freed holes (0: off).
-    heap_trim_s: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 60.0
 
     @field_validator("state_dir")
     @classmethod

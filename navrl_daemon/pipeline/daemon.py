@@ -51,7 +51,6 @@ from navrl_daemon.runtime import memory
 from navrl_daemon.runtime.channels import Channel, Overflow, Sender
 from navrl_daemon.runtime.compute import ComputeThreads
 from navrl_daemon.runtime.distributed import World
-from navrl_daemon.runtime.heap import trim_periodically
 from navrl_daemon.runtime.leases import Lease, LeasePool
 from navrl_daemon.runtime.lock import StateDirLock
 from navrl_daemon.runtime.signals import StopSignals
@@ -167,7 +166,6 @@ async def serve(
         async with anyio.create_task_group() as tg:
             tg.start_soon(telemetry.watchdog.run)
             tg.start_soon(telemetry.extend_stop_timeout, shutdown)
-            tg.start_soon(trim_periodically, cfg.run.heap_trim_s)
             try:
                 await supervisor.run()
             except StageFailed as err:
