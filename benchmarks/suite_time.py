@@ -52,13 +52,15 @@ def run_suite(root: Path, tests: list[str], durations: int) -> dict[str, Any]:
     )
     seconds = time.perf_counter() - t0
     lines = proc.stdout.splitlines()
-    summary = next((x for x in reversed(lines) if " in " in x and "=" in x), "")
+    summary = next((x for x in reversed(lines) if re.search(r"\d+ (passed|failed).* in ", x)), "")
     slowest = [x.strip() for x in lines if re.match(r"^\d+\.\d+s (call|setup|teardown) ", x)]
     return {
         "seconds": round(seconds, 1),
         "exit_code": proc.returncode,
         "summary": summary.strip("= "),
         "slowest": slowest[:durations],
+        # -ra's lines for what failed or errored: a flaky test is named in the JSON
+        "failed": [x for x in lines if x.startswith(("FAILED ", "ERROR "))],
     }
 
 
