@@ -1,5 +1,5 @@
 """The collector onto another curriculum stage's env: reset, or carrying the episodes in
-flight over (env/curriculum.py builds the env; stages/curriculum.py says when)."""
+flight over (env/curriculum.py builds the env; pipeline/curriculum.py says when)."""
 
 from __future__ import annotations
 
