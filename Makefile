@@ -40,8 +40,10 @@ lint: $(STAMP)
 # (worksteal), so no long file holds one worker to the end. The CLI runs in the worker and
 # daemon processes are forks of one pre-imported interpreter (tests/forked.py). The
 # `slow`-marked checks (a learning run) run on their own in `test-slow`; .ci/run runs both.
+# One OpenMP thread per process: two workers with torch's default of one thread per core
+# oversubscribe the two cores (the suite took 392 s so, 293 s with one thread each).
 test: lint
-	$(BIN)/python -m pytest -q -ra -n 2 --dist worksteal -m "not slow"
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -ra -n 2 --dist worksteal -m "not slow"
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -ra -m slow
@@ -49,7 +51,7 @@ test-slow: $(STAMP)
 # Line coverage of navrl_daemon over what `make test` runs, daemon processes included
 # (pyproject.toml's [tool.coverage.run]); the totals also land in coverage.json.
 coverage: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist worksteal -m "not slow" -p no:cacheprovider \
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist worksteal -m "not slow" -p no:cacheprovider \
 		--cov --cov-report=term --cov-report=json:coverage.json
 
 clean:

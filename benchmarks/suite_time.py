@@ -30,18 +30,23 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 
 
-def make_test_args(root: Path) -> list[str]:
-    """The pytest arguments of `make test` in the checkout at `root`."""
+def make_test_command(root: Path) -> tuple[dict[str, str], list[str]]:
+    """The environment assignments and pytest arguments of `make test`'s pytest line in the
+    checkout at `root` (the first pytest line of its Makefile)."""
     for line in (root / "Makefile").read_text().splitlines():
-        m = re.match(r"\s*\$\(BIN\)/python -m pytest(.*)$", line)
+        m = re.match(r"\s*((?:\w+=\S+\s+)*)\$\(BIN\)/python -m pytest(.*)$", line)
         if m:
-            return shlex.split(m.group(1))
+            assigns = dict(a.split("=", 1) for a in shlex.split(m.group(1)))
+            return assigns, shlex.split(m.group(2))
     raise SystemExit(f"{root}/Makefile: no pytest line under `test:`")
 
 
 def run_suite(root: Path, tests: list[str], durations: int) -> dict[str, Any]:
-    args = [*make_test_args(root), "-p", "no:cacheprovider", f"--durations={durations}", *tests]
-    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    """One run of `root`'s `make test` pytest line, with its environment as make sets it
+    (nothing added here: a side that does not pin the thread count runs with torch's own)."""
+    assigns, make_args = make_test_command(root)
+    args = [*make_args, "-p", "no:cacheprovider", f"--durations={durations}", *tests]
+    env = {**os.environ, **assigns, "PYTHONPATH": str(root)}
     t0 = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", *args],
@@ -88,7 +93,7 @@ def main() -> None:
             ["git", "-C", str(REPO), "archive", args.ref], capture_output=True, check=True
         )
         subprocess.run(["tar", "-x", "-C", str(base)], input=archive.stdout, check=True)
-        pytest_args = {"this": make_test_args(REPO), args.ref: make_test_args(base)}
+        pytest_args = {"this": make_test_command(REPO), args.ref: make_test_command(base)}
         for _ in range(args.repeats):
             runs[args.ref].append(run_suite(base, args.tests, args.durations))
             runs["this"].append(run_suite(REPO, args.tests, args.durations))
@@ -100,7 +105,8 @@ def main() -> None:
     }
     for side, side_runs in runs.items():
         result[side] = {
-            "make_test_args": pytest_args[side],
+            "make_test_env": pytest_args[side][0],
+            "make_test_args": pytest_args[side][1],
             "seconds": spread([r["seconds"] for r in side_runs]),
             "runs": side_runs,
         }
