@@ -47,7 +47,7 @@ from navrl_daemon.rl.collector import Collector, rollout_memory
 from navrl_daemon.rl.evaluations import Evaluations
 from navrl_daemon.rl.learner import Learner
 from navrl_daemon.rl.policy import NavRLPolicy, acting_copy, make_policy
-from navrl_daemon.runtime import memory
+from navrl_daemon.runtime import heap, memory
 from navrl_daemon.runtime.channels import Channel, Overflow, Sender
 from navrl_daemon.runtime.compute import ComputeThreads
 from navrl_daemon.runtime.distributed import World
@@ -85,6 +85,7 @@ log = structlog.get_logger("daemon")
 
 def run(cfg: Config, state_dir: Path, signals: StopSignals) -> int:
     """Train until `run.total_frames` or a stop signal. Raises NavrlError subclasses."""
+    heap.pin_mmap_threshold()  # large buffers are unmapped when freed (runtime/heap.py)
     world = World.from_environ()
     serving = functools.partial(serve, cfg, state_dir, world=world, signals=signals)
     if world.distributed:
