@@ -17,7 +17,7 @@ from pydantic import (
     ValidationError,
 )
 
-from navrl_daemon.config.sections import _KEY_RE, ENV_PREFIX, Config
+from navrl_daemon.config.sections import ENV_PREFIX, KEY_RE, Config
 from navrl_daemon.errors import ConfigError
 
 
@@ -68,7 +68,7 @@ def parse_override(item: str) -> tuple[str, Any]:
     key = key.strip()
     if not sep:
         raise ConfigError(f"override {item!r}: expected KEY=VALUE, e.g. env.num_envs=64")
-    if not _KEY_RE.match(key):
+    if not KEY_RE.match(key):
         raise ConfigError(
             f"override {item!r}: key {key!r} is not a dotted path like section.key "
             "(letters, digits and _ separated by dots)"
