@@ -54,6 +54,7 @@ from navrl_daemon.runtime.distributed import World
 from navrl_daemon.runtime.leases import Lease, LeasePool
 from navrl_daemon.runtime.lock import StateDirLock
 from navrl_daemon.runtime.signals import StopSignals
+from navrl_daemon.runtime.streams import TrainerStream
 from navrl_daemon.runtime.supervisor import Shutdown, Stage, State, Supervisor
 from navrl_daemon.stages.archiver import ArchiverEvents, RolloutArchiver, archive_channel
 from navrl_daemon.stages.checkpoint_writer import CheckpointWriter
@@ -256,11 +257,7 @@ def build_stages(ctx: RunContext) -> list[Stage]:
             owned = _state_dir_stages(
                 ctx, checkpoints, policy, curriculum, resumed_from=start.iteration
             )
-    trainer_stream = (
-        torch.cuda.Stream(ctx.device)
-        if cfg.pipeline.trainer_stream and ctx.device.type == "cuda"
-        else None
-    )
+    trainer_stream = TrainerStream.for_device(ctx.device, cfg.pipeline.trainer_stream)
     producer = RolloutProducer(
         collector,
         pool,
@@ -279,7 +276,7 @@ def build_stages(ctx: RunContext) -> list[Stage]:
             ),
             shutdown=ctx.shutdown,
             compute=ctx.threads.producer,
-            mark_ready=trainer_stream is not None,
+            trainer_stream=trainer_stream,
         ),
         archive=owned.archive if owned else None,
         final_state=owned.final_state if owned else None,

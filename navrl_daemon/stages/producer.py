@@ -21,13 +21,13 @@ rollout and changes stage at the same one.
 With `pipeline.trainer_stream` (CUDA) the trainer runs on a stream of its own: the
 producer then marks each rollout's end with an event on its stream (`Rollout.ready`) for
 the trainer to wait on, and tells the allocator that the weights it loads (the trainer's
-tensors) are read on its stream.
+tensors) are read on its stream (runtime/streams.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import anyio
@@ -44,6 +44,7 @@ from navrl_daemon.rl.snapshot import collector_state
 from navrl_daemon.runtime.channels import Receiver, Sender
 from navrl_daemon.runtime.compute import ComputeThread
 from navrl_daemon.runtime.leases import Lease, LeasePool
+from navrl_daemon.runtime.streams import TrainerStream
 from navrl_daemon.runtime.supervisor import Shutdown
 
 log = structlog.get_logger("producer")
@@ -70,7 +71,8 @@ class ProducerContext:
     curriculum: CurriculumFollower | NoCurriculum
     shutdown: Shutdown
     compute: ComputeThread
-    mark_ready: bool = False  # the trainer has a CUDA stream of its own
+    # The trainer's CUDA stream of its own, if it has one: rollouts are handed over on it.
+    trainer_stream: TrainerStream = field(default_factory=TrainerStream)
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,7 @@ class RolloutProducer:
         events = events or ProducerEvents()
         self.collector = collector
         self.on_levels = events.on_levels
-        self.mark_ready = context.mark_ready
+        self.trainer_stream = context.trainer_stream
         self.pool = pool
         self.rollouts = rollouts
         self.weights = weights
@@ -185,14 +187,10 @@ class RolloutProducer:
 
     def _collect(self, buffer: object, checkpointed: bool) -> Collected:
         seconds = self.collector.collect(buffer)  # type: ignore[arg-type]
-        ready = None
-        if self.mark_ready:
-            ready = torch.cuda.Event()
-            ready.record()  # this thread's current stream: the rollout's
         return Collected(
             seconds,
             self.collector_state() if checkpointed else None,
-            ready,
+            self.trainer_stream.mark_end(),
             self._levels() if self.on_levels is not None else None,
         )
 
@@ -236,11 +234,7 @@ class RolloutProducer:
 
     def _load(self, state: dict[str, torch.Tensor]) -> None:
         self.collector.policy.load_state_dict(state)
-        if self.mark_ready:  # the trainer's memory, read here by copies still queued
-            stream = torch.cuda.current_stream()
-            for tensor in state.values():
-                if tensor.is_cuda:
-                    tensor.record_stream(stream)
+        self.trainer_stream.read_here(state.values())  # by copies still queued here
 
     async def flush(self, deadline: float) -> None:
         """Nothing of its own to persist: rollouts in flight belong to their consumers."""

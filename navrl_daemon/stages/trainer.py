@@ -30,9 +30,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +50,7 @@ from navrl_daemon.rl.learner import Learner, NonFiniteTraining
 from navrl_daemon.rl.snapshot import learner_state
 from navrl_daemon.runtime.channels import Receiver, Sender
 from navrl_daemon.runtime.compute import ComputeThread
+from navrl_daemon.runtime.streams import TrainerStream
 from navrl_daemon.runtime.supervisor import Shutdown
 from navrl_daemon.storage.staging import SnapshotStaging
 
@@ -89,7 +89,7 @@ class TrainerContext:
     # many non-finite updates; returns its path (pipeline/coordinator.py).
     rollback: Callable[[Learner], Path] | None = None
     # `pipeline.trainer_stream` on a CUDA device: the trainer's own stream.
-    stream: torch.cuda.Stream | None = None
+    stream: TrainerStream = field(default_factory=TrainerStream)
 
 
 @dataclass(frozen=True)
@@ -178,7 +178,7 @@ class Trainer:
         assert ckpt is not None
 
         def stage() -> Any:  # on the trainer's stream: ordered before its next update
-            with self._weights_lock, self._on_stream():
+            with self._weights_lock, self.stream.on():
                 return ckpt.staging.stage({"learner": learner_state(self.learner)})
 
         t0 = time.perf_counter()
@@ -200,8 +200,7 @@ class Trainer:
         token = anyio.lowlevel.current_token()
 
         def release() -> None:  # on the compute thread, once the update stops reading
-            if self.stream is not None:  # ... on the GPU too
-                self.stream.synchronize()
+            self.stream.finish()  # ... on the GPU too
             anyio.from_thread.run_sync(rollout.lease.release, token=token)
 
         losses = await self.compute.run(self._update, rollout.lease.buffer, release, rollout.ready)
@@ -223,12 +222,8 @@ class Trainer:
         release: Callable[[], None] | None = None,
         ready: torch.cuda.Event | None = None,
     ) -> dict[str, float]:
-        with self._weights_lock, self._on_stream():
-            if self.stream is not None:  # the rollout's kernels, and nothing queued after
-                if ready is not None:
-                    self.stream.wait_event(ready)
-                else:
-                    self.stream.wait_stream(torch.cuda.default_stream(self.stream.device))
+        with self._weights_lock, self.stream.on():
+            self.stream.wait_for(ready)  # the rollout's kernels, and nothing queued after
             if self.checkpoints is not None:
                 self.checkpoints.staging.fence()  # a snapshot still reading the weights
             if not self._path_logged:  # at the first update: every stage has wired it
@@ -270,18 +265,12 @@ class Trainer:
         )
         return {"rolled_back": 1.0}
 
-    @contextmanager
-    def _on_stream(self) -> Iterator[None]:
-        with torch.cuda.stream(self.stream) if self.stream is not None else nullcontext():
-            yield
-
     def _weights(self) -> dict[str, torch.Tensor]:
         """The learner's weights copied, the copies finished (others read them on their
         own streams)."""
-        with self._on_stream():
+        with self.stream.on():
             weights = self.learner.weights()
-        if self.stream is not None:
-            self.stream.synchronize()
+        self.stream.finish()
         return weights
 
     async def _publish(self) -> None:

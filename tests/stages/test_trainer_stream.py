@@ -110,13 +110,14 @@ def test_the_hand_overs_of_a_trainer_with_its_own_stream(monkeypatch: pytest.Mon
 
     from navrl_daemon.rl.training import Training
     from navrl_daemon.runtime.compute import ComputeThread
+    from navrl_daemon.runtime.streams import TrainerStream
 
     calls: list[str] = []
     monkeypatch.setattr(torch.cuda, "stream", lambda stream: nullcontext())
     monkeypatch.setattr(torch.cuda, "default_stream", lambda device=None: "producer's")
     training = Training.build(config("cpu"), "cpu")
     compute = ComputeThread()
-    trainer = trainer_for(training, compute, stream=FakeStream(calls))
+    trainer = trainer_for(training, compute, stream=TrainerStream(FakeStream(calls)))  # type: ignore[arg-type]
     try:
         training.collector.collect(training.buffer)
         trainer._update(training.buffer, None, "rollout 0")  # type: ignore[arg-type]
