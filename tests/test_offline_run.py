@@ -22,18 +22,18 @@ import pytest
 import torch
 
 from navrl_daemon.config import load_config
-from navrl_daemon.pipeline.offline import OfflineProgress
+from navrl_daemon.offline.bc import ImageJointPolicy, mse_bc_loss
+from navrl_daemon.offline.dataset_synth import SynthSpec, write_synth
+from navrl_daemon.offline.datasets import ImageReader, MultimodalDataset
+from navrl_daemon.offline.trainer import StepRecord
+from navrl_daemon.offline.wiring import OfflineProgress
 from navrl_daemon.pipeline.telemetry import Telemetry
-from navrl_daemon.rl.bc import ImageJointPolicy, mse_bc_loss
 from navrl_daemon.rl.training import Training
-from navrl_daemon.stages.offline_trainer import StepRecord
 from navrl_daemon.storage.archive import archive_name
 from navrl_daemon.storage.checkpoint import load_checkpoint
-from navrl_daemon.storage.dataset_synth import SynthSpec, write_synth
-from navrl_daemon.storage.datasets import ImageReader, MultimodalDataset
 from tests import forked
 from tests.conftest import TINY
-from tests.stages.test_prefetcher import archive_rollouts
+from tests.offline.test_prefetcher import archive_rollouts
 
 SIZE = 16  # prefetch.image_size
 

@@ -1,7 +1,7 @@
 """`navrl-daemon dataset synth|info`: multimodal HDF5 datasets (design §6).
 
 - `synth OUT`: a layout A or B file of any size, HWC or CHW images, seeded; its actions
-  come from a known policy of the observations (storage/dataset_synth.py), so behaviour
+  come from a known policy of the observations (offline/dataset_synth.py), so behaviour
   cloning on it has an exact target.
 - `info FILE...`: checks each file (layout, shapes, lengths, finite actions) and loads
   its low-dimensional data; exit 65 naming file, key, expected and found when one is bad.
@@ -64,7 +64,7 @@ def register(sub: Any) -> None:
 
 
 def handle_synth(cfg: Config, args: argparse.Namespace) -> int:
-    from navrl_daemon.storage.dataset_synth import SynthSpec, samples_for_bytes, write_synth
+    from navrl_daemon.offline.dataset_synth import SynthSpec, samples_for_bytes, write_synth
 
     if len(args.image_size) > 2 or min(args.image_size) < 1:
         raise UsageError(f"--image-size: H or H W, positive, got {args.image_size}")
@@ -97,7 +97,7 @@ def handle_synth(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def handle_info(cfg: Config, args: argparse.Namespace) -> int:
-    from navrl_daemon.storage.datasets import MultimodalDataset
+    from navrl_daemon.offline.datasets import MultimodalDataset
 
     limit = cfg.offline.max_samples if args.max_samples is None else args.max_samples
     data = MultimodalDataset.load(args.files, layout=args.layout, max_samples=limit)

@@ -19,6 +19,7 @@ def register(sub: Any) -> None:
 
 def handle(cfg: Config, args: argparse.Namespace) -> int:
     from navrl_daemon.commands.run_summary import print_run_summary
+    from navrl_daemon.offline.wiring import OBJECTIVES
     from navrl_daemon.pipeline import daemon
     from navrl_daemon.runtime.distributed import World
 
@@ -27,7 +28,7 @@ def handle(cfg: Config, args: argparse.Namespace) -> int:
     problem = state_dir_problem(str(root)) if args.state_dir is not None else None
     if problem is not None:
         raise ConfigError(f"--state-dir {problem}")
-    code = daemon.run(cfg, root, args.stop_signals)
+    code = daemon.run(cfg, root, args.stop_signals, offline=OBJECTIVES)
     if World.from_environ().leader:  # rank 0 owns the state dir it describes
         print_run_summary(cfg, root)
     return code

@@ -31,11 +31,11 @@ from navrl_daemon import __version__
 from navrl_daemon.config import Config, resolve_device
 from navrl_daemon.env.contract import CapturableEnv, DensityLevels
 from navrl_daemon.env.curriculum import Curriculum
-from navrl_daemon.errors import StageFailed
+from navrl_daemon.errors import ConfigError, StageFailed
 from navrl_daemon.ops.logging import bind_process_fields
-from navrl_daemon.pipeline import offline, resume
+from navrl_daemon.pipeline import resume
 from navrl_daemon.pipeline.cadence import Cadence, Position
-from navrl_daemon.pipeline.context import RunContext
+from navrl_daemon.pipeline.context import OfflineObjectives, RunContext
 from navrl_daemon.pipeline.coordinator import Coordinator, Found, SingleProcess, collector_for_rank
 from navrl_daemon.pipeline.curriculum import CurriculumFollower, NoCurriculum, promote
 from navrl_daemon.pipeline.messages import FinalCollectorState, PolicyWeights, Rollout, Snapshot
@@ -84,11 +84,19 @@ from navrl_daemon.storage.state_dir import check_writable
 log = structlog.get_logger("daemon")
 
 
-def run(cfg: Config, state_dir: Path, signals: StopSignals) -> int:
-    """Train until `run.total_frames` or a stop signal. Raises NavrlError subclasses."""
+def run(
+    cfg: Config,
+    state_dir: Path,
+    signals: StopSignals,
+    offline: OfflineObjectives | None = None,
+) -> int:
+    """Train until `run.total_frames` or a stop signal. Raises NavrlError subclasses.
+    `offline`: the offline objectives, for a config that asks for one."""
     heap.pin_mmap_threshold()  # large buffers are unmapped when freed (runtime/heap.py)
     world = World.from_environ()
-    serving = functools.partial(serve, cfg, state_dir, world=world, signals=signals)
+    serving = functools.partial(
+        serve, cfg, state_dir, world=world, signals=signals, offline=offline
+    )
     if world.distributed:
         bind_process_fields(rank=world.rank)
     if not world.leader:  # rank 0 owns the state dir; this rank only trains
@@ -117,9 +125,11 @@ async def serve(
     observe: Callable[[IterationRecord], None] | None = None,
     world: World | None = None,
     signals: StopSignals | None = None,
+    offline: OfflineObjectives | None = None,
 ) -> None:
     """The daemon's event loop. `observe` sees every iteration's record (benchmarks, tests);
-    `signals` stop it (without them, only total_frames or a failure does)."""
+    `signals` stop it (without them, only total_frames or a failure does); `offline`: the
+    offline objectives (navrl_daemon/offline/), for a config that asks for one."""
     world = world or World()
     device = world.device(resolve_device(cfg))
     if cfg.run.torch_threads:
@@ -150,7 +160,9 @@ async def serve(
                     Ranks, world, device, cfg.distributed.timeout_s
                 )
         telemetry.start()
-        ctx = RunContext(cfg, state_dir, device, shutdown, threads, telemetry, coordinator, cadence)
+        ctx = RunContext(
+            cfg, state_dir, device, shutdown, threads, telemetry, coordinator, cadence, offline
+        )
         with startup.phase("build stages"):
             stages = await threads.producer.run(build_stages, ctx)
         startup.enter("first iteration")
@@ -187,12 +199,27 @@ async def serve(
     log.info("stopped", reason=shutdown.reason or "total_frames reached", **where)
 
 
+def _offline_objectives(ctx: RunContext) -> OfflineObjectives | None:
+    """The offline objectives when the config asks for one; ConfigError (78) where the
+    caller provides none or the objective cannot run here."""
+    objective = ctx.cfg.offline.objective
+    if objective == "none":
+        return None
+    if ctx.offline is None:
+        raise ConfigError(
+            f'offline.objective: "{objective}" needs the offline objectives, which this '
+            'caller did not provide (`navrl-daemon run` does); allowed here: "none"'
+        )
+    ctx.offline.refuse_distributed(ctx.cfg, ctx.world.distributed)
+    return ctx.offline
+
+
 def build_stages(ctx: RunContext) -> list[Stage]:
     """Everything heavy (env, policy, buffers) is built here, off the event loop."""
     cfg, world, telemetry = ctx.cfg, ctx.world, ctx.telemetry
     phase = telemetry.startup.phase
-    offline.refuse_distributed(cfg, world.distributed)
-    if cfg.offline.objective == "bc":  # no env: prefetcher → offline trainer (offline.py)
+    offline = _offline_objectives(ctx)
+    if offline is not None and cfg.offline.objective == "bc":  # no env (offline/wiring.py)
         return offline.bc_stages(ctx)
     memory.require(*rollout_memory(cfg), ctx.device, fix="lower env.num_envs or ppo.rollout_length")
     checkpoints = CheckpointDir(ctx.state_dir / "checkpoints", accept=resume.CheckpointFit(cfg))
@@ -211,7 +238,7 @@ def build_stages(ctx: RunContext) -> list[Stage]:
     torch.manual_seed(cfg.run.seed)  # the same initial weights on every rank
     with phase("policy and update"):
         policy = make_policy(cfg, ctx.device)
-        bc = offline.PPOPlusBC(ctx) if cfg.offline.objective == "ppo+bc" else None
+        bc = offline.ppo_plus_bc(ctx) if offline is not None else None  # "ppo+bc"
         learner = Learner.build(  # ConfigError (78) here if ppo.update_path cannot run
             cfg,
             policy,

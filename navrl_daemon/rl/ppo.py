@@ -56,7 +56,7 @@ STEP_STATS = (
 STAT_NAMES = (*LOSS_TERMS, *STEP_STATS)
 
 # Extra named loss terms of a minibatch, `(policy, minibatch) -> {name: scalar}`, added to
-# PPO's on every update path (the BC term of "ppo+bc": stages/offline_trainer.py).
+# PPO's on every update path (the BC term of "ppo+bc": offline/trainer.py).
 AuxLoss = Callable[[NavRLPolicy, TensorDictBase], dict[str, torch.Tensor]]
 
 

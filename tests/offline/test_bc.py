@@ -12,10 +12,10 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from navrl_daemon.rl.bc import ImageJointPolicy, bc_step, beta_bc_loss, mse_bc_loss
+from navrl_daemon.offline.bc import ImageJointPolicy, bc_step, beta_bc_loss, mse_bc_loss
+from navrl_daemon.offline.dataset_synth import SynthSpec, write_synth
+from navrl_daemon.offline.datasets import ImageReader, MultimodalDataset
 from navrl_daemon.rl.policy import NavRLPolicy
-from navrl_daemon.storage.dataset_synth import SynthSpec, write_synth
-from navrl_daemon.storage.datasets import ImageReader, MultimodalDataset
 from tests.rl.conftest import random_observation
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
@@ -154,7 +154,7 @@ def test_bc_learner_state_round_trip_continues_identically(
     train_test: tuple[TensorDict, TensorDict, MultimodalDataset],
 ) -> None:
     """What a checkpoint holds of a BC learner (policy, Adam, steps) continues bit for bit."""
-    from navrl_daemon.rl.bc import BCLearner
+    from navrl_daemon.offline.bc import BCLearner
 
     train, _, data = train_test
     mean, std = torch.from_numpy(data.action_mean), torch.from_numpy(data.action_std)

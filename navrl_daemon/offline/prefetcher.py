@@ -1,9 +1,9 @@
 """HDF5Prefetcher: batches of the multimodal datasets in `prefetch.paths`, for the offline
 objectives ("bc", "ppo+bc"), over a bounded `batches` channel.
 
-The files are checked and their low-dimensional data loaded once (storage/datasets.py);
+The files are checked and their low-dimensional data loaded once (offline/datasets.py);
 images are read and resized by `prefetch.workers` processes into shared-memory slots
-(storage/prefetch.py). Each slot is lent out under a lease from a pool of
+(offline/prefetch.py). Each slot is lent out under a lease from a pool of
 `depth + workers + 1` slots: `depth` batches can wait in the channel, the trainer holds
 one, and each worker can be reading one. A batch travels as a `Lease[int]` (the slot)
 whose `meta["batch"]` is the TensorDict (`images` uint8 `[B, 3, 3, S, S]` viewing the
@@ -22,9 +22,9 @@ resumed run asks for `first_batch` = the batches it has used and goes on with th
 had not seen. The daemon checks and loads the files at start-up and hands them in
 (`data`), so bad data stops it before any stage runs. On
 shutdown the stage stops at the next batch boundary, closes the channel, and stops its
-workers; a killed daemon's workers notice on their own (storage/prefetch.py).
+workers; a killed daemon's workers notice on their own (offline/prefetch.py).
 
-Wiring: navrl_daemon/pipeline/offline.py, when `offline.objective != "none"`.
+Wiring: navrl_daemon/offline/wiring.py, when `offline.objective != "none"`.
 """
 
 from __future__ import annotations
@@ -40,12 +40,12 @@ import structlog
 
 from navrl_daemon.config import OfflineConfig, PrefetchConfig
 from navrl_daemon.errors import ConfigError
+from navrl_daemon.offline.datasets import MultimodalDataset, expand_paths
+from navrl_daemon.offline.prefetch import Prefetcher
 from navrl_daemon.runtime.channels import Sender
 from navrl_daemon.runtime.leases import Lease, LeasePool
 from navrl_daemon.runtime.supervisor import Shutdown
-from navrl_daemon.storage.datasets import MultimodalDataset, expand_paths
 from navrl_daemon.storage.episode_store import ArchiveReader
-from navrl_daemon.storage.prefetch import Prefetcher
 
 log = structlog.get_logger("prefetcher")
 

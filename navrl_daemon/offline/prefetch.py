@@ -45,8 +45,8 @@ import torch
 from tensordict import TensorDict
 
 from navrl_daemon.errors import ConfigError, DataError
-from navrl_daemon.storage.datasets import CAMERAS, MultimodalDataset
-from navrl_daemon.storage.prefetch_worker import slot_view, worker_main
+from navrl_daemon.offline.datasets import CAMERAS, MultimodalDataset
+from navrl_daemon.offline.prefetch_worker import slot_view, worker_main
 from navrl_daemon.storage.worker_processes import stop_workers
 
 

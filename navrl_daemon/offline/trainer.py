@@ -29,10 +29,10 @@ import structlog
 import torch
 from tensordict import TensorDictBase
 
+from navrl_daemon.offline.bc import ACTION_KEY, BCLearner, beta_bc_loss
 from navrl_daemon.pipeline.cadence import Cadence
 from navrl_daemon.pipeline.export import export_policy
 from navrl_daemon.pipeline.messages import PolicyWeights, Snapshot
-from navrl_daemon.rl.bc import ACTION_KEY, BCLearner, beta_bc_loss
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.runtime.channels import Receiver, Sender
 from navrl_daemon.runtime.compute import ComputeThread

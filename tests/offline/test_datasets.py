@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from navrl_daemon.errors import DataError
-from navrl_daemon.storage.dataset_synth import SynthSpec, synth_policy, write_synth
-from navrl_daemon.storage.datasets import (
+from navrl_daemon.offline.dataset_synth import SynthSpec, synth_policy, write_synth
+from navrl_daemon.offline.datasets import (
     CAMERAS,
     ImageReader,
     MultimodalDataset,

@@ -23,8 +23,8 @@ from typing import Literal
 import h5py
 import numpy as np
 
+from navrl_daemon.offline.datasets import ALIASES, CAMERAS
 from navrl_daemon.storage.atomic import fsync_dir
-from navrl_daemon.storage.datasets import ALIASES, CAMERAS
 
 JOINT_DIM = 16
 ACTION_DIM = 4

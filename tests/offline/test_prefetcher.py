@@ -14,19 +14,19 @@ import torch
 
 from navrl_daemon.config import OfflineConfig, PrefetchConfig, load_config
 from navrl_daemon.errors import ConfigError, DataError
-from navrl_daemon.rl.bc import ImageJointPolicy, bc_step, beta_bc_loss, mse_bc_loss
+from navrl_daemon.offline.bc import ImageJointPolicy, bc_step, beta_bc_loss, mse_bc_loss
+from navrl_daemon.offline.dataset_synth import SynthSpec, write_synth
+from navrl_daemon.offline.prefetch import BatchSchedule
+from navrl_daemon.offline.prefetcher import HDF5Prefetcher
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.rl.training import Training
 from navrl_daemon.runtime.channels import Channel, Overflow
 from navrl_daemon.runtime.supervisor import Shutdown
-from navrl_daemon.stages.prefetcher import HDF5Prefetcher
 from navrl_daemon.storage.archive import ArchiveWriter, Schema, archive_name, encode_segments
-from navrl_daemon.storage.dataset_synth import SynthSpec, write_synth
 from navrl_daemon.storage.episode_store import rollout_arrays
-from navrl_daemon.storage.prefetch import BatchSchedule
 from tests.conftest import TINY
-from tests.storage.test_datasets import direct_images
-from tests.storage.test_prefetch import children
+from tests.offline.test_datasets import direct_images
+from tests.offline.test_prefetch import children
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 

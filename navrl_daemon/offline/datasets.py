@@ -15,7 +15,7 @@ accepted for `left_image` / `right_image`.
   and are read per sample (`ImageReader`, used by the prefetch workers).
 - `resize_images` is the one CPU resize (torch, bilinear with antialias on uint8).
 
-No asyncio, no processes here: `storage/prefetch.py` runs `ImageReader`s in workers.
+No asyncio, no processes here: `offline/prefetch.py` runs `ImageReader`s in workers.
 """
 
 from __future__ import annotations

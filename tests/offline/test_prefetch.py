@@ -19,11 +19,11 @@ import pytest
 import torch
 
 from navrl_daemon.errors import DataError
-from navrl_daemon.storage.dataset_synth import SynthSpec, write_synth
-from navrl_daemon.storage.datasets import MultimodalDataset
-from navrl_daemon.storage.prefetch import BatchSchedule, Prefetcher
+from navrl_daemon.offline.dataset_synth import SynthSpec, write_synth
+from navrl_daemon.offline.datasets import MultimodalDataset
+from navrl_daemon.offline.prefetch import BatchSchedule, Prefetcher
 from tests.conftest import REPO
-from tests.storage.test_datasets import direct_images
+from tests.offline.test_datasets import direct_images
 
 
 @pytest.fixture(scope="module")
@@ -139,8 +139,8 @@ PARENT = textwrap.dedent(
     from pathlib import Path
 
     if __name__ == "__main__":  # spawned workers import this file: keep their imports few
-        from navrl_daemon.storage.datasets import MultimodalDataset
-        from navrl_daemon.storage.prefetch import Prefetcher
+        from navrl_daemon.offline.datasets import MultimodalDataset
+        from navrl_daemon.offline.prefetch import Prefetcher
 
         data = MultimodalDataset.load([Path(p) for p in sys.argv[1:]])
         pf = Prefetcher(data, batch_size=8, depth=2, workers=2, image_size=8, seed=0)

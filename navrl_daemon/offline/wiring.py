@@ -1,4 +1,5 @@
-"""The offline objectives of `navrl-daemon run` (docs/datasets.md), wired for pipeline/daemon.py.
+"""The offline objectives of `navrl-daemon run` (docs/datasets.md): `OBJECTIVES`, which the
+`run` command hands to pipeline/daemon.py (pipeline/context.py: OfflineObjectives).
 
 `offline.objective = "bc"`, a purely offline run (no env, no producer):
 
@@ -18,7 +19,7 @@ step) and `kind = "offline"`; a restart resumes from the newest and goes on with
 batches it had not seen.
 
 `"ppo+bc"`: the online pipeline, plus a prefetcher over rollout archives whose batches
-the PPO update's BC term takes (stages/offline_trainer.py: BCTerm, TrainerWithBCTerm).
+the PPO update's BC term takes (offline/trainer.py: BCTerm, TrainerWithBCTerm).
 """
 
 from __future__ import annotations
@@ -32,11 +33,21 @@ import torch
 
 from navrl_daemon.config import Config
 from navrl_daemon.errors import ConfigError, DataError
+from navrl_daemon.offline.bc import BCLearner, ImageJointPolicy
+from navrl_daemon.offline.datasets import MultimodalDataset
+from navrl_daemon.offline.prefetcher import HDF5Prefetcher, load_offline_data
+from navrl_daemon.offline.trainer import (
+    BCTerm,
+    OfflineTrainer,
+    OfflineTrainerContext,
+    OfflineTrainerEvents,
+    StepRecord,
+    TrainerWithBCTerm,
+)
 from navrl_daemon.pipeline import resume
 from navrl_daemon.pipeline.context import RunContext
 from navrl_daemon.pipeline.messages import PolicyWeights, Snapshot
 from navrl_daemon.pipeline.telemetry import Telemetry
-from navrl_daemon.rl.bc import BCLearner, ImageJointPolicy
 from navrl_daemon.rl.eval_config import eval_steps
 from navrl_daemon.rl.evaluate import evaluate
 from navrl_daemon.rl.evaluations import make_eval_env
@@ -46,18 +57,8 @@ from navrl_daemon.runtime.leases import Lease
 from navrl_daemon.runtime.supervisor import Stage
 from navrl_daemon.stages.checkpoint_writer import CheckpointWriter
 from navrl_daemon.stages.evaluator import Evaluator, EvaluatorContext, EvaluatorEvents
-from navrl_daemon.stages.offline_trainer import (
-    BCTerm,
-    OfflineTrainer,
-    OfflineTrainerContext,
-    OfflineTrainerEvents,
-    StepRecord,
-    TrainerWithBCTerm,
-)
-from navrl_daemon.stages.prefetcher import HDF5Prefetcher, load_offline_data
 from navrl_daemon.stages.trainer import Checkpointing, Trainer
 from navrl_daemon.storage.checkpoint import CheckpointDir
-from navrl_daemon.storage.datasets import MultimodalDataset
 from navrl_daemon.storage.episode_store import ArchiveReader
 from navrl_daemon.storage.history import RESULTS_FILE, eval_scores
 from navrl_daemon.storage.staging import SnapshotStaging
@@ -369,3 +370,20 @@ class PPOPlusBC:
 
     def trainer(self, trainer: Trainer) -> TrainerWithBCTerm:
         return TrainerWithBCTerm(trainer, self.term)
+
+
+class Objectives:
+    """pipeline/context.py's OfflineObjectives: what the daemon builds for "bc" and
+    "ppo+bc"."""
+
+    def refuse_distributed(self, cfg: Config, distributed: bool) -> None:
+        refuse_distributed(cfg, distributed)
+
+    def bc_stages(self, ctx: RunContext) -> list[Stage]:
+        return bc_stages(ctx)
+
+    def ppo_plus_bc(self, ctx: RunContext) -> PPOPlusBC:
+        return PPOPlusBC(ctx)
+
+
+OBJECTIVES = Objectives()

@@ -1,4 +1,4 @@
-"""The prefetch worker process (storage/prefetch.py starts it with *spawn*).
+"""The prefetch worker process (offline/prefetch.py starts it with *spawn*).
 
 Kept apart from prefetch.py so a worker imports only numpy, torch and h5py (not
 tensordict): each worker starts faster and stays smaller.
@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from navrl_daemon.errors import DataError
-from navrl_daemon.storage.datasets import DatasetFile, ImageReader
+from navrl_daemon.offline.datasets import DatasetFile, ImageReader
 
 # How often an idle worker checks that its parent is still the one that started it.
 PARENT_POLL_S = 0.5
