@@ -30,9 +30,9 @@ import h5py
 import numpy as np
 import torch
 
-from navrl_daemon.storage.dataset_synth import SynthSpec, samples_for_bytes, write_synth
-from navrl_daemon.storage.datasets import MultimodalDataset, as_bchw, resize_images
-from navrl_daemon.storage.prefetch import BatchSchedule, Prefetcher
+from navrl_daemon.offline.dataset_synth import SynthSpec, samples_for_bytes, write_synth
+from navrl_daemon.offline.datasets import MultimodalDataset, as_bchw, resize_images
+from navrl_daemon.offline.prefetch import BatchSchedule, Prefetcher
 
 
 def _memory_total_bytes() -> int:
