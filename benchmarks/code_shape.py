@@ -10,6 +10,8 @@ For this checkout and, with `--ref REV`, for a git revision of the same reposito
 - `lines`: line counts of the wiring and stage files that exist in that revision.
 - `parameters`: parameters (without `self`) of every class constructor and module-level
   function in those files that takes more than 3.
+- `parts`: files and lines of each top-level part of the package (`rl`, `offline` ...).
+- `largest_functions`: the 12 longest functions and methods of the package, in lines.
 
 Run: `.venv/bin/python benchmarks/code_shape.py [--ref main]`
 """
@@ -32,14 +34,13 @@ WIRING = [
     "daemon.py",
     "offline_run.py",
     "pipeline/*.py",
-    "stages/producer.py",
-    "stages/trainer.py",
-    "stages/evaluator.py",
-    "stages/coordinator.py",
-    "stages/cadence.py",
-    "stages/curriculum.py",
+    "stages/*.py",
+    "offline/wiring.py",
+    "offline/prefetcher.py",
+    "offline/trainer.py",
     "runtime/distributed.py",
 ]
+LARGEST = 12
 
 
 def measure(root: Path) -> dict[str, Any]:
@@ -66,7 +67,44 @@ def shape(root: str) -> dict[str, Any]:
         "imports": imports(),
         "lines": lines(Path(root)),
         "parameters": parameters(Path(root)),
+        "parts": part_sizes(Path(root)),
+        "largest_functions": largest_functions(Path(root)),
     }
+
+
+def _package_files(root: Path) -> list[Path]:
+    return sorted((root / PACKAGE).rglob("*.py"))
+
+
+def part_sizes(root: Path) -> dict[str, dict[str, int]]:
+    """Files and lines per top-level part (a module directly in the package is its own)."""
+    sizes: dict[str, dict[str, int]] = {}
+    for path in _package_files(root):
+        rel = path.relative_to(root / PACKAGE)
+        part = rel.parts[0] if len(rel.parts) > 1 else rel.stem
+        size = sizes.setdefault(part, {"files": 0, "lines": 0})
+        size["files"] += 1
+        size["lines"] += len(path.read_text().splitlines())
+    return dict(sorted(sizes.items()))
+
+
+def largest_functions(root: Path) -> dict[str, int]:
+    """The longest functions and methods (`file:Class.name`), first line to last."""
+    found: list[tuple[int, str]] = []
+    for path in _package_files(root):
+        name = str(path.relative_to(root / PACKAGE))
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        size = (item.end_lineno or item.lineno) - item.lineno + 1
+                        found.append((size, f"{name}:{node.name}.{item.name}"))
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                size = (node.end_lineno or node.lineno) - node.lineno + 1
+                found.append((size, f"{name}:{node.name}"))
+    return {where: size for size, where in sorted(found, reverse=True)[:LARGEST]}
 
 
 def imports() -> dict[str, Any]:
@@ -157,7 +195,7 @@ def _files(root: Path) -> list[Path]:
     found: list[Path] = []
     for pattern in WIRING:
         found += sorted(p for p in (root / PACKAGE).glob(pattern) if p.name != "__init__.py")
-    return found
+    return list(dict.fromkeys(found))
 
 
 def lines(root: Path) -> dict[str, int]:

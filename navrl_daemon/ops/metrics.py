@@ -125,7 +125,16 @@ class Metrics:
         self._last_iteration_at: float | None = None
         self._last_checkpoint_at: float | None = None
 
-        # training
+        self._training_metrics(r)
+        self._pipeline_metrics(r)
+        self._storage_metrics(r)
+        self._evaluation_metrics(r, eval_interval)
+        self._process_metrics(r, version, torch_version, device)
+        self._nothing_yet(stage_phases)
+        self.set_state("starting")
+
+    def _training_metrics(self, r: CollectorRegistry) -> None:
+        """Frames, iterations, throughput, the update's losses and statistics, episodes."""
         self.frames_total = Counter("navrl_frames", "Environment frames trained on.", registry=r)
         self.iterations_total = Counter(
             "navrl_iterations", "Training iterations (PPO updates) completed.", registry=r
@@ -205,7 +214,8 @@ class Metrics:
             registry=r,
         ).set_function(lambda: self._age(self._last_iteration_at))
 
-        # pipeline
+    def _pipeline_metrics(self, r: CollectorRegistry) -> None:
+        """Stage phases and busy shares, the daemon's state."""
         self.stage_seconds = Histogram(
             "navrl_stage_seconds",
             "Duration of one phase of a pipeline stage, in seconds.",
@@ -228,7 +238,8 @@ class Metrics:
         self.queues = _QueueCollector()
         r.register(self.queues)
 
-        # checkpoints, archive, prefetch
+    def _storage_metrics(self, r: CollectorRegistry) -> None:
+        """Checkpoints, the rollout archive, the offline prefetch."""
         self.checkpoint_write_seconds = Histogram(
             "navrl_checkpoint_write_seconds",
             "Time to write one checkpoint file, in seconds.",
@@ -320,7 +331,8 @@ class Metrics:
             "navrl_prefetch_batches", "Offline batches delivered by the prefetcher.", registry=r
         )
 
-        # evaluation
+    def _evaluation_metrics(self, r: CollectorRegistry, eval_interval: int) -> None:
+        """The last evaluation, its cadence, the curriculum and density levels."""
         self.eval = {
             key: Gauge(
                 f"navrl_eval_{name}",
@@ -363,7 +375,10 @@ class Metrics:
             registry=r,
         )
 
-        # process
+    def _process_metrics(
+        self, r: CollectorRegistry, version: str, torch_version: str, device: str
+    ) -> None:
+        """The process, its platform, GPU memory, the state dir's disk, the build."""
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
         r.register(_GpuMemoryCollector(device))
@@ -376,6 +391,9 @@ class Metrics:
             registry=r,
         ).labels(version=version, torch=torch_version, device=device).set(1)
 
+    def _nothing_yet(self, stage_phases: Iterable[tuple[str, str]]) -> None:
+        """Every gauge that has no value yet reads NaN, and every labelled series is exported
+        before its first sample."""
         # "Nothing yet" must not read as a value: no episode is not "every episode failed".
         nothing_yet = [
             *self.episode.values(),
@@ -394,7 +412,6 @@ class Metrics:
         for stage, phase in stage_phases:
             self.stage_seconds.labels(stage=stage, phase=phase)
             self.stage_busy_ratio.labels(stage=stage)
-        self.set_state("starting")
 
     # training
 

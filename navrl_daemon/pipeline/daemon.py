@@ -239,33 +239,12 @@ def build_stages(ctx: RunContext) -> list[Stage]:
     with phase("policy and update"):
         policy = make_policy(cfg, ctx.device)
         bc = offline.ppo_plus_bc(ctx) if offline is not None else None  # "ppo+bc"
-        learner = Learner.build(  # ConfigError (78) here if ppo.update_path cannot run
-            cfg,
-            policy,
-            ctx.device,
-            reducer=ctx.coordinator.reducer,
-            minibatches=(
-                CompressedMinibatches(cfg.pipeline.compress_workers)
-                if cfg.pipeline.compress_rollouts
-                else ppo.frame_minibatches
-            ),
-            aux_loss=bc.term if bc is not None else None,
-        )
+        learner = _learner(ctx, policy, bc.term if bc is not None else None)
     if world.distributed:
         torch.manual_seed(cfg.run.seed + world.rank)  # each rank samples its own actions
     curriculum = Curriculum(cfg.env) if cfg.env.curriculum else None
-    train_cfg = cfg.model_copy(update={"env": curriculum.env_config(0)}) if curriculum else cfg
     with phase("training envs"):
-        collector = Collector.build(_rank_config(train_cfg, world), acting_copy(policy), ctx.device)
-    # the embedded env's choice
-    masked = collector.env.masked_reset if isinstance(collector.env, CapturableEnv) else None
-    if masked is not None:
-        captured = isinstance(collector.rollout, CapturedRollout)
-        log.info(
-            "env reset mode",
-            mode="masked" if masked else "indexed",
-            collect_path="cuda_graph" if captured else "eager",
-        )
+        collector = _collector(ctx, policy, curriculum)
     first = collector.new_buffer()
     with phase("resume"):
         start = _resume(ctx, found, learner, collector, curriculum)
@@ -275,24 +254,96 @@ def build_stages(ctx: RunContext) -> list[Stage]:
     if curriculum is not None:
         telemetry.curriculum_stage(curriculum.applied)
 
-    rollouts: Channel[Rollout] = Channel("rollouts", cfg.pipeline.lease_pool, Overflow.BLOCK)
-    weights: Channel[PolicyWeights] = Channel("weights", 1, Overflow.COALESCE)
-    channels: list[Channel[Any]] = [rollouts, weights]
     owned = None
     if world.leader:
         with phase("evaluation and state dir"):
             owned = _state_dir_stages(
                 ctx, checkpoints, policy, curriculum, resumed_from=start.iteration
             )
-    trainer_stream = TrainerStream.for_device(ctx.device, cfg.pipeline.trainer_stream)
-    producer = RolloutProducer(
+    stream = TrainerStream.for_device(ctx.device, cfg.pipeline.trainer_stream)
+    core = _Core(learner, collector, start, curriculum, checkpoints, owned, stream)
+    rollouts: Channel[Rollout] = Channel("rollouts", cfg.pipeline.lease_pool, Overflow.BLOCK)
+    weights: Channel[PolicyWeights] = Channel("weights", 1, Overflow.COALESCE)
+    producer = _producer(ctx, core, pool, rollouts, weights)
+    trainer = _trainer(ctx, core, rollouts, weights)
+    stages: list[Stage] = [
+        producer,
+        bc.trainer(trainer) if bc is not None else trainer,
+        *(owned.stages if owned else []),
+        *([bc.prefetcher(learner.version)] if bc is not None else []),  # after resume
+        *([owned.writer] if owned else []),
+    ]
+    for channel in [rollouts, weights, *(owned.channels if owned else [])]:
+        telemetry.metrics.watch_channel(channel)
+    telemetry.metrics.watch_pool(pool)
+    return stages
+
+
+def _learner(ctx: RunContext, policy: NavRLPolicy, aux_loss: ppo.AuxLoss | None) -> Learner:
+    """PPO's learner on `policy`; ConfigError (78) if ppo.update_path cannot run."""
+    cfg = ctx.cfg
+    return Learner.build(
+        cfg,
+        policy,
+        ctx.device,
+        reducer=ctx.coordinator.reducer,
+        minibatches=(
+            CompressedMinibatches(cfg.pipeline.compress_workers)
+            if cfg.pipeline.compress_rollouts
+            else ppo.frame_minibatches
+        ),
+        aux_loss=aux_loss,
+    )
+
+
+def _collector(ctx: RunContext, policy: NavRLPolicy, curriculum: Curriculum | None) -> Collector:
+    """This rank's training envs (at the curriculum's first stage) and an acting copy of
+    `policy`."""
+    cfg = ctx.cfg
+    train_cfg = cfg.model_copy(update={"env": curriculum.env_config(0)}) if curriculum else cfg
+    collector = Collector.build(_rank_config(train_cfg, ctx.world), acting_copy(policy), ctx.device)
+    # the embedded env's choice
+    masked = collector.env.masked_reset if isinstance(collector.env, CapturableEnv) else None
+    if masked is not None:
+        captured = isinstance(collector.rollout, CapturedRollout)
+        log.info(
+            "env reset mode",
+            mode="masked" if masked else "indexed",
+            collect_path="cuda_graph" if captured else "eager",
+        )
+    return collector
+
+
+@dataclass(frozen=True)
+class _Core:
+    """What the producer and the trainer are built around."""
+
+    learner: Learner
+    collector: Collector
+    start: Position
+    curriculum: Curriculum | None
+    checkpoints: CheckpointDir
+    owned: StateDirStages | None  # rank 0's: evaluation, checkpoints, archive
+    stream: TrainerStream  # the trainer's own CUDA stream, if pipeline.trainer_stream
+
+
+def _producer(
+    ctx: RunContext,
+    core: _Core,
+    pool: LeasePool,
+    rollouts: Channel[Rollout],
+    weights: Channel[PolicyWeights],
+) -> RolloutProducer:
+    cfg, telemetry, owned, collector = ctx.cfg, ctx.telemetry, core.owned, core.collector
+    curriculum = core.curriculum
+    return RolloutProducer(
         collector,
         pool,
         rollouts.sender(),
         weights.receiver(),
         context=ProducerContext(
             cadence=ctx.cadence,
-            start=start,
+            start=core.start,
             coordinator=ctx.coordinator,
             curriculum=(
                 CurriculumFollower(
@@ -303,7 +354,7 @@ def build_stages(ctx: RunContext) -> list[Stage]:
             ),
             shutdown=ctx.shutdown,
             compute=ctx.threads.producer,
-            trainer_stream=trainer_stream,
+            trainer_stream=core.stream,
         ),
         archive=owned.archive if owned else None,
         final_state=owned.final_state if owned else None,
@@ -316,8 +367,14 @@ def build_stages(ctx: RunContext) -> list[Stage]:
             ),
         ),
     )
-    trainer = Trainer(
-        learner,
+
+
+def _trainer(
+    ctx: RunContext, core: _Core, rollouts: Channel[Rollout], weights: Channel[PolicyWeights]
+) -> Trainer:
+    owned, telemetry = core.owned, ctx.telemetry
+    return Trainer(
+        core.learner,
         rollouts.receiver(),
         [weights.sender()],
         context=TrainerContext(
@@ -325,9 +382,9 @@ def build_stages(ctx: RunContext) -> list[Stage]:
             shutdown=ctx.shutdown,
             compute=ctx.threads.trainer,
             export_path=ctx.state_dir / "export" / "policy.pt" if owned else None,  # rank 0's
-            start_frames=start.frames,
-            rollback=functools.partial(ctx.coordinator.rollback, checkpoints),
-            stream=trainer_stream,
+            start_frames=core.start.frames,
+            rollback=functools.partial(ctx.coordinator.rollback, core.checkpoints),
+            stream=core.stream,
         ),
         evaluations=owned.evaluations if owned else None,
         checkpoints=owned.checkpointing if owned else None,
@@ -336,17 +393,6 @@ def build_stages(ctx: RunContext) -> list[Stage]:
             on_export_failed=functools.partial(telemetry.metrics.write_failed, "export"),
         ),
     )
-    stages: list[Stage] = [
-        producer,
-        bc.trainer(trainer) if bc is not None else trainer,
-        *(owned.stages if owned else []),
-        *([bc.prefetcher(learner.version)] if bc is not None else []),  # after resume
-        *([owned.writer] if owned else []),
-    ]
-    for channel in [*channels, *(owned.channels if owned else [])]:
-        telemetry.metrics.watch_channel(channel)
-    telemetry.metrics.watch_pool(pool)
-    return stages
 
 
 def _resume(
@@ -417,21 +463,7 @@ def _state_dir_stages(
         archive = archive_channel(cfg.archive, on_dropped=telemetry.metrics.archive_dropped)
         channels.append(archive)
         archive_sender = archive.sender()
-        stages.append(
-            RolloutArchiver(
-                cfg.archive,
-                ctx.state_dir / "archive",
-                archive.receiver(),
-                shutdown=ctx.shutdown,
-                resumed_from=resumed_from,
-                events=ArchiverEvents(
-                    on_written=telemetry.metrics.archive_written,
-                    on_failed=telemetry.metrics.archive_dropped,
-                    on_rotated=telemetry.metrics.archive_rotated,
-                    on_usage=telemetry.metrics.archive_usage,
-                ),
-            )
-        )
+        stages.append(_archiver(ctx, archive, resumed_from))
 
     snapshots: Channel[Snapshot] = Channel(
         "snapshots",
@@ -461,30 +493,7 @@ def _state_dir_stages(
         to_eval: Channel[PolicyWeights] = Channel("evaluations", 1, Overflow.COALESCE)
         eval_sender = to_eval.sender()
         channels.append(to_eval)
-        evaluation: Evaluations | StageEvaluation
-        if curriculum is None:
-            evaluation = Evaluations(cfg, ctx.device)
-        else:  # at the curriculum's current stage
-            evaluation = StageEvaluation(cfg, curriculum, ctx.device)
-        stages.append(
-            Evaluator(
-                acting_copy(policy),
-                evaluation,
-                to_eval.receiver(),
-                context=EvaluatorContext(results, ctx.shutdown, ctx.threads.evaluator),
-                best=BestPolicy(
-                    ctx.state_dir / "export" / "best.pt",
-                    on_failed=functools.partial(telemetry.metrics.write_failed, "export"),
-                ),
-                videos=evaluation_videos(cfg, evaluation, telemetry),
-                events=EvaluatorEvents(
-                    on_result=on_eval,
-                    on_write_failed=functools.partial(
-                        telemetry.metrics.write_failed, "eval_results"
-                    ),
-                ),
-            )
-        )
+        stages.append(_evaluator(ctx, to_eval, policy, curriculum, on_eval))
 
     final_state: Channel[FinalCollectorState] = Channel("final collector state", 1)
     checkpointing = Checkpointing(
@@ -503,6 +512,55 @@ def _state_dir_stages(
         eval_sender,
         checkpointing,
         final_state.sender(),
+    )
+
+
+def _archiver(ctx: RunContext, archive: Channel[Lease], resumed_from: int) -> RolloutArchiver:
+    metrics = ctx.telemetry.metrics
+    return RolloutArchiver(
+        ctx.cfg.archive,
+        ctx.state_dir / "archive",
+        archive.receiver(),
+        shutdown=ctx.shutdown,
+        resumed_from=resumed_from,
+        events=ArchiverEvents(
+            on_written=metrics.archive_written,
+            on_failed=metrics.archive_dropped,
+            on_rotated=metrics.archive_rotated,
+            on_usage=metrics.archive_usage,
+        ),
+    )
+
+
+def _evaluator(
+    ctx: RunContext,
+    to_eval: Channel[PolicyWeights],
+    policy: NavRLPolicy,
+    curriculum: Curriculum | None,
+    on_result: Callable[[dict[str, Any]], None],
+) -> Evaluator:
+    """Evaluations of the weights sent to `to_eval`, at the curriculum's current stage
+    when there is one."""
+    cfg, telemetry = ctx.cfg, ctx.telemetry
+    evaluation: Evaluations | StageEvaluation
+    if curriculum is None:
+        evaluation = Evaluations(cfg, ctx.device)
+    else:
+        evaluation = StageEvaluation(cfg, curriculum, ctx.device)
+    return Evaluator(
+        acting_copy(policy),
+        evaluation,
+        to_eval.receiver(),
+        context=EvaluatorContext(ctx.state_dir / RESULTS_FILE, ctx.shutdown, ctx.threads.evaluator),
+        best=BestPolicy(
+            ctx.state_dir / "export" / "best.pt",
+            on_failed=functools.partial(telemetry.metrics.write_failed, "export"),
+        ),
+        videos=evaluation_videos(cfg, evaluation, telemetry),
+        events=EvaluatorEvents(
+            on_result=on_result,
+            on_write_failed=functools.partial(telemetry.metrics.write_failed, "eval_results"),
+        ),
     )
 
 
