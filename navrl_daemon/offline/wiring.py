@@ -100,30 +100,7 @@ def _bc_stages(ctx: RunContext, data: MultimodalDataset | ArchiveReader, t0: flo
     _log_data(data, time.perf_counter() - t0)
     learner = _bc_learner(cfg, data, device)
     checkpoints = CheckpointDir(state_dir / "checkpoints", accept=resume.CheckpointFit(cfg))
-    found = resume.newest_checkpoint(checkpoints)
-    frames = 0
-    if found is not None:
-        path, header, state = found
-        if state.get("kind") != OFFLINE:
-            raise DataError(
-                f"checkpoint {path}: holds a run of kind {state.get('kind')!r}, not an offline "
-                "one; give the offline run its own state dir (or move the checkpoints away)"
-            )
-        try:
-            learner.load(state)
-        except (KeyError, ValueError, RuntimeError, TypeError) as err:
-            raise DataError(f"checkpoint {path}: does not fit this offline run: {err}") from None
-        frames = header.frames
-        log.info(
-            "resumed from checkpoint",
-            path=str(path),
-            iteration=learner.steps,
-            frames=frames,
-            kind=OFFLINE,
-            env_restored=False,
-        )
-    else:
-        log.info("no checkpoint: starting a new run", checkpoints=str(checkpoints.path))
+    frames = _resume(learner, checkpoints)
     if 0 < cfg.offline.steps <= learner.steps:
         # Nothing to train: build nothing, so nothing is written (config, export, logs).
         log.info(
@@ -167,26 +144,7 @@ def _bc_stages(ctx: RunContext, data: MultimodalDataset | ArchiveReader, t0: flo
         to_eval: Channel[PolicyWeights] = Channel("evaluations", 1, Overflow.COALESCE)
         eval_sender = to_eval.sender()
         channels.append(to_eval)
-
-        def on_eval(record: dict[str, Any]) -> None:
-            telemetry.evaluation(record)
-            writer.record_eval(record["iteration"], record["reach_goal"])
-
-        eval_env = make_eval_env(cfg, device)
-        stages.append(
-            Evaluator(
-                acting_copy(learner.policy),  # type: ignore[arg-type]
-                functools.partial(
-                    evaluate, eval_env, seed=cfg.eval.seed, max_steps=eval_steps(cfg)
-                ),
-                to_eval.receiver(),
-                context=EvaluatorContext(state_dir / RESULTS_FILE, shutdown, threads.evaluator),
-                events=EvaluatorEvents(
-                    on_result=on_eval,
-                    on_write_failed=functools.partial(metrics.write_failed, "eval_results"),
-                ),
-            )
-        )
+        stages.append(_evaluator(ctx, learner, to_eval, writer))
     progress = OfflineProgress(telemetry, cfg.log.summary_interval, cfg.prefetch.batch_size)
     trainer = OfflineTrainer(
         learner,
@@ -218,6 +176,60 @@ def _bc_stages(ctx: RunContext, data: MultimodalDataset | ArchiveReader, t0: flo
     for channel in channels:
         metrics.watch_channel(channel)
     return stages
+
+
+def _resume(learner: BCLearner, checkpoints: CheckpointDir) -> int:
+    """Load the newest valid offline checkpoint (if any) into `learner`; its frames.
+    DataError (65) for a checkpoint of another kind or one that does not fit."""
+    found = resume.newest_checkpoint(checkpoints)
+    if found is None:
+        log.info("no checkpoint: starting a new run", checkpoints=str(checkpoints.path))
+        return 0
+    path, header, state = found
+    if state.get("kind") != OFFLINE:
+        raise DataError(
+            f"checkpoint {path}: holds a run of kind {state.get('kind')!r}, not an offline "
+            "one; give the offline run its own state dir (or move the checkpoints away)"
+        )
+    try:
+        learner.load(state)
+    except (KeyError, ValueError, RuntimeError, TypeError) as err:
+        raise DataError(f"checkpoint {path}: does not fit this offline run: {err}") from None
+    log.info(
+        "resumed from checkpoint",
+        path=str(path),
+        iteration=learner.steps,
+        frames=header.frames,
+        kind=OFFLINE,
+        env_restored=False,
+    )
+    return header.frames
+
+
+def _evaluator(
+    ctx: RunContext,
+    learner: BCLearner,
+    to_eval: Channel[PolicyWeights],
+    writer: CheckpointWriter,
+) -> Evaluator:
+    """Evaluations of the NavRL policy trained from rollout archives, on the eval env."""
+    cfg, telemetry = ctx.cfg, ctx.telemetry
+
+    def on_eval(record: dict[str, Any]) -> None:
+        telemetry.evaluation(record)
+        writer.record_eval(record["iteration"], record["reach_goal"])
+
+    eval_env = make_eval_env(cfg, ctx.device)
+    return Evaluator(
+        acting_copy(learner.policy),  # type: ignore[arg-type]
+        functools.partial(evaluate, eval_env, seed=cfg.eval.seed, max_steps=eval_steps(cfg)),
+        to_eval.receiver(),
+        context=EvaluatorContext(ctx.state_dir / RESULTS_FILE, ctx.shutdown, ctx.threads.evaluator),
+        events=EvaluatorEvents(
+            on_result=on_eval,
+            on_write_failed=functools.partial(telemetry.metrics.write_failed, "eval_results"),
+        ),
+    )
 
 
 def _bc_learner(
