@@ -92,6 +92,10 @@ class RunConfig(Section):
     shutdown_timeout_s: PosFloat = 60.0
     # 0 keeps torch's default intra-op thread count.
     torch_threads: NonNegInt = 0
+    # glibc's mmap threshold, fixed: allocations this large are mapped on their own and
+    # unmapped when freed, so RSS follows what the daemon holds (runtime/heap.py; a
+    # threshold in MALLOC_MMAP_THRESHOLD_ or GLIBC_TUNABLES wins). 0: glibc's dynamic one.
+    mmap_threshold_bytes: Annotated[int, Field(ge=0, le=32 * 1024 * 1024)] = 128 * 1024
     # A start-up that has not finished its first iteration after this many seconds logs its
     # phase and every thread's stack and exits 70, for systemd to restart it (0: no limit).
     # Building NavRL-scale maps, CUDA graphs and a compiled update fit well inside it.

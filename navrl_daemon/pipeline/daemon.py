@@ -92,7 +92,8 @@ def run(
 ) -> int:
     """Train until `run.total_frames` or a stop signal. Raises NavrlError subclasses.
     `offline`: the offline objectives, for a config that asks for one."""
-    heap.pin_mmap_threshold()  # large buffers are unmapped when freed (runtime/heap.py)
+    if cfg.run.mmap_threshold_bytes:  # large buffers are unmapped when freed (runtime/heap.py)
+        heap.pin_mmap_threshold(cfg.run.mmap_threshold_bytes)
     world = World.from_environ()
     serving = functools.partial(
         serve, cfg, state_dir, world=world, signals=signals, offline=offline

@@ -11,8 +11,10 @@ encoder and compressor pools) leave holes in every arena: live data stays flat w
 climbs with the iterations (+13 MB/h at the default config with a checkpoint every
 iteration). Pinning the threshold turns the dynamic raise off.
 
-A threshold set by the user (`MALLOC_MMAP_THRESHOLD_`, or `glibc.malloc.mmap_threshold` in
-`GLIBC_TUNABLES`) is left alone; without glibc's `mallopt` (musl, macOS) nothing is done.
+The daemon pins it at `run.mmap_threshold_bytes` (128 KiB, glibc's own starting value; 0
+leaves the dynamic threshold). A threshold set by the user (`MALLOC_MMAP_THRESHOLD_`, or
+`glibc.malloc.mmap_threshold` in `GLIBC_TUNABLES`) is left alone; without glibc's
+`mallopt` (musl, macOS) nothing is done.
 """
 
 from __future__ import annotations

@@ -1,0 +1,145 @@
+"""What pinning glibc's mmap threshold costs in throughput, and what it does to RSS, as JSON.
+
+`run.mmap_threshold_bytes` (runtime/heap.py) makes every allocation of at least 128 KiB a
+mapping of its own, unmapped when freed: a syscall and fresh zeroed pages each time, where
+glibc's dynamic threshold would reuse arena memory. This runs the real daemon
+(`navrl-daemon run`, a process per run, a fresh state dir) with the pin and with 0 (glibc's
+dynamic threshold) in turns, `--repeats` times, each for `--frames` frames at the soak's
+busy settings (a checkpoint every iteration, every rollout archived), and reports per
+variant: frames/s between the first and the last history row (start-up excluded), and the
+process's RSS sampled every 0.5 s after that first row (median and peak); medians and
+spread over the repeats, and the ratios pinned / dynamic. (The RSS *slope* over hours is
+benchmarks/soak.py's.)
+
+Run: `OMP_NUM_THREADS=1 .venv/bin/python benchmarks/heap_pin.py [--repeats 3]
+[--frames 102400] [KEY=VALUE ...]`
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+VARIANTS = {"pinned": 128 * 1024, "dynamic": 0}
+BUSY = [
+    "checkpoint.interval=1",
+    "checkpoint.keep_last=3",
+    "archive.interval=1",
+    "archive.max_total_bytes=16777216",
+    "archive.max_file_bytes=2097152",
+    "eval.interval=0",
+    "metrics.port=0",
+]
+
+
+def rss_bytes(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def history_rows(state: Path) -> list[dict[str, Any]]:
+    path = state / "history.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def one_run(threshold: int, frames: int, overrides: list[str]) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        state = Path(tmp) / "state"
+        args = [
+            *BUSY,
+            f"run.total_frames={frames}",
+            f"run.mmap_threshold_bytes={threshold}",
+            *overrides,
+        ]
+        env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
+        env.pop("GLIBC_TUNABLES", None)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "navrl_daemon", "run", "--state-dir", str(state), *args],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        samples: list[int] = []
+        while proc.poll() is None:
+            if history_rows(state):  # the first iteration has ended: start-up is over
+                rss = rss_bytes(proc.pid)
+                if rss is not None:
+                    samples.append(rss)
+            time.sleep(0.5)
+        rows = history_rows(state)
+    if proc.returncode != 0 or len(rows) < 2:
+        return {"error": f"exit {proc.returncode}, {len(rows)} history rows"}
+    first, last = rows[0], rows[-1]
+    return {
+        "frames_per_s": round(
+            (last["frames"] - first["frames"]) / (last["time"] - first["time"]), 1
+        ),
+        "iterations": last["iteration"],
+        "rss_median_mb": round(statistics.median(samples) / 1e6, 1) if samples else None,
+        "rss_peak_mb": round(max(samples) / 1e6, 1) if samples else None,
+    }
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {
+        "median": round(statistics.median(values), 1),
+        "min": round(min(values), 1),
+        "max": round(max(values), 1),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--frames", type=int, default=102_400)
+    ap.add_argument("overrides", nargs="*", help="KEY=VALUE after the benchmark's own")
+    args = ap.parse_args()
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in VARIANTS}
+    load_before = os.getloadavg()
+    for _ in range(args.repeats):
+        for name, threshold in VARIANTS.items():
+            runs[name].append(one_run(threshold, args.frames, args.overrides))
+    result: dict[str, Any] = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "load_before": [round(x, 2) for x in load_before],
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+        "frames": args.frames,
+        "overrides": args.overrides,
+    }
+    medians: dict[str, dict[str, float]] = {}
+    for name, name_runs in runs.items():
+        ok = [r for r in name_runs if "error" not in r]
+        summary: dict[str, Any] = {"runs": name_runs}
+        for key in ("frames_per_s", "rss_median_mb", "rss_peak_mb"):
+            values = [r[key] for r in ok if r[key] is not None]
+            if values:
+                summary[key] = spread(values)
+                medians.setdefault(name, {})[key] = summary[key]["median"]
+        result[name] = summary
+    if len(medians) == 2:
+        result["pinned_over_dynamic"] = {
+            key: round(medians["pinned"][key] / medians["dynamic"][key], 3)
+            for key in medians["pinned"]
+            if key in medians["dynamic"]
+        }
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
