@@ -29,17 +29,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import soak  # benchmarks/, on the path when run as a script
+from suite_time import spread
+
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = {"pinned": 128 * 1024, "dynamic": 0}
-BUSY = [
-    "checkpoint.interval=1",
-    "checkpoint.keep_last=3",
-    "archive.interval=1",
-    "archive.max_total_bytes=16777216",
-    "archive.max_file_bytes=2097152",
-    "eval.interval=0",
-    "metrics.port=0",
-]
+# The soak's busy stages, without its evaluations (they would time the eval env too).
+BUSY = [*soak.BUSY, "eval.interval=0"]
 
 
 def rss_bytes(pid: int) -> int | None:
@@ -93,14 +89,6 @@ def one_run(threshold: int, frames: int, overrides: list[str]) -> dict[str, Any]
         "iterations": last["iteration"],
         "rss_median_mb": round(statistics.median(samples) / 1e6, 1) if samples else None,
         "rss_peak_mb": round(max(samples) / 1e6, 1) if samples else None,
-    }
-
-
-def spread(values: list[float]) -> dict[str, float]:
-    return {
-        "median": round(statistics.median(values), 1),
-        "min": round(min(values), 1),
-        "max": round(max(values), 1),
     }
 
 

@@ -85,23 +85,6 @@ def test_cuda_lag_1_with_the_trainer_stream_trains_beside_the_next_rollout(
         assert all(math.isfinite(v) for k, v in r.losses.items() if k != "rolled_back"), r.losses
 
 
-class FakeStream:
-    """Records what the trainer asks of its stream (CPU builds have no CUDA streams)."""
-
-    def __init__(self, calls: list[str]) -> None:
-        self.calls = calls
-        self.device = torch.device("cpu")
-
-    def wait_event(self, event: object) -> None:
-        self.calls.append(f"wait_event {event}")
-
-    def wait_stream(self, stream: object) -> None:
-        self.calls.append("wait_stream")
-
-    def synchronize(self) -> None:
-        self.calls.append("synchronize")
-
-
 def test_the_hand_overs_of_a_trainer_with_its_own_stream(monkeypatch: pytest.MonkeyPatch) -> None:
     """Part of the protocol the CUDA tests exercise on a GPU, checked here on its calls: the
     update waits for the rollout's event (not the whole producer stream), and the stream is
@@ -111,6 +94,7 @@ def test_the_hand_overs_of_a_trainer_with_its_own_stream(monkeypatch: pytest.Mon
     from navrl_daemon.rl.training import Training
     from navrl_daemon.runtime.compute import ComputeThread
     from navrl_daemon.runtime.streams import TrainerStream
+    from tests.runtime.test_streams import FakeStream
 
     calls: list[str] = []
     monkeypatch.setattr(torch.cuda, "stream", lambda stream: nullcontext())
@@ -124,7 +108,7 @@ def test_the_hand_overs_of_a_trainer_with_its_own_stream(monkeypatch: pytest.Mon
         assert calls[0] == "wait_event rollout 0"
         calls.clear()
         trainer._update(training.buffer)  # no event (an offline caller): the whole stream
-        assert calls[0] == "wait_stream"
+        assert calls[0] == "wait_stream producer's"
         calls.clear()
         weights = trainer._weights()
         assert calls == ["synchronize"] and weights.keys() == training.policy.state_dict().keys()
