@@ -7,7 +7,7 @@ glibc's dynamic threshold would reuse arena memory. This runs the real daemon
 dynamic threshold) in turns, `--repeats` times, each for `--frames` frames at the soak's
 busy settings (a checkpoint every iteration, every rollout archived), and reports per
 variant: frames/s between the first and the last history row (start-up excluded), and the
-process's RSS sampled every 0.5 s after that first row (median and peak); medians and
+process's anonymous RSS sampled every 0.5 s after that first row (median and peak); medians and
 spread over the repeats, and the ratios pinned / dynamic. (The RSS *slope* over hours is
 benchmarks/soak.py's.)
 
@@ -38,12 +38,17 @@ VARIANTS = {"pinned": 128 * 1024, "dynamic": 0}
 BUSY = [*soak.BUSY, "eval.interval=0"]
 
 
-def rss_bytes(pid: int) -> int | None:
+def rss_anon_bytes(pid: int) -> int | None:
+    """Anonymous resident memory (RssAnon): what the allocator holds, without the file
+    pages of libraries, which move with the machine's page cache."""
     try:
-        with open(f"/proc/{pid}/statm") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         return None
+    return None
 
 
 def history_rows(state: Path) -> list[dict[str, Any]]:
@@ -74,7 +79,7 @@ def one_run(threshold: int, frames: int, overrides: list[str]) -> dict[str, Any]
         samples: list[int] = []
         while proc.poll() is None:
             if history_rows(state):  # the first iteration has ended: start-up is over
-                rss = rss_bytes(proc.pid)
+                rss = rss_anon_bytes(proc.pid)
                 if rss is not None:
                     samples.append(rss)
             time.sleep(0.5)
@@ -87,8 +92,8 @@ def one_run(threshold: int, frames: int, overrides: list[str]) -> dict[str, Any]
             (last["frames"] - first["frames"]) / (last["time"] - first["time"]), 1
         ),
         "iterations": last["iteration"],
-        "rss_median_mb": round(statistics.median(samples) / 1e6, 1) if samples else None,
-        "rss_peak_mb": round(max(samples) / 1e6, 1) if samples else None,
+        "rss_anon_median_mb": round(statistics.median(samples) / 1e6, 1) if samples else None,
+        "rss_anon_peak_mb": round(max(samples) / 1e6, 1) if samples else None,
     }
 
 
@@ -114,7 +119,7 @@ def main() -> None:
     for name, name_runs in runs.items():
         ok = [r for r in name_runs if "error" not in r]
         summary: dict[str, Any] = {"runs": name_runs}
-        for key in ("frames_per_s", "rss_median_mb", "rss_peak_mb"):
+        for key in ("frames_per_s", "rss_anon_median_mb", "rss_anon_peak_mb"):
             values = [r[key] for r in ok if r[key] is not None]
             if values:
                 summary[key] = spread(values)
