@@ -3,13 +3,13 @@
 `run.mmap_threshold_bytes` (runtime/heap.py) makes every allocation of at least 128 KiB a
 mapping of its own, unmapped when freed: a syscall and fresh zeroed pages each time, where
 glibc's dynamic threshold would reuse arena memory. This runs the real daemon
-(`navrl-daemon run`, a process per run, a fresh state dir) with the pin and with 0 (glibc's
-dynamic threshold) in turns, `--repeats` times, each for `--frames` frames at the soak's
-busy settings (a checkpoint every iteration, every rollout archived), and reports per
-variant: frames/s between the first and the last history row (start-up excluded), and the
-process's anonymous RSS sampled every 0.5 s after that first row (median and peak); medians and
-spread over the repeats, and the ratios pinned / dynamic. (The RSS *slope* over hours is
-benchmarks/soak.py's.)
+(`navrl-daemon run --config config/default.toml`, a process per run, a fresh state dir)
+with the pin and with 0 (glibc's dynamic threshold) in turns, `--repeats` times, each for
+`--frames` frames at the soak's busy settings (a checkpoint every iteration, every rollout
+archived), and reports per variant: frames/s between the first and the last history row
+(start-up excluded), and the process's anonymous RSS sampled every 0.5 s after that first
+row (median and peak); medians and spread over the repeats, and the ratios pinned /
+dynamic. (The RSS *slope* over hours is benchmarks/soak.py's.)
 
 Run: `OMP_NUM_THREADS=1 .venv/bin/python benchmarks/heap_pin.py [--repeats 3]
 [--frames 102400] [KEY=VALUE ...]`
@@ -34,8 +34,9 @@ from suite_time import spread
 
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = {"pinned": 128 * 1024, "dynamic": 0}
-# The soak's busy stages, without its evaluations (they would time the eval env too).
-BUSY = [*soak.BUSY, "eval.interval=0"]
+# The soak's busy stages, without its evaluations (they would time the eval env too), and
+# a history row every iteration (the frames/s are read off them).
+BUSY = [*soak.BUSY, "eval.interval=0", "log.summary_interval=1"]
 
 
 def rss_anon_bytes(pid: int) -> int | None:
@@ -58,7 +59,7 @@ def history_rows(state: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def one_run(threshold: int, frames: int, overrides: list[str]) -> dict[str, Any]:
+def one_run(threshold: int, frames: int, config: Path, overrides: list[str]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         state = Path(tmp) / "state"
         args = [
@@ -67,10 +68,20 @@ def one_run(threshold: int, frames: int, overrides: list[str]) -> dict[str, Any]
             f"run.mmap_threshold_bytes={threshold}",
             *overrides,
         ]
+        state_arg = ["--state-dir", str(state)]
         env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
         env.pop("GLIBC_TUNABLES", None)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "navrl_daemon", "run", "--state-dir", str(state), *args],
+            [
+                sys.executable,
+                "-m",
+                "navrl_daemon",
+                "run",
+                "--config",
+                str(config),
+                *state_arg,
+                *args,
+            ],
             cwd=REPO,
             env=env,
             stdout=subprocess.DEVNULL,
@@ -101,18 +112,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--frames", type=int, default=102_400)
+    ap.add_argument("--config", type=Path, default=REPO / "config" / "default.toml")
     ap.add_argument("overrides", nargs="*", help="KEY=VALUE after the benchmark's own")
     args = ap.parse_args()
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in VARIANTS}
     load_before = os.getloadavg()
     for _ in range(args.repeats):
         for name, threshold in VARIANTS.items():
-            runs[name].append(one_run(threshold, args.frames, args.overrides))
+            runs[name].append(one_run(threshold, args.frames, args.config, args.overrides))
     result: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "load_before": [round(x, 2) for x in load_before],
         "load_after": [round(x, 2) for x in os.getloadavg()],
         "frames": args.frames,
+        "config": str(
+            args.config.relative_to(REPO) if args.config.is_relative_to(REPO) else args.config
+        ),
         "overrides": args.overrides,
     }
     medians: dict[str, dict[str, float]] = {}

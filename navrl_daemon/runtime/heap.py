@@ -9,10 +9,11 @@ write frees a buffer of a few MB, every tensor up to that size comes from an are
 threads that allocate and free such buffers at different times (collector, learner, the
 encoder and compressor pools) leave holes in every arena: live data stays flat while RSS
 climbs with the iterations (+13 MB/h at the default config with a checkpoint every
-iteration). Pinning the threshold turns the dynamic raise off.
+iteration; -0.03 MB/h pinned). Pinning the threshold turns the dynamic raise off.
 
-The daemon pins it at `run.mmap_threshold_bytes` (128 KiB, glibc's own starting value; 0
-leaves the dynamic threshold). A threshold set by the user (`MALLOC_MMAP_THRESHOLD_`, or
+The daemon pins it at `run.mmap_threshold_bytes` when that is set (131072: glibc's own
+starting value; 0, the default, leaves the dynamic threshold: the pin costs CPU throughput,
+benchmarks/heap_pin.py). A threshold set by the user (`MALLOC_MMAP_THRESHOLD_`, or
 `glibc.malloc.mmap_threshold` in `GLIBC_TUNABLES`) is left alone; without glibc's
 `mallopt` (musl, macOS) nothing is done.
 """
