@@ -32,6 +32,8 @@ from typing import Any
 import soak  # benchmarks/, on the path when run as a script
 from suite_time import spread
 
+from navrl_daemon.storage.history import HISTORY_FILE, read_jsonl
+
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = {"pinned": 128 * 1024, "dynamic": 0}
 # The soak's busy stages, without its evaluations (they would time the eval env too), and
@@ -43,20 +45,9 @@ def rss_anon_bytes(pid: int) -> int | None:
     """Anonymous resident memory (RssAnon): what the allocator holds, without the file
     pages of libraries, which move with the machine's page cache."""
     try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
+        return soak.status_fields(pid).get("RssAnon")
+    except OSError:  # the process has just ended
         return None
-    return None
-
-
-def history_rows(state: Path) -> list[dict[str, Any]]:
-    path = state / "history.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def one_run(threshold: int, frames: int, config: Path, overrides: list[str]) -> dict[str, Any]:
@@ -69,6 +60,7 @@ def one_run(threshold: int, frames: int, config: Path, overrides: list[str]) -> 
             *overrides,
         ]
         state_arg = ["--state-dir", str(state)]
+        history = state / HISTORY_FILE
         env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
         env.pop("GLIBC_TUNABLES", None)
         proc = subprocess.Popen(
@@ -89,12 +81,12 @@ def one_run(threshold: int, frames: int, config: Path, overrides: list[str]) -> 
         )
         samples: list[int] = []
         while proc.poll() is None:
-            if history_rows(state):  # the first iteration has ended: start-up is over
+            if history.exists() and history.stat().st_size:  # start-up is over
                 rss = rss_anon_bytes(proc.pid)
                 if rss is not None:
                     samples.append(rss)
             time.sleep(0.5)
-        rows = history_rows(state)
+        rows = read_jsonl(history).rows
     if proc.returncode != 0 or len(rows) < 2:
         return {"error": f"exit {proc.returncode}, {len(rows)} history rows"}
     first, last = rows[0], rows[-1]

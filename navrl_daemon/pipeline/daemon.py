@@ -92,8 +92,13 @@ def run(
 ) -> int:
     """Train until `run.total_frames` or a stop signal. Raises NavrlError subclasses.
     `offline`: the offline objectives, for a config that asks for one."""
-    if cfg.run.mmap_threshold_bytes:  # large buffers are unmapped when freed (runtime/heap.py)
-        heap.pin_mmap_threshold(cfg.run.mmap_threshold_bytes)
+    threshold = cfg.run.mmap_threshold_bytes  # large buffers unmapped when freed (heap.py)
+    if threshold and not heap.pin_mmap_threshold(threshold):
+        log.warning(
+            "run.mmap_threshold_bytes not applied: the environment sets glibc's threshold "
+            "(MALLOC_MMAP_THRESHOLD_, GLIBC_TUNABLES) or this C library has no mallopt",
+            mmap_threshold_bytes=threshold,
+        )
     world = World.from_environ()
     serving = functools.partial(
         serve, cfg, state_dir, world=world, signals=signals, offline=offline
