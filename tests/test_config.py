@@ -49,10 +49,56 @@ def test_precedence_file_then_environment_then_overrides(tmp_path: Path) -> None
         ("run.device=cuda:0", ("run.device", "cuda:0")),
         ('run.state_dir="/var/lib/navrl"', ("run.state_dir", "/var/lib/navrl")),
         ("env.smoothness_penalty=false", ("env.smoothness_penalty", False)),
+        ("env.curriculum.0.spawn=local", ("env.curriculum.0.spawn", "local")),
     ],
 )
 def test_override_values_parse_as_toml(item: str, expected: tuple[str, object]) -> None:
     assert parse_override(item) == expected
+
+
+def test_an_index_sets_one_entry_of_a_list_and_keeps_the_rest() -> None:
+    """A lever on one curriculum stage is one override, not the whole list retyped."""
+    recipe = REPO / "config" / "navrl.toml"
+    base = load_config(recipe, environ={})
+    overrides = [
+        "env.curriculum.0.num_dynamic_obstacles=8",
+        "env.curriculum.1.dynamic_speed_range=[0.3, 0.8]",
+        "env.map_levels.1=60",
+    ]
+    env = {"NAVRL_ENV__CURRICULUM__2__MIN_LEVEL": "3"}
+    cfg = load_config(recipe, overrides, environ=env)
+    stages, before = cfg.env.curriculum, base.env.curriculum
+    assert stages[0].num_dynamic_obstacles == 8 and before[0].num_dynamic_obstacles == 0
+    assert stages[1].dynamic_speed_range == [0.3, 0.8]
+    assert stages[2].min_level == 3 and before[2].min_level == 4
+    assert cfg.env.map_levels == [0, 60, *base.env.map_levels[2:]]
+    # everything not named is the file's
+    assert [s.name for s in stages] == [s.name for s in before]
+    assert stages[3] == before[3]
+    assert cfg.model_copy(update={"env": base.env}) == base
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        (["env.curriculum.9.num_obstacles=1"], "env.curriculum: a list of 4 entries"),
+        (["env.curriculum.name=x"], "env.curriculum: a list of 4 entries"),
+        (["env.curriculum.0.promote.5=1"], "env.curriculum.0.promote: is not a list"),
+        (["env.num_envs.0=1"], "env.num_envs: is a value"),
+        (["env.curriculum.0.num_dynamic_obstacles=12"], "curriculum[0] (long hops)"),
+    ],
+)
+def test_a_bad_index_is_config_error(overrides: list[str], needle: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(REPO / "config" / "navrl.toml", overrides, environ={})
+    assert needle in str(err.value)
+
+
+def test_an_index_into_a_list_the_config_does_not_hold_exits_78() -> None:
+    """Without a config file the curriculum is the built-in empty default: nothing to index."""
+    proc = navrl_cli("config", "show", "env.curriculum.0.num_obstacles=100")
+    assert proc.returncode == 78
+    assert "env.curriculum: is not a list the config holds" in proc.stderr
 
 
 def test_round_trip_through_toml(tmp_path: Path) -> None:
@@ -97,6 +143,7 @@ BAD = [
     (["env.num_envs"], "expected KEY=VALUE"),
     (["=3"], "is not a dotted path"),
     (["env..num_envs=3"], "is not a dotted path"),
+    (["0.num_envs=3"], "is not a dotted path"),
     (["env.num_envs=[1,"], "override env.num_envs"),
     (["env.num_envs="], "override env.num_envs: empty value"),
     (["env.num_envs=2", "env.num_envs.x=1"], "env.num_envs: is a value"),

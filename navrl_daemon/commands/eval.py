@@ -11,6 +11,7 @@ which shows a progress bar on a terminal.
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 import time
 from collections.abc import Callable
@@ -24,7 +25,14 @@ from navrl_daemon.commands.common import (
     print_json,
     state_dir_arg,
 )
-from navrl_daemon.config import Config, load_config, resolve_device, validate
+from navrl_daemon.config import (
+    Config,
+    load_config,
+    parse_override,
+    resolve_device,
+    set_dotted,
+    validate,
+)
 from navrl_daemon.errors import UsageError
 
 RUN_CONFIG = "config.toml"  # written by `run` into its state dir
@@ -289,16 +297,10 @@ def _embedded_config(path: Path) -> dict[str, Any] | None:
 
 def _with_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """A stored config's sections with dotted `KEY=VALUE` overrides set on top."""
-    from navrl_daemon.config import parse_override
-
-    data = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    data = copy.deepcopy(data)
     for item in overrides:
         key, value = parse_override(item)
-        *parents, leaf = key.split(".")
-        node = data
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
+        set_dotted(data, key, value, origin=f"override {item!r}")
     return data
 
 

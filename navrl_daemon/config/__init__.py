@@ -7,7 +7,13 @@
 Import from here: `from navrl_daemon.config import Config, load_config`.
 """
 
-from navrl_daemon.config.loader import load_config, parse_override, to_toml, validate
+from navrl_daemon.config.loader import (
+    load_config,
+    parse_override,
+    set_dotted,
+    to_toml,
+    validate,
+)
 from navrl_daemon.config.sections import (
     ArchiveConfig,
     CheckpointConfig,
@@ -63,6 +69,7 @@ __all__ = [
     "parse_override",
     "resolve_device",
     "resolve_update_path",
+    "set_dotted",
     "state_dir_problem",
     "to_toml",
     "validate",

@@ -36,11 +36,11 @@ def load_config(
         if name.startswith(ENV_PREFIX) and "__" in name:
             key = name[len(ENV_PREFIX) :].lower().replace("__", ".")
             origin = f"environment variable {name}"
-            _set_dotted(data, key, parse_value(raw, origin=origin), origin=origin)
+            set_dotted(data, key, parse_value(raw, origin=origin), origin=origin)
             variables[key] = name
     for item in overrides:
         key, value = parse_override(item)
-        _set_dotted(data, key, value, origin=f"override {item!r}")
+        set_dotted(data, key, value, origin=f"override {item!r}")
         variables.pop(key, None)  # the override wins, and is what an error is about
     return validate(data, variables)
 
@@ -91,19 +91,37 @@ def parse_value(raw: str, *, origin: str) -> Any:
         ) from None
 
 
-def _set_dotted(data: dict[str, Any], key: str, value: Any, *, origin: str) -> None:
-    *parents, leaf = key.split(".")
-    node = data
-    walked: list[str] = []
-    for part in parents:
-        walked.append(part)
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
+def set_dotted(data: dict[str, Any], key: str, value: Any, *, origin: str) -> None:
+    """Set `key` (`section.key`, sections made as needed) in `data` to `value`. A number
+    picks an entry of a list already there: `env.curriculum.1.num_dynamic_obstacles=8`
+    sets one stage's key and keeps the rest of the list."""
+    parts = key.split(".")
+    node: Any = data
+    for depth, part in enumerate(parts):
+        where, last = ".".join(parts[:depth]), depth == len(parts) - 1
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ConfigError(
+                    f"{where}: a list of {len(node)} entries, so {key} names none of them "
+                    f"(from {origin}); an entry is named by its index, from 0"
+                )
+            if last:
+                node[int(part)] = value
+            else:
+                node = node[int(part)]
+        elif not isinstance(node, dict):
             raise ConfigError(
-                f"{'.'.join(walked)}: is a value, not a section; cannot set {key} (from {origin})"
+                f"{where}: is a value, not a section; cannot set {key} (from {origin})"
             )
-        node = child
-    node[leaf] = value
+        elif part.isdigit():
+            raise ConfigError(
+                f"{where}: is not a list the config holds, so {key} cannot index it "
+                f"(from {origin}); set the whole list instead"
+            )
+        elif last:
+            node[part] = value
+        else:
+            node = node.setdefault(part, {})
 
 
 # Keys taken out of the config, with the value a config saved while they existed may hold

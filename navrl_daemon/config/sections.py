@@ -34,8 +34,9 @@ from navrl_daemon.config.update_path import (
 from navrl_daemon.errors import ConfigError
 
 ENV_PREFIX = "NAVRL_"
-# A dotted key path as overrides and NAVRL_ variables name it (`ppo.lr`, `env.num_envs`).
-KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+# A dotted key path as overrides and NAVRL_ variables name it (`ppo.lr`, `env.num_envs`);
+# a number picks an entry of a list the config already holds (`env.curriculum.0.spawn`).
+KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.([A-Za-z_][A-Za-z0-9_]*|[0-9]+))*$")
 
 PosInt = Annotated[int, Field(ge=1)]
 NonNegInt = Annotated[int, Field(ge=0)]
