@@ -468,6 +468,11 @@ def main() -> None:
         checked["torch_threads"] = cfg.run.torch_threads
         checked["min_level"] = cfg.env.min_level  # the [env] floor, and each stage's own
         checked["stage_min_levels"] = [stage.min_level for stage in cfg.env.curriculum]
+        # each stage's moving obstacles (count, speeds), as its env resolves them
+        checked["stage_dynamic_obstacles"] = [
+            [env.num_dynamic_obstacles, list(env.dynamic_speed_range)]
+            for env in map(cfg.env.stage_env, range(len(cfg.env.curriculum)))
+        ]
         checked["eval_interval"] = cfg.eval.interval
         checked["seed"] = cfg.run.seed
         if args.fork_from is not None:  # what the run would fork (nothing is copied here)

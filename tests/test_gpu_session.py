@@ -64,12 +64,14 @@ def test_a_recipe_is_a_config_file_plus_extra_overrides(tmp_path: Path) -> None:
         "learning",
         tmp_path,
         RECIPE="config/navrl-static.toml",
-        EXTRA="run.seed=7 ppo.lr_schedule=constant",
+        # a lever on one stage is an override too
+        EXTRA="run.seed=7 ppo.lr_schedule=constant env.curriculum.0.num_dynamic_obstacles=16",
     )
     assert done.returncode == 0, done.stderr[-2000:]
     checked_ = checked((tmp_path / "learning.out").read_text())
     assert checked_["stages"] == ["long hops", "crossings"]
     assert (checked_["seed"], checked_["lr_schedule"]) == (7, "constant")
+    assert [count for count, _ in checked_["stage_dynamic_obstacles"]] == [16, 0]
 
 
 def test_a_missing_recipe_file_stops_the_session(tmp_path: Path) -> None:
