@@ -1,18 +1,19 @@
 """What pinning glibc's mmap threshold costs in throughput, and what it does to RSS, as JSON.
 
-`run.mmap_threshold_bytes` (runtime/heap.py) makes every allocation of at least 128 KiB a
+`run.mmap_threshold_bytes` (runtime/heap.py) makes every allocation of at least that size a
 mapping of its own, unmapped when freed: a syscall and fresh zeroed pages each time, where
 glibc's dynamic threshold would reuse arena memory. This runs the real daemon
 (`navrl-daemon run --config config/default.toml`, a process per run, a fresh state dir)
-with the pin and with 0 (glibc's dynamic threshold) in turns, `--repeats` times, each for
-`--frames` frames at the soak's busy settings (a checkpoint every iteration, every rollout
-archived), and reports per variant: frames/s between the first and the last history row
-(start-up excluded), and the process's anonymous RSS sampled every 0.5 s after that first
-row (median and peak); medians and spread over the repeats, and the ratios pinned /
-dynamic. (The RSS *slope* over hours is benchmarks/soak.py's.)
+with each pinned threshold of `--thresholds` and with 0 (glibc's dynamic threshold) in
+turns, `--repeats` times, each for `--frames` frames at the soak's busy settings (a
+checkpoint every iteration, every rollout archived), and reports per variant: frames/s
+between the first and the last history row (start-up excluded), and the process's
+anonymous RSS sampled every 0.5 s after that first row (median and peak); medians and
+spread over the repeats, and each pin's ratios to dynamic. (The RSS *slope* over hours is
+benchmarks/soak.py's.)
 
 Run: `OMP_NUM_THREADS=1 .venv/bin/python benchmarks/heap_pin.py [--repeats 3]
-[--frames 102400] [KEY=VALUE ...]`
+[--frames 102400] [--thresholds 131072,1048576] [KEY=VALUE ...]`
 """
 
 from __future__ import annotations
@@ -35,10 +36,17 @@ from suite_time import spread
 from navrl_daemon.storage.history import HISTORY_FILE, read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
-VARIANTS = {"pinned": 128 * 1024, "dynamic": 0}
+# The thresholds compared by default: glibc's dynamic one (0), a pin at its starting value
+# and the daemon's default.
+THRESHOLDS = [0, 128 * 1024, 1024 * 1024]
 # The soak's busy stages, without its evaluations (they would time the eval env too), and
 # a history row every iteration (the frames/s are read off them).
 BUSY = [*soak.BUSY, "eval.interval=0", "log.summary_interval=1"]
+
+
+def variant_name(threshold: int) -> str:
+    """'dynamic' for 0, else the pinned threshold in KiB: 'pinned_128k'."""
+    return "dynamic" if threshold == 0 else f"pinned_{threshold // 1024}k"
 
 
 def rss_anon_bytes(pid: int) -> int | None:
@@ -105,12 +113,19 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--frames", type=int, default=102_400)
     ap.add_argument("--config", type=Path, default=REPO / "config" / "default.toml")
+    ap.add_argument(
+        "--thresholds",
+        default=",".join(map(str, THRESHOLDS)),
+        help="comma-separated run.mmap_threshold_bytes values; 0 (dynamic) is always run",
+    )
     ap.add_argument("overrides", nargs="*", help="KEY=VALUE after the benchmark's own")
     args = ap.parse_args()
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in VARIANTS}
+    thresholds = sorted({0, *(int(t) for t in args.thresholds.split(","))})
+    variants = {variant_name(t): t for t in thresholds}
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
     load_before = os.getloadavg()
     for _ in range(args.repeats):
-        for name, threshold in VARIANTS.items():
+        for name, threshold in variants.items():
             runs[name].append(one_run(threshold, args.frames, args.config, args.overrides))
     result: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
@@ -132,11 +147,15 @@ def main() -> None:
                 summary[key] = spread(values)
                 medians.setdefault(name, {})[key] = summary[key]["median"]
         result[name] = summary
-    if len(medians) == 2:
-        result["pinned_over_dynamic"] = {
-            key: round(medians["pinned"][key] / medians["dynamic"][key], 3)
-            for key in medians["pinned"]
-            if key in medians["dynamic"]
+    if "dynamic" in medians:
+        result["over_dynamic"] = {
+            name: {
+                key: round(value / medians["dynamic"][key], 3)
+                for key, value in name_medians.items()
+                if key in medians["dynamic"]
+            }
+            for name, name_medians in medians.items()
+            if name != "dynamic"
         }
     print(json.dumps(result, indent=1))
 

@@ -95,10 +95,10 @@ class RunConfig(Section):
     torch_threads: NonNegInt = 0
     # glibc's mmap threshold, fixed: allocations this large are mapped on their own and
     # unmapped when freed, so RSS follows what the daemon holds (runtime/heap.py; a
-    # threshold in MALLOC_MMAP_THRESHOLD_ or GLIBC_TUNABLES wins). 131072 kept RSS flat with
-    # a checkpoint every iteration but cost 16-30 % of CPU frames/s (docs/long-runs.md).
-    # 0: glibc's dynamic threshold.
-    mmap_threshold_bytes: Annotated[int, Field(ge=0, le=32 * 1024 * 1024)] = 0
+    # threshold in MALLOC_MMAP_THRESHOLD_ or GLIBC_TUNABLES wins). With a checkpoint every
+    # iteration 1 MiB took the default config's RSS from +13 to -0.4 MB/h for 0-2 % of CPU
+    # frames/s; 128 KiB cost 5-30 % (docs/long-runs.md). 0: glibc's dynamic threshold.
+    mmap_threshold_bytes: Annotated[int, Field(ge=0, le=32 * 1024 * 1024)] = 1024 * 1024
     # A start-up that has not finished its first iteration after this many seconds logs its
     # phase and every thread's stack and exits 70, for systemd to restart it (0: no limit).
     # Building NavRL-scale maps, CUDA graphs and a compiled update fit well inside it.

@@ -94,7 +94,7 @@ def run(
     `offline`: the offline objectives, for a config that asks for one."""
     threshold = cfg.run.mmap_threshold_bytes  # large buffers unmapped when freed (heap.py)
     if threshold and not heap.pin_mmap_threshold(threshold):
-        log.warning(
+        log.info(  # the user's own threshold, or no glibc: nothing to warn about
             "run.mmap_threshold_bytes not applied: the environment sets glibc's threshold "
             "(MALLOC_MMAP_THRESHOLD_, GLIBC_TUNABLES) or this C library has no mallopt",
             mmap_threshold_bytes=threshold,

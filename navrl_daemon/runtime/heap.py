@@ -9,11 +9,13 @@ write frees a buffer of a few MB, every tensor up to that size comes from an are
 threads that allocate and free such buffers at different times (collector, learner, the
 encoder and compressor pools) leave holes in every arena: live data stays flat while RSS
 climbs with the iterations (+13 MB/h at the default config with a checkpoint every
-iteration; -0.03 MB/h pinned). Pinning the threshold turns the dynamic raise off.
+iteration). Pinning the threshold turns the dynamic raise off.
 
-The daemon pins it at `run.mmap_threshold_bytes` when that is set (131072: glibc's own
-starting value; 0, the default, leaves the dynamic threshold: the pin costs CPU throughput,
-benchmarks/heap_pin.py). A threshold set by the user (`MALLOC_MMAP_THRESHOLD_`, or
+The daemon pins it at `run.mmap_threshold_bytes`. The default, 1 MiB, maps the multi-MB
+checkpoint and archive buffers and leaves smaller tensors to the arenas: 0-2 % of CPU
+frames/s. glibc's own starting value, 128 KiB, maps many of the tensors a rollout and an
+update make too, a syscall and fresh zeroed pages each: 5-30 % (benchmarks/heap_pin.py).
+0 leaves the dynamic threshold. A threshold set by the user (`MALLOC_MMAP_THRESHOLD_`, or
 `glibc.malloc.mmap_threshold` in `GLIBC_TUNABLES`) is left alone; without glibc's
 `mallopt` (musl, macOS) nothing is done.
 """
@@ -24,7 +26,7 @@ import ctypes
 import ctypes.util
 import os
 
-MMAP_THRESHOLD = 128 * 1024  # glibc's own starting value
+MMAP_THRESHOLD = 1024 * 1024  # run.mmap_threshold_bytes's default
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
 
 
