@@ -240,6 +240,9 @@ def main() -> None:
             "episodes": cfg.eval.num_envs,
             "max_steps": eval_steps(cfg),
             "seed": cfg.eval.seed,
+            # the world flown besides the pillars: rows of runs that differ here are other drones
+            "dynamic_obstacles": cfg.env.num_dynamic_obstacles,
+            "dynamic_speed_range": list(cfg.env.dynamic_speed_range),
         },
         "held_out": {"seed": args.held_out_seed, "maps": args.held_out_maps},
         "results": results,

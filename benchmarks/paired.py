@@ -1,13 +1,14 @@
 """Policies compared drone by drone on the same evaluation drones, from diagnose.py's JSON.
 
 `benchmarks/diagnose.py` keeps every row's per-drone outcomes. Two checkpoints' rows with
-the same pillars, layout, maps (seed and count) and evaluation (drones, step cap, seed)
-flew the same drones, so their reach_goal and collision compare pairwise
-(navrl_daemon/analysis/paired.py): the difference with its paired 95 % interval, the drones
-only one of them reached, McNemar's exact p-value. Every checkpoint whose path contains
-`--against` (e.g. `navrl_checkpoint`) is the baseline B; every other checkpoint is A and
-is compared with it on each row they share. Files may come from several diagnose.py
-runs (each run's evaluation settings go into the key).
+the same pillars, layout, maps (seed and count), evaluation (drones, step cap, seed) and
+moving obstacles (count, speeds) flew the same drones, so their reach_goal and collision
+compare pairwise (navrl_daemon/analysis/paired.py): the difference with its paired 95 %
+interval, the drones only one of them reached, McNemar's exact p-value. Every checkpoint
+whose path contains `--against` (e.g. `navrl_checkpoint`) is the baseline B; every other
+checkpoint is A and is compared with it on each row they share. Files may come from
+several diagnose.py runs (each run's evaluation settings and moving obstacles go into the
+key: a full-task row never pairs with a static one).
 
 Exit 65 (bad data) with a message when a file is not diagnose.py's JSON with outcomes,
 when no checkpoint matches `--against` or none other is there, or when no row is shared.
@@ -43,7 +44,8 @@ def rows_of(path: Path) -> dict[str, dict[tuple[Any, ...], dict[str, Any]]]:
     if not isinstance(doc, dict) or doc.get("benchmark") != "diagnose":
         raise BadInput(f"{path}: not benchmarks/diagnose.py's output")
     settings = doc.get("eval") or {}
-    flown = tuple(settings.get(k) for k in ("episodes", "max_steps", "seed"))
+    flown = tuple(settings.get(k) for k in ("episodes", "max_steps", "seed", "dynamic_obstacles"))
+    flown += (tuple(settings.get("dynamic_speed_range") or ()),)  # older files: neither
     out: dict[str, dict[tuple[Any, ...], dict[str, Any]]] = {}
     for checkpoint, rows in (doc.get("results") or {}).items():
         keyed = {}

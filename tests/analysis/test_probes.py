@@ -400,6 +400,20 @@ def test_paired_compares_two_checkpoints_drone_by_drone(tmp_path: Path):
     # seed 3's policy collides where seed 4's does not: the drones are told apart
     assert any(c["collision"]["only_b"] for c in comparisons)
 
+    # the baseline flown in another run among moving obstacles: other drones, not paired
+    doc = json.loads(out.read_text())
+    for name, dynamic in (("mine.pt", 0), ("navrl_like.pt", 8)):
+        part = {**doc, "results": {str(files[name]): doc["results"][str(files[name])]}}
+        part["eval"] = {**doc["eval"], "dynamic_obstacles": dynamic}
+        (tmp_path / f"{name}.json").write_text(json.dumps(part))
+    proc = paired(
+        str(tmp_path / "mine.pt.json"),
+        str(tmp_path / "navrl_like.pt.json"),
+        "--against",
+        "navrl_like",
+    )
+    assert proc.returncode == 65 and "no row" in proc.stderr, proc.stderr
+
     proc = paired(str(out), "--against", "nothing_like_it")
     assert (
         proc.returncode == 65 and "no checkpoint's path contains 'nothing_like_it'" in proc.stderr
