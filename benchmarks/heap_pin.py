@@ -67,21 +67,12 @@ def one_run(threshold: int, frames: int, config: Path, overrides: list[str]) -> 
             f"run.mmap_threshold_bytes={threshold}",
             *overrides,
         ]
-        state_arg = ["--state-dir", str(state)]
         history = state / HISTORY_FILE
         env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
         env.pop("GLIBC_TUNABLES", None)
+        daemon = ["-m", "navrl_daemon", "run", "--config", str(config), "--state-dir", str(state)]
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "navrl_daemon",
-                "run",
-                "--config",
-                str(config),
-                *state_arg,
-                *args,
-            ],
+            [sys.executable, *daemon, *args],
             cwd=REPO,
             env=env,
             stdout=subprocess.DEVNULL,

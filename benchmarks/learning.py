@@ -469,9 +469,9 @@ def main() -> None:
         checked["min_level"] = cfg.env.min_level  # the [env] floor, and each stage's own
         checked["stage_min_levels"] = [stage.min_level for stage in cfg.env.curriculum]
         # each stage's moving obstacles (count, speeds), as its env resolves them
+        stage_envs = [cfg.env.stage_env(i) for i in range(len(cfg.env.curriculum))]
         checked["stage_dynamic_obstacles"] = [
-            [env.num_dynamic_obstacles, list(env.dynamic_speed_range)]
-            for env in map(cfg.env.stage_env, range(len(cfg.env.curriculum)))
+            [env.num_dynamic_obstacles, list(env.dynamic_speed_range)] for env in stage_envs
         ]
         checked["eval_interval"] = cfg.eval.interval
         checked["seed"] = cfg.run.seed
