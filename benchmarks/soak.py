@@ -210,6 +210,32 @@ def slope_per_hour(t: list[float], y: list[float]) -> float | None:
     return num / den * 3600.0
 
 
+def rss_drift(t: list[float], rss: list[float], window_s: float = 3600.0) -> dict[str, Any]:
+    """How RSS moved after the warm-up, told apart from a line fitted through it: the
+    slope within each full hour (a step then a plateau gives one steep hour and flat ones,
+    a leak gives every hour the same slope), and the net change between the medians of the
+    first and last 10 minutes (robust to the few-MB swings of single samples)."""
+    if len(t) < 3:
+        return {}
+    hours = []
+    start = t[0]
+    while start + window_s <= t[-1]:
+        inside = [(a, b) for a, b in zip(t, rss, strict=True) if start <= a <= start + window_s]
+        slope = slope_per_hour([a for a, _ in inside], [b for _, b in inside])
+        hours.append(_round(None if slope is None else slope / 1e6))
+        start += window_s
+    first = [b for a, b in zip(t, rss, strict=True) if a <= t[0] + 600.0]
+    last = [b for a, b in zip(t, rss, strict=True) if a >= t[-1] - 600.0]
+    net = (statistics.median(last) - statistics.median(first)) / 1e6
+    return {
+        "slope_mb_per_h_by_hour": hours,
+        "median_first_10min_mb": round(statistics.median(first) / 1e6, 2),
+        "median_last_10min_mb": round(statistics.median(last) / 1e6, 2),
+        "net_mb": round(net, 2),
+        "net_mb_per_h": _round(net / ((t[-1] - t[0]) / 3600.0)) if t[-1] > t[0] else None,
+    }
+
+
 def window_rates(samples: list[dict[str, Any]], start: float, stop: float) -> dict[str, Any]:
     """Frames/s, frames per daemon CPU-second and load in samples with start <= t <= stop."""
     inside = [s for s in samples if start <= s["t"] <= stop and "frames" in s]
@@ -302,6 +328,7 @@ def analyse(samples: list[dict[str, Any]], warmup_s: float, caps: dict[str, int]
     return {
         "slopes_per_hour_after_warmup": slopes,
         "ranges_after_warmup": ranges,
+        "rss_drift_after_warmup": rss_drift(t, series["rss_bytes"]),
         "windows": {"first": first, "last": last, "width_s": round(width, 1)},
         "verdict": verdict,
     }

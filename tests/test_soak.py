@@ -192,3 +192,37 @@ def test_the_soaks_checkpoint_cap_holds_what_retention_keeps(tmp_path: Path) -> 
     assert most == soak.kept_checkpoints(cfg.checkpoint) == 5
     with pytest.raises(SystemExit, match="keep_every"):
         soak.kept_checkpoints(cfg.checkpoint.model_copy(update={"keep_every": 20}))
+
+
+def test_rss_drift_tells_a_step_from_a_leak() -> None:
+    """Two and a half hours sampled every 10 s: a 1 MB step 30 minutes in is one steep
+    hour then a flat one, a 1.5 MB/h leak is 1.5 in every hour; the net change between the
+    first and last 10-minute medians is 1 MB and 3.75 MB."""
+    t = [300.0 + 10.0 * i for i in range(901)]  # 5 min of warm-up, then 9,000 s
+    step = [500e6 + (1e6 if x >= 300.0 + 1800.0 else 0.0) for x in t]
+    leak = [500e6 + 1.5e6 * (x - 300.0) / 3600.0 for x in t]
+    stepped = soak.rss_drift(t, step)
+    leaking = soak.rss_drift(t, leak)
+    assert len(stepped["slope_mb_per_h_by_hour"]) == len(leaking["slope_mb_per_h_by_hour"]) == 2
+    assert stepped["slope_mb_per_h_by_hour"][0] > 1.0
+    assert stepped["slope_mb_per_h_by_hour"][1] == 0.0
+    assert leaking["slope_mb_per_h_by_hour"] == pytest.approx([1.5, 1.5], abs=1e-3)
+    assert stepped["net_mb"] == pytest.approx(1.0)
+    assert leaking["net_mb"] == pytest.approx(1.5 * (9000 - 600) / 3600, abs=0.01)
+    samples = [
+        {
+            "t": x,
+            "rss_bytes": y,
+            "rss_anon_bytes": y,
+            "fds": 9,
+            "threads": 20,
+            "children": 0,
+            "state_dir_bytes": 0,
+            "records_bytes": 0,
+            "log_bytes": 0,
+            "state_dir": {},
+        }
+        for x, y in zip(t, step, strict=True)
+    ]
+    report = soak.analyse(samples, 300.0, {"archive": 1, "checkpoints": 1})
+    assert report["rss_drift_after_warmup"] == stepped
