@@ -14,7 +14,7 @@ from pathlib import Path
 from navrl_daemon.storage.checkpoint import CheckpointDir, read_header, verify
 from navrl_daemon.storage.history import read_jsonl
 from tests.conftest import TINY, navrl_cli
-from tests.daemon_process import Daemon
+from tests.daemon_process import Daemon, last_trained_is_kept
 from tests.small_disk import fill
 
 
@@ -82,7 +82,7 @@ def test_evaluation_results_wait_for_space_and_training_goes_on(small_disk) -> N
     assert [r["iteration"] for r in rows.rows] == evaluated  # every one, once, in order
     history = read_jsonl(state / "history.jsonl")
     assert history.bad == [] and history.rows
-    assert any(e["event"] == "checkpoint written" and e["final"] for e in d.events)
+    assert last_trained_is_kept(d.events), [e for e in d.events if "iteration" in e][-4:]
     metrics_failed = [e for e in d.events if e["event"].startswith("evaluation result not")]
     assert metrics_failed[-1]["waiting"] >= 1
 
