@@ -210,29 +210,27 @@ def slope_per_hour(t: list[float], y: list[float]) -> float | None:
     return num / den * 3600.0
 
 
-def rss_drift(t: list[float], rss: list[float], window_s: float = 3600.0) -> dict[str, Any]:
+def rss_drift(t: list[float], rss: list[float]) -> dict[str, Any]:
     """How RSS moved after the warm-up, told apart from a line fitted through it: the
     slope within each full hour (a step then a plateau gives one steep hour and flat ones,
     a leak gives every hour the same slope), and the net change between the medians of the
     first and last 10 minutes (robust to the few-MB swings of single samples)."""
     if len(t) < 3:
         return {}
+    points = list(zip(t, rss, strict=True))
     hours = []
-    start = t[0]
-    while start + window_s <= t[-1]:
-        inside = [(a, b) for a, b in zip(t, rss, strict=True) if start <= a <= start + window_s]
+    for start in range(int(t[0]), int(t[-1]) - 3599, 3600):
+        inside = [(a, b) for a, b in points if start <= a <= start + 3600]
         slope = slope_per_hour([a for a, _ in inside], [b for _, b in inside])
         hours.append(_round(None if slope is None else slope / 1e6))
-        start += window_s
-    first = [b for a, b in zip(t, rss, strict=True) if a <= t[0] + 600.0]
-    last = [b for a, b in zip(t, rss, strict=True) if a >= t[-1] - 600.0]
-    net = (statistics.median(last) - statistics.median(first)) / 1e6
+    first = statistics.median(b for a, b in points if a <= t[0] + 600.0) / 1e6
+    last = statistics.median(b for a, b in points if a >= t[-1] - 600.0) / 1e6
     return {
         "slope_mb_per_h_by_hour": hours,
-        "median_first_10min_mb": round(statistics.median(first) / 1e6, 2),
-        "median_last_10min_mb": round(statistics.median(last) / 1e6, 2),
-        "net_mb": round(net, 2),
-        "net_mb_per_h": _round(net / ((t[-1] - t[0]) / 3600.0)) if t[-1] > t[0] else None,
+        "median_first_10min_mb": round(first, 2),
+        "median_last_10min_mb": round(last, 2),
+        "net_mb": round(last - first, 2),
+        "net_mb_per_h": _round((last - first) * 3600.0 / (t[-1] - t[0])) if t[-1] > t[0] else None,
     }
 
 

@@ -62,7 +62,8 @@ class Daemon:
 def last_trained_is_kept(events: list[dict]) -> bool:
     """The stop kept the last trained iteration on disk: the newest checkpoint written is
     it, the final one or, when the stop came right after a checkpoint interval, that
-    interval's own (no final one is written then: it would be the same weights)."""
+    interval's own (no final one is written then: it would be the same weights). Needs
+    a "progress" line per iteration (`log.summary_interval=1`, as TINY sets)."""
     trained = [e["iteration"] for e in events if e["event"] == "progress"]
     written = [e["iteration"] for e in events if e["event"] == "checkpoint written"]
     return bool(trained and written) and written[-1] == trained[-1]
