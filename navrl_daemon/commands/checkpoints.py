@@ -200,7 +200,8 @@ def handle_export(cfg: Config, args: argparse.Namespace) -> int:
     else:
         source, header, state = _chosen_checkpoint(cfg, args)
     policy_state = dict(state.get("learner", {}).get("policy", {}))
-    policy = make_policy(cfg, "cpu")
+    # torch's conv2d in the exported graph: what ONNX Runtime and libtorch run best
+    policy = make_policy(cfg, "cpu", lidar_conv="native")
     check_policy_layout(policy_state, policy.state_dict(), source)
     suffix = EXPORT_SUFFIX[args.format]
     name = f"navrl-{header.iteration:09d}{suffix}"

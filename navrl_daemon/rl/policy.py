@@ -23,6 +23,7 @@ from torch.distributions import Beta, Independent
 
 from navrl_daemon.config import Config
 from navrl_daemon.rl.gae import GAE
+from navrl_daemon.rl.lidar_cnn import LidarCNN, Lowering
 from navrl_daemon.rl.value_norm import ValueNorm
 
 FEATURE_DIM = 256
@@ -77,27 +78,12 @@ def make_mlp(in_features: int, units: list[int]) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-def make_lidar_cnn() -> nn.Sequential:
-    """[B,1,36,4] → [B,128]; feature maps 4×36×4 → 16×18×4 → 16×9×2, flattened C,H,W."""
-    return nn.Sequential(
-        nn.Conv2d(1, 4, kernel_size=(5, 3), padding=(2, 1)),
-        nn.ELU(),
-        nn.Conv2d(4, 16, kernel_size=(5, 3), stride=(2, 1), padding=(2, 1)),
-        nn.ELU(),
-        nn.Conv2d(16, 16, kernel_size=(5, 3), stride=(2, 2), padding=(2, 1)),
-        nn.ELU(),
-        nn.Flatten(start_dim=-3),  # NavRL's Rearrange "n c w h -> n (c w h)"
-        nn.Linear(16 * 9 * 2, 128),
-        nn.LayerNorm(128),
-    )
-
-
-def make_feature_extractor() -> Keyed:
+def make_feature_extractor(lidar_conv: Lowering = "auto") -> Keyed:
     """NavRL's feature extractor: LiDAR CNN, obstacle MLP, concatenation, trunk."""
     return Keyed(
         nn.ModuleList(
             [
-                Keyed(make_lidar_cnn()),
+                Keyed(LidarCNN(lidar_conv)),
                 # slot 0 is NavRL's Rearrange: 5 obstacles × 10 features → 50
                 Keyed(nn.Sequential(nn.Flatten(start_dim=-3), make_mlp(50, [128, 64]))),
                 Concat(),
@@ -164,10 +150,11 @@ class NavRLPolicy(nn.Module):
         gamma: float = 0.99,
         lmbda: float = 0.95,
         separate_critic: bool = False,
+        lidar_conv: Lowering = "auto",
     ) -> None:
         super().__init__()
         self.action_limit = action_limit
-        self.feature_extractor = make_feature_extractor()
+        self.feature_extractor = make_feature_extractor(lidar_conv)
         self.actor = Keyed(nn.ModuleList([Keyed(BetaHead())]))
         self.critic = Keyed(nn.Linear(FEATURE_DIM, 1))
         self.value_norm = ValueNorm()
@@ -179,7 +166,7 @@ class NavRLPolicy(nn.Module):
         # ppo.separate_critic: the critic head reads a feature extractor of its own, so its
         # loss never moves the actor's features. Built last: NavRL's layers draw the same
         # initial weights either way.
-        self.critic_extractor = make_feature_extractor() if separate_critic else None
+        self.critic_extractor = make_feature_extractor(lidar_conv) if separate_critic else None
 
     @property
     def beta_head(self) -> BetaHead:
@@ -300,12 +287,16 @@ def sample_beta(dist: Independent, generator: torch.Generator | None) -> torch.T
     return torch._sample_dirichlet(concentration, generator=generator).select(-1, 0)
 
 
-def make_policy(cfg: Config, device: torch.device | str) -> NavRLPolicy:
+def make_policy(
+    cfg: Config, device: torch.device | str, lidar_conv: Lowering | None = None
+) -> NavRLPolicy:
+    """The run's policy; `lidar_conv` overrides ppo.lidar_conv (export: "native")."""
     return NavRLPolicy(
         action_limit=cfg.env.action_limit,
         gamma=cfg.ppo.gamma,
         lmbda=cfg.ppo.lmbda,
         separate_critic=cfg.ppo.separate_critic,
+        lidar_conv=cfg.ppo.lidar_conv if lidar_conv is None else lidar_conv,
     ).to(device)
 
 
