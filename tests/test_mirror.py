@@ -70,9 +70,9 @@ def stopped(tmp_path_factory: pytest.TempPathFactory) -> Stopped:
     return Stopped(mirror, n, total, reference, later)
 
 
-def resume_from(mirror: Path, state: Path, s: Stopped) -> list[dict]:
-    """Run on the empty `state` with `mirror`; check it went on from the mirror at the
-    stop's iteration and then did exactly what the reference did."""
+def resume_from(mirror: Path | str, state: Path, s: Stopped) -> list[dict]:
+    """Run on `state` (empty, or behind) with `mirror`; check it went on from the mirror
+    at the stop's iteration and then did exactly what the reference did."""
     log = run(state, *COMMON, f"checkpoint.mirror={mirror}", s.total)
     restored = next(e for e in log if e["event"].startswith("resume point restored"))
     start = next(e for e in log if e["event"] == "resumed from checkpoint")
@@ -94,6 +94,22 @@ def test_a_run_whose_state_dir_is_gone_resumes_from_its_mirror_alone(
     mirror = tmp_path / "mirror"
     shutil.copytree(stopped.mirror, mirror)
     resume_from(mirror, tmp_path / "new-machine-state", stopped)
+
+
+def test_a_state_dir_behind_its_mirror_resumes_from_the_mirror(
+    stopped: Stopped, tmp_path: Path
+) -> None:
+    """An older state dir (its newest checkpoint lost with a disk, say), and the mirror
+    named by an fsspec URL: fsspec's own local file system, in the daemon's process."""
+    mirror, state = tmp_path / "mirror", tmp_path / "state"
+    shutil.copytree(stopped.mirror, mirror)
+    shutil.copytree(stopped.reference.parent / "state", state)
+    for newer in sorted((state / "checkpoints").glob("ckpt-*.nrc"))[1:]:
+        newer.unlink()
+    log = resume_from(f"local://{mirror}", state, stopped)
+    restored = next(e for e in log if e["event"].startswith("resume point restored"))
+    assert restored["event"].endswith("the state dir was behind")
+    assert restored["state_dir_iteration"] == 3 < stopped.iteration
 
 
 def test_a_fresh_clone_of_a_repository_holding_the_mirror_resumes_the_run(
