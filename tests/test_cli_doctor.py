@@ -92,7 +92,8 @@ def test_json_holds_the_same(doctor: Callable[..., str]) -> None:
     assert doc["device"]["run.device"] == "auto"
     assert doc["device"]["resolved"] == ("cuda" if torch.cuda.is_available() else "cpu")
     assert doc["libraries"] == {name: version(name) for name in LIBRARIES}
-    assert set(doc["extras"]) == {"export", "video", "wandb", "isaac"}
+    assert set(doc["extras"]) == {"export", "video", "wandb", "mirror", "isaac"}
+    assert doc["extras"]["mirror"]["packages"]["fsspec"] == version("fsspec")
     assert doc["extras"]["video"]["ffmpeg"] == ffmpeg_executable()
     assert doc["extras"]["isaac"]["ready"] is False
     assert doc["extras"]["isaac"]["packages"]["isaacsim"] is None

@@ -59,6 +59,7 @@ EXTRAS = (
         "pip install -e '.[video]', or an ffmpeg on PATH",
     ),
     Extra("wandb", "log.wandb = true", ("wandb",), "pip install -e '.[wandb]'"),
+    Extra("mirror", "checkpoint.mirror at a URL", ("fsspec",), "pip install -e '.[mirror]'"),
     Extra(
         "isaac",
         'env.backend = "isaac"',

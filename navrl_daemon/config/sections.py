@@ -497,6 +497,14 @@ class CheckpointConfig(Section):
     # milestones to roll a run back to or fork it from (benchmarks/learning.py --fork-at).
     # A multiple of `interval`, so that snapshots land on them.
     keep_every: NonNegInt = 0
+    # A second copy of the run's resume point (newest checkpoint, history, evaluations,
+    # exported policies, config): a folder for this run alone on another disk or a network
+    # file system, or an fsspec URL (the `mirror` extra). Replaced atomically at each
+    # mirrored checkpoint; a run whose state dir is empty or behind it resumes from it.
+    # "" = off (docs/long-runs.md).
+    mirror: str = ""
+    # Mirror every N-th interval checkpoint (1 = each); the one a stop writes always goes.
+    mirror_every: Annotated[int, Field(ge=1, le=1_000_000)] = 1
 
     @model_validator(mode="after")
     def _milestones_land(self) -> CheckpointConfig:

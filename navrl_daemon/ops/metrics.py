@@ -272,6 +272,16 @@ class Metrics:
         self.checkpoint_failures_total = Counter(
             "navrl_checkpoint_failures", "Checkpoint writes that failed.", registry=r
         )
+        self.mirror_failures_total = Counter(
+            "navrl_mirror_failures",
+            "Writes of the resume point to checkpoint.mirror that failed.",
+            registry=r,
+        )
+        self.mirror_last_success_timestamp = Gauge(
+            "navrl_mirror_last_success_timestamp_seconds",
+            "Unix time the resume point was last mirrored; 0 before the first of this process.",
+            registry=r,
+        )
         self.checkpoint_missed_intervals = Gauge(
             "navrl_checkpoint_missed_intervals",
             "Checkpoint intervals that passed without their checkpoint since the newest one "
@@ -512,6 +522,12 @@ class Metrics:
 
     def checkpoint_failed(self) -> None:
         self.checkpoint_failures_total.inc()
+
+    def mirror_written(self) -> None:
+        self.mirror_last_success_timestamp.set(time.time())
+
+    def mirror_failed(self) -> None:
+        self.mirror_failures_total.inc()
 
     def write_failed(self, file: str) -> None:
         """`file`: one of WRITTEN_FILES."""

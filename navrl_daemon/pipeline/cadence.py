@@ -1,6 +1,6 @@
 """The pace of a run, decided in one place for every stage: how many frames an iteration
 is, when the run ends, how far collection may run ahead of training, and which
-iterations checkpoint, archive and evaluate.
+iterations checkpoint, are mirrored, archive and evaluate.
 
 Iteration i is rollout i (counted from 0) and the update on it, which makes policy
 version i + 1. The producer asks about the version the update on its rollout will make
@@ -25,6 +25,7 @@ class Cadence:
     checkpoint_interval: int = 0  # 0: never
     archive_interval: int = 0
     eval_interval: int = 0
+    mirror_interval: int = 0  # checkpoint.interval x checkpoint.mirror_every
 
     @classmethod
     def of(cls, cfg: Config, world_size: int = 1) -> Cadence:
@@ -35,11 +36,17 @@ class Cadence:
             checkpoint_interval=cfg.checkpoint.interval,
             archive_interval=cfg.archive.interval,
             eval_interval=cfg.eval.interval,
+            mirror_interval=cfg.checkpoint.interval * cfg.checkpoint.mirror_every,
         )
 
     def checkpoints(self, version: int) -> bool:
         """Whether the learner after update `version` is checkpointed."""
         return _every(self.checkpoint_interval, version)
+
+    def mirrors(self, version: int) -> bool:
+        """Whether the checkpoint of update `version` is copied to `checkpoint.mirror`
+        (besides the final one, which always is)."""
+        return _every(self.mirror_interval, version)
 
     def evaluates(self, version: int) -> bool:
         """Whether the weights after update `version` go to the evaluator."""

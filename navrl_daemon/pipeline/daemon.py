@@ -7,7 +7,9 @@
      └──────────────── weights (coalesce) ─┘
 ```
 Before anything runs, the newest valid checkpoint in `STATE_DIR/checkpoints` (if any) is
-loaded into the learner and the collector (pipeline/resume.py).
+loaded into the learner and the collector (pipeline/resume.py); with `checkpoint.mirror`,
+the mirror's resume point is put there first when the state dir is empty or behind it, and
+a MirrorWriter after the CheckpointWriter keeps the mirror up to date.
 
 Started by torchrun as one of several ranks (pipeline/ranks.py), every rank runs a
 producer and a trainer on its own envs, and the trainers average gradients; rank 0 alone
@@ -67,6 +69,7 @@ from navrl_daemon.stages.evaluator import (
     RecordedEvaluate,
     StageEvaluation,
 )
+from navrl_daemon.stages.mirror_writer import MirrorEvents, MirrorRequests, MirrorWriter
 from navrl_daemon.stages.producer import ProducerContext, ProducerEvents, RolloutProducer
 from navrl_daemon.stages.trainer import (
     Checkpointing,
@@ -78,6 +81,7 @@ from navrl_daemon.stages.trainer import (
 from navrl_daemon.storage.checkpoint import CheckpointDir
 from navrl_daemon.storage.compressed_rollout import CompressedMinibatches
 from navrl_daemon.storage.history import RESULTS_FILE, eval_scores
+from navrl_daemon.storage.run_mirror import RunMirror, open_location
 from navrl_daemon.storage.staging import SnapshotStaging
 from navrl_daemon.storage.state_dir import check_writable
 
@@ -243,6 +247,10 @@ def build_stages(ctx: RunContext) -> list[Stage]:
         return offline.bc_stages(ctx)
     memory.require(*rollout_memory(cfg), ctx.device, fix="lower env.num_envs or ppo.rollout_length")
     checkpoints = CheckpointDir(ctx.state_dir / "checkpoints", accept=resume.CheckpointFit(cfg))
+    mirror = RunMirror(open_location(cfg.checkpoint.mirror)) if cfg.checkpoint.mirror else None
+    if mirror is not None and world.leader:
+        with phase("mirror"):
+            resume.take_mirror(mirror, ctx.state_dir, checkpoints)
     with phase("newest checkpoint"):
         found = ctx.coordinator.newest_checkpoint(checkpoints)
     if found is not None and not ctx.cadence.frames_left(found[1].frames):
@@ -278,7 +286,7 @@ def build_stages(ctx: RunContext) -> list[Stage]:
     if world.leader:
         with phase("evaluation and state dir"):
             owned = _state_dir_stages(
-                ctx, checkpoints, policy, curriculum, resumed_from=start.iteration
+                ctx, checkpoints, policy, curriculum, mirror, resumed_from=start.iteration
             )
     stream = TrainerStream.for_device(ctx.device, cfg.pipeline.trainer_stream)
     core = _Core(learner, collector, start, curriculum, checkpoints, owned, stream)
@@ -292,6 +300,7 @@ def build_stages(ctx: RunContext) -> list[Stage]:
         *(owned.stages if owned else []),
         *([bc.prefetcher(learner.version)] if bc is not None else []),  # after resume
         *([owned.writer] if owned else []),
+        *([owned.mirror] if owned and owned.mirror else []),  # flushed after the writer
     ]
     for channel in [rollouts, weights, *(owned.channels if owned else [])]:
         telemetry.metrics.watch_channel(channel)
@@ -464,6 +473,7 @@ class StateDirStages:
     # The final snapshot's env state: every rank's, gathered by the producers when they
     # stopped together.
     final_state: Sender[FinalCollectorState]
+    mirror: MirrorWriter | None  # checkpoint.mirror's copier
 
 
 def _state_dir_stages(
@@ -471,9 +481,10 @@ def _state_dir_stages(
     checkpoints: CheckpointDir,
     policy: NavRLPolicy,
     curriculum: Curriculum | None,
+    mirror: RunMirror | None,
     resumed_from: int,
 ) -> StateDirStages:
-    """Archiver, evaluator and checkpoint writer, with their channels."""
+    """Archiver, evaluator, checkpoint writer and its mirror, with their channels."""
     cfg, telemetry = ctx.cfg, ctx.telemetry
     results = ctx.state_dir / RESULTS_FILE
     stages: list[Stage] = []
@@ -492,6 +503,17 @@ def _state_dir_stages(
         on_drop=lambda snapshot: snapshot.staged.release(),
     )
     channels.append(snapshots)
+    mirror_writer, requests = None, None
+    if mirror is not None:
+        to_mirror: Channel[Path] = Channel("mirror", 1, Overflow.COALESCE)
+        channels.append(to_mirror)
+        requests = MirrorRequests(to_mirror.sender(), ctx.cadence.mirrors)
+        mirror_writer = MirrorWriter(
+            to_mirror.receiver(),
+            mirror,
+            ctx.state_dir,
+            MirrorEvents(telemetry.metrics.mirror_written, telemetry.metrics.mirror_failed),
+        )
     writer = CheckpointWriter(
         snapshots.receiver(),
         checkpoints,
@@ -500,6 +522,7 @@ def _state_dir_stages(
         on_written=telemetry.checkpoint_written,
         on_failed=telemetry.metrics.checkpoint_failed,
         scores=eval_scores(results),
+        mirror=requests,
     )
 
     def on_eval(record: dict[str, Any]) -> None:
@@ -532,6 +555,7 @@ def _state_dir_stages(
         eval_sender,
         checkpointing,
         final_state.sender(),
+        mirror_writer,
     )
 
 

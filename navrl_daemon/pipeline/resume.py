@@ -44,8 +44,10 @@ from navrl_daemon.storage.checkpoint import (
     CheckpointDir,
     CheckpointHeader,
     read_header,
+    verify,
 )
 from navrl_daemon.storage.history import read_results
+from navrl_daemon.storage.run_mirror import MirrorPoint, RunMirror, place, staged_checkpoint
 
 log = structlog.get_logger("resume")
 
@@ -199,6 +201,69 @@ def newest_checkpoint(
             to=str(directory.path / REJECTED),
         )
     return found
+
+
+def take_mirror(
+    mirror: RunMirror, state_dir: Path, checkpoints: CheckpointDir
+) -> MirrorPoint | None:
+    """When the state dir has no checkpoint, or only older ones than the mirror's resume
+    point (a run moved to a new machine, a lost disk), put that point's files into the
+    state dir, so that the run resumes from it; returns it (None: the state dir is used).
+    DataError when the point does not check out against MIRROR.json or does not fit the
+    run, ConfigError when the mirror cannot be read and the state dir holds nothing to go
+    on from: nothing in the state dir is changed then."""
+    here = newest_header(state_dir)
+    where = mirror.location.where
+    try:
+        point = mirror.current()
+        if point is None:
+            log.info("mirror holds no resume point yet", mirror=where)
+            return None
+        if here is not None and here.iteration >= point.iteration:
+            log.info(
+                "state dir is not behind its mirror: resuming from the state dir",
+                mirror=where,
+                mirror_iteration=point.iteration,
+                iteration=here.iteration,
+            )
+            return None
+        files = mirror.fetch(point)
+    except OSError as err:  # a network file system not mounted, a permission
+        if here is None:  # whether there is a run to go on from cannot be told
+            raise ConfigError(
+                f"checkpoint.mirror = {where!r}: unreadable, and the state dir holds no "
+                f"checkpoint: {type(err).__name__}: {err}"
+            ) from None
+        log.warning(
+            "mirror unreadable: resuming from the state dir",
+            mirror=where,
+            error=f"{type(err).__name__}: {err}",
+        )
+        return None
+    data = files[point.checkpoint]
+    staged = staged_checkpoint(checkpoints.path, data)
+    try:
+        [(_, why)] = verify([staged], checkpoints.accept)
+    finally:
+        staged.unlink(missing_ok=True)
+    if why is not None:
+        raise DataError(
+            f"mirror {where}: {point.folder}/{point.checkpoint}: {why}; "
+            "set checkpoint.mirror elsewhere to start without it"
+        )
+    place(files, state_dir, point.checkpoint)
+    checkpoints.write(data, point.iteration)
+    log.warning(
+        "resume point restored from the mirror: the state dir was "
+        + ("empty" if here is None else "behind"),
+        mirror=where,
+        point=point.folder,
+        iteration=point.iteration,
+        frames=point.frames,
+        files=sorted(files),
+        **({"state_dir_iteration": here.iteration} if here is not None else {}),
+    )
+    return point
 
 
 def newest_header(state_dir: Path) -> CheckpointHeader | None:

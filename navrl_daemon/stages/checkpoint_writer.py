@@ -8,6 +8,8 @@ a write, never the newest valid one. A failed write (disk full, I/O error, permi
 non-finite tensor) is logged and counted and training goes on: the next interval tries
 again and every file already written stays. On shutdown the trainer sends
 its final snapshot and closes the queue; `run` writes whatever is pending, then ends.
+With `checkpoint.mirror`, each file written is offered to the MirrorWriter
+(stages/mirror_writer.py), which copies the due ones in its own thread.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import structlog
 from navrl_daemon.config import CheckpointConfig
 from navrl_daemon.pipeline.messages import Snapshot
 from navrl_daemon.runtime.channels import Receiver
+from navrl_daemon.stages.mirror_writer import MirrorRequests
 from navrl_daemon.storage.checkpoint import (
     REJECTED,
     CheckpointDir,
@@ -49,6 +52,7 @@ class CheckpointWriter:
         on_written: Callable[[float, int, int, int], None] = lambda *_: None,
         on_failed: Callable[[], None] = lambda: None,
         scores: dict[int, float] | None = None,
+        mirror: MirrorRequests | None = None,
     ) -> None:
         self.snapshots = snapshots
         self.directory = directory
@@ -59,6 +63,7 @@ class CheckpointWriter:
         # Eval reach_goal by iteration, for `keep_best` (see `record_eval`); only those of
         # files on disk and of iterations not written yet are kept (`_prune`).
         self.scores: dict[int, float] = dict(scores or {})
+        self.mirror = mirror  # offered each checkpoint written (checkpoint.mirror)
         self.failures = 0
         self._pool = ThreadPoolExecutor(cfg.workers, thread_name_prefix="checkpoint")
 
@@ -71,6 +76,8 @@ class CheckpointWriter:
                 await self._write(snapshot)
         finally:
             self.snapshots.close()
+            if self.mirror is not None:
+                self.mirror.close()
 
     async def flush(self, deadline: float) -> None:
         """If `run` was cut short (deadline, failure), write what is still queued."""
@@ -84,11 +91,13 @@ class CheckpointWriter:
 
     async def _write(self, snapshot: Snapshot) -> None:
         try:
-            await anyio.to_thread.run_sync(self._write_sync, snapshot)
+            path = await anyio.to_thread.run_sync(self._write_sync, snapshot)
         finally:
             snapshot.staged.release()
+        if path is not None and self.mirror is not None:
+            self.mirror.offer(path, snapshot.iteration, snapshot.final)
 
-    def _write_sync(self, snapshot: Snapshot) -> None:
+    def _write_sync(self, snapshot: Snapshot) -> Path | None:
         t0 = time.perf_counter()
         try:
             snapshot.staged.ready()
@@ -116,7 +125,7 @@ class CheckpointWriter:
                 error=_describe(err),
                 failures=self.failures,
             )
-            return
+            return None
         seconds = time.perf_counter() - t0
         header = parse_header(data)
         self.on_written(seconds, header.raw_bytes, header.stored_bytes, snapshot.iteration)
@@ -138,6 +147,7 @@ class CheckpointWriter:
             seconds=round(seconds, 4),
             **({"removed": [p.name for p in removed]} if removed else {}),
         )
+        return path
 
     def _prune(self, newest: Path, iteration: int) -> list[Path]:
         """Delete old files (keep_last, keep_best, keep_every); forget the scores no file

@@ -65,6 +65,8 @@ METRICS: dict[str, str] = {
     "navrl_checkpoint_age_seconds": GAUGE,
     "navrl_checkpoint_bytes": GAUGE,
     "navrl_checkpoint_failures_total": COUNTER,
+    "navrl_mirror_failures_total": COUNTER,
+    "navrl_mirror_last_success_timestamp_seconds": GAUGE,
     "navrl_checkpoint_missed_intervals": GAUGE,
     # other state-dir files: eval results, history, export
     "navrl_write_failures_total": COUNTER,

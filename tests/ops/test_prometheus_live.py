@@ -78,6 +78,7 @@ def test_every_dashboard_and_alert_expression_returns_data(tmp_path: Path) -> No
         "env.map_levels=[0, 4]",  # every panel has data: the density levels' too
         "eval.interval=2",
         "checkpoint.interval=2",
+        f"checkpoint.mirror={tmp_path / 'mirror'}",  # the mirror's panels too
         "metrics.address=127.0.0.1",
         f"metrics.port={metrics_port}",
     ]

@@ -1,4 +1,4 @@
-"""Cadence: one owner for which iterations checkpoint, archive and evaluate."""
+"""Cadence: one owner for which iterations checkpoint, are mirrored, archive and evaluate."""
 
 from __future__ import annotations
 
@@ -20,3 +20,11 @@ def test_frames_per_iteration_counts_every_rank() -> None:
     assert Cadence.of(cfg).frames_per_iteration == 64
     assert Cadence.of(cfg, world_size=3).frames_per_iteration == 192
     assert Cadence.of(cfg).checkpoint_interval == cfg.checkpoint.interval
+
+
+def test_every_nth_checkpoint_is_mirrored() -> None:
+    cfg = load_config(None, ["checkpoint.interval=3", "checkpoint.mirror_every=2"], environ={})
+    cadence = Cadence.of(cfg)
+    assert [v for v in range(1, 20) if cadence.mirrors(v)] == [6, 12, 18]
+    only_final = Cadence.of(load_config(None, ["checkpoint.interval=0"], environ={}))
+    assert not any(only_final.mirrors(v) for v in range(1, 20))
