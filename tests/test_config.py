@@ -262,3 +262,11 @@ def test_config_nesting_within_the_bound_loads() -> None:
         deep = [deep]
     with pytest.raises(ConfigError, match=f"at most {MAX_DEPTH}"):
         validate({"env": {"options": {"x": deep}}})
+
+
+def test_total_frames_beyond_what_the_counters_hold_exits_78() -> None:
+    """10**29 frames was accepted; the frame counters (checkpoints, metrics) hold 2**62."""
+    assert load_config(None, [f"run.total_frames={2**62}"], environ={}).run.total_frames == 2**62
+    proc = navrl_cli("config", "show", f"run.total_frames={10**29}")
+    assert proc.returncode == 78, proc.stderr
+    assert "run.total_frames" in proc.stderr and str(2**62) in proc.stderr
