@@ -13,72 +13,35 @@ from pathlib import Path
 
 import pytest
 
-from navrl_daemon.config import load_config, to_toml
-from navrl_daemon.rl.policy import make_policy
-from navrl_daemon.storage.checkpoint import encode_checkpoint
 from tests.conftest import navrl_cli
-
-EVAL_TINY = [
-    "env.num_envs=4",
-    "env.field_size=10.0",
-    "env.num_obstacles=4",
-    "env.num_dynamic_obstacles=8",
-    "env.max_episode_length=20",
-    "env.spawn=local",
-    "eval.num_envs=4",
-    "eval.layout=train",
-    "run.device=cpu",
-]
-HOSTILE = "stored_backend_payload"  # a module in the working directory
-
-
-def plant_module(folder: Path) -> Path:
-    """`folder/HOSTILE.py`, which writes `folder/marker` when imported; the marker's path."""
-    marker = folder / "marker"
-    (folder / f"{HOSTILE}.py").write_text(
-        f"open({str(marker)!r}, 'w').write('ran')\ndef make(*a, **k):\n    raise SystemExit(9)\n"
-    )
-    return marker
-
-
-def crafted_checkpoint(path: Path, backend: str) -> Path:
-    """A `.nrc` whose stored config names `backend`, with a policy that fits it."""
-    cfg = load_config(None, [*EVAL_TINY, f'env.backend="{backend}"'], environ={})
-    state = {
-        "config": cfg.model_dump(mode="json"),
-        "learner": {"policy": make_policy(cfg, "cpu").state_dict()},
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(encode_checkpoint(state, iteration=1, frames=64, policy_version=1))
-    return path
+from tests.crafted_config import BACKEND, checkpoint_naming, plant_module, run_config_naming
 
 
 def assert_refused(proc, marker: Path, source: str) -> None:  # type: ignore[no-untyped-def]
     assert proc.returncode == 78, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert f"{source} names env.backend = '{HOSTILE}:make'" in proc.stderr, proc.stderr
-    assert f"env.backend={HOSTILE}:make" in proc.stderr  # how to run it, if trusted
+    assert f"{source} names env.backend = '{BACKEND}'" in proc.stderr, proc.stderr
+    assert f"env.backend={BACKEND}" in proc.stderr  # how to run it, if trusted
     assert not marker.exists(), "the stored backend's module was imported"
 
 
 def test_eval_of_a_checkpoint_naming_a_module_runs_none_of_it(tmp_path: Path) -> None:
     marker = plant_module(tmp_path)
-    ckpt = crafted_checkpoint(tmp_path / "shared.nrc", f"{HOSTILE}:make")
+    ckpt = checkpoint_naming(tmp_path / "shared.nrc", BACKEND)
     # From the module's folder, as `python -m navrl_daemon` (which imports from there).
     proc = navrl_cli("eval", "--checkpoint", str(ckpt), cwd=tmp_path)
     assert_refused(proc, marker, f"the config stored in {ckpt}")
 
     # Named by the user, on the command line: their choice, imported.
-    mine = navrl_cli("eval", "--checkpoint", str(ckpt), f"env.backend={HOSTILE}:make", cwd=tmp_path)
+    mine = navrl_cli("eval", "--checkpoint", str(ckpt), f"env.backend={BACKEND}", cwd=tmp_path)
     assert marker.read_text() == "ran", mine.stderr[-2000:]
 
 
 def test_eval_and_report_of_a_state_dir_naming_a_module_run_none_of_it(tmp_path: Path) -> None:
     marker = plant_module(tmp_path)
     state = tmp_path / "state"
-    ckpt = crafted_checkpoint(state / "checkpoints" / "ckpt-000000001.nrc", "navigation")
-    stored = load_config(None, [*EVAL_TINY, f'env.backend="{HOSTILE}:make"'], environ={})
-    (state / "config.toml").write_text(to_toml(stored))
+    ckpt = checkpoint_naming(state / "checkpoints" / "ckpt-000000001.nrc", "navigation")
+    run_config_naming(state, BACKEND)
     (state / "eval").mkdir()
     (state / "eval" / "results.jsonl").write_text(
         json.dumps({"iteration": 1, "frames": 64, "reach_goal": 0.5, "collision": 0.0}) + "\n"
@@ -91,12 +54,12 @@ def test_eval_and_report_of_a_state_dir_naming_a_module_run_none_of_it(tmp_path:
     assert report.returncode == 0, report.stderr[-3000:]
     assert not marker.exists(), "report imported the state dir's backend"
     page = (state / "report" / "report.html").read_text()
-    assert f"not drawn: {state / 'config.toml'} names env.backend = &#x27;{HOSTILE}" in page
+    assert f"not drawn: {state / 'config.toml'} names env.backend = &#x27;{BACKEND}" in page
 
 
 @pytest.mark.parametrize("backend", ["navigation", "navrl-2d"])
 def test_a_stored_built_in_or_installed_backend_is_honoured(tmp_path: Path, backend: str) -> None:
-    ckpt = crafted_checkpoint(tmp_path / "ok.nrc", backend)
+    ckpt = checkpoint_naming(tmp_path / "ok.nrc", backend)
     proc = navrl_cli("eval", "--checkpoint", str(ckpt), "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout)["episodes"] == 4

@@ -10,6 +10,7 @@ from navrl_daemon.config import Config, load_config, parse_override, to_toml, va
 from navrl_daemon.config.loader import MAX_DEPTH
 from navrl_daemon.errors import ConfigError
 from tests.conftest import REPO, navrl_cli
+from tests.crafted_config import nested_toml
 
 
 def test_defaults_are_navrl_numbers() -> None:
@@ -232,21 +233,14 @@ def test_usage_error_exits_2() -> None:
     assert navrl_cli("eval", "--episodes", "many").returncode == 2
 
 
-def nested(kind: str, depth: int) -> str:
-    """A TOML value `depth` inline tables or arrays deep."""
-    if kind == "table":
-        return "{a = " * depth + "1" + "}" * depth
-    return "[" * depth + "1" + "]" * depth
-
-
 @pytest.mark.parametrize("kind", ["table", "array"])
 @pytest.mark.parametrize("depth", [40, 500])
 def test_config_nested_too_deep_exits_78(tmp_path: Path, kind: str, depth: int) -> None:
     """A file or an override nesting 500 levels deep was a RecursionError (exit 1) in the
     TOML parser; 40 levels parsed and went on to the backend. Both exit 78 saying so."""
     f = tmp_path / "deep.toml"
-    f.write_text(f"[env]\noptions = {{x = {nested(kind, depth)}}}\n")
-    for args in (["--config", str(f)], [f"env.options.x={nested(kind, depth)}"]):
+    f.write_text(f"[env]\noptions = {{x = {nested_toml(kind, depth)}}}\n")
+    for args in (["--config", str(f)], [f"env.options.x={nested_toml(kind, depth)}"]):
         proc = navrl_cli("config", "show", *args)
         assert proc.returncode == 78, proc.stderr[-2000:]
         assert "Traceback" not in proc.stderr and "RecursionError" not in proc.stderr
@@ -255,7 +249,7 @@ def test_config_nested_too_deep_exits_78(tmp_path: Path, kind: str, depth: int) 
 
 def test_config_nesting_within_the_bound_loads() -> None:
     """Backend options a few levels deep, and a stored config's dict, load as before."""
-    cfg = load_config(None, [f"env.options.x={nested('table', MAX_DEPTH - 3)}"], environ={})
+    cfg = load_config(None, [f"env.options.x={nested_toml('table', MAX_DEPTH - 3)}"], environ={})
     assert cfg.env.options["x"]["a"]["a"]
     deep: object = 1
     for _ in range(2 * MAX_DEPTH):
