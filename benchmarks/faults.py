@@ -30,7 +30,13 @@ trained iteration), the eval results file (no torn or missing rows), the export.
   never an abort or a traceback; then a daemon that trains and answers /metrics there.
   `--startup-signals N [--budget-s S]` runs this scenario alone with N signals.
 
-The last four run at small sizes (8 envs, short episodes): they check what survives,
+- `security`: crafted inputs (functions listed in CRAFTED; configs: TOML nested 500 deep,
+  a checkpoint and a state dir naming a module as the env backend), each with its command
+  run as `python -m navrl_daemon` from a folder holding a module that marks its import,
+  and the exit code it must get; no traceback, no marker, and the newest valid
+  checkpoint of a small run still resumes afterwards.
+
+The last five run at small sizes (8 envs, short episodes): they check what survives,
 not frames/s. Each result's `tracebacks`, `iterations_lost` and `scrape_after` say
 whether the daemon came through.
 
@@ -67,6 +73,7 @@ import urllib.error
 import urllib.request
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -736,6 +743,93 @@ def startup_signal(
     }
 
 
+# ------------------------------------------------- security: crafted files and their exits
+# Each crafted input with the command that reads it and the exit code it must get. One
+# function per kind of input returns its cases (CRAFTED lists them); `security` runs every
+# case from the folder that holds a module which writes a marker file when imported, then
+# checks that no case printed a traceback or wrote the marker, and that the state dir's
+# newest valid checkpoint still resumes.
+
+
+@dataclass(frozen=True)
+class Crafted:
+    name: str
+    args: list[str]  # navrl-daemon's arguments
+    expected: int  # its exit code
+
+
+def crafted_config_cases(tmp: Path, state: Path) -> list[Crafted]:
+    """Configs: TOML 500 inline tables or arrays deep, in a file and in an override; a
+    checkpoint, and a copy of the trained state dir, whose stored config names a module
+    as `env.backend` (tests/crafted_config.py)."""
+    from tests.crafted_config import BACKEND, checkpoint_naming, nested_toml, run_config_naming
+
+    deep = tmp / "deep.toml"
+    deep.write_text(f"[env]\noptions = {{x = {nested_toml('table', 500)}}}\n")
+    shared = checkpoint_naming(tmp / "shared" / "ckpt.nrc", BACKEND)
+    copied = Path(shutil.copytree(state, tmp / "copied-state"))
+    run_config_naming(copied, BACKEND)
+    return [
+        Crafted("toml_500_tables_file", ["run", "--config", str(deep), *SMALL], 78),
+        Crafted(
+            "toml_500_arrays_override",
+            ["config", "show", f"env.options.x={nested_toml('array', 500)}"],
+            78,
+        ),
+        Crafted("checkpoint_backend_module", ["eval", "--checkpoint", str(shared)], 78),
+        Crafted("state_dir_backend_module", ["eval", "--state-dir", str(copied)], 78),
+        Crafted("state_dir_backend_module_report", ["report", "--state-dir", str(copied)], 0),
+    ]
+
+
+CRAFTED: list[Callable[[Path, Path], list[Crafted]]] = [crafted_config_cases]
+
+
+def navrl(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """`python -m navrl_daemon ARGS` from `cwd`, which is then on its import path."""
+    command = [sys.executable, "-m", "navrl_daemon", *args]
+    return subprocess.run(
+        command, cwd=cwd, capture_output=True, text=True, env=ENV, timeout=timeout
+    )
+
+
+def security(tmp: Path) -> dict[str, Any]:
+    from navrl_daemon.storage.checkpoint import CheckpointDir, read_header, verify
+    from tests.crafted_config import plant_module
+
+    state = tmp / "state"
+    marker = plant_module(tmp)
+    first = navrl(["run", "--state-dir", str(state), *SMALL, "run.total_frames=192"], tmp)
+    valid = [p for p, why in verify(CheckpointDir(state / "checkpoints").files()) if why is None]
+    newest = read_header(valid[-1]).iteration if valid else None
+    cases = []
+    for make in CRAFTED:
+        for case in make(tmp, state):
+            done = navrl(case.args, tmp)
+            cases.append(
+                {
+                    "name": case.name,
+                    "command": " ".join(["navrl-daemon", *case.args])[:200],
+                    "expected": case.expected,
+                    "exit_code": done.returncode,
+                    "traceback": "Traceback" in done.stderr + done.stdout,
+                    "message": (done.stderr.strip().splitlines() or [""])[-1][:300],
+                }
+            )
+    resume = navrl(["run", "--state-dir", str(state), *SMALL, "run.total_frames=320"], tmp)
+    events = [json.loads(x) for x in resume.stderr.splitlines() if x.startswith("{")]
+    resumed = [e for e in events if e.get("event") == "resumed from checkpoint"]
+    return {
+        "cases": cases,
+        "as_expected": all(c["exit_code"] == c["expected"] and not c["traceback"] for c in cases),
+        "marker_written": marker.exists(),
+        "first_exit_code": first.returncode,
+        "newest_valid_before": newest,
+        "resumed_from": resumed[0]["iteration"] if resumed else None,
+        "resume_exit_code": resume.returncode,
+    }
+
+
 SCENARIOS: dict[str, Callable[[Path], dict[str, Any]]] = {
     "full_disk": full_disk,
     "idle_connections": idle_connections,
@@ -745,6 +839,7 @@ SCENARIOS: dict[str, Callable[[Path], dict[str, Any]]] = {
     "misnamed_checkpoint": misnamed_checkpoint,
     "oversize_claim": oversize_claim,
     "startup_signal": startup_signal,
+    "security": security,
 }
 
 

@@ -58,3 +58,19 @@ def test_a_state_dir_component_over_255_bytes_exits_78(tmp_path: Path, where: st
     proc = navrl_cli("run", "--state-dir", str(state), *SHORT)
     assert_refused(proc, "--state-dir ", "component of 256 bytes", "255")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("where", ["last", "middle", "dangling"])
+def test_a_state_dir_through_a_broken_symlink_exits_78_saying_so(
+    tmp_path: Path, where: str
+) -> None:
+    """A state dir that is (or lies under) a symlink pointing at itself said "cannot
+    create it: File exists"; the message now says what the link does."""
+    link = tmp_path / "link"
+    link.symlink_to("link" if where != "dangling" else tmp_path / "gone" / "state")
+    state = link / "state" if where == "middle" else link
+    proc = navrl_cli("run", "--state-dir", str(state), *SHORT)
+    needle = "does not exist" if where == "dangling" else "symbolic links loop"
+    assert_refused(proc, f"state dir {state}: ", needle)
+    assert "File exists" not in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link"]

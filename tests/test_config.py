@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from navrl_daemon.config import Config, load_config, parse_override, to_toml
+from navrl_daemon.config import Config, load_config, parse_override, to_toml, validate
+from navrl_daemon.config.loader import MAX_DEPTH
 from navrl_daemon.errors import ConfigError
 from tests.conftest import REPO, navrl_cli
+from tests.crafted_config import nested_toml
 
 
 def test_defaults_are_navrl_numbers() -> None:
@@ -229,3 +231,36 @@ def test_config_show_round_trips_through_cli(tmp_path: Path) -> None:
 def test_usage_error_exits_2() -> None:
     assert navrl_cli("frobnicate").returncode == 2
     assert navrl_cli("eval", "--episodes", "many").returncode == 2
+
+
+@pytest.mark.parametrize("kind", ["table", "array"])
+@pytest.mark.parametrize("depth", [40, 500])
+def test_config_nested_too_deep_exits_78(tmp_path: Path, kind: str, depth: int) -> None:
+    """A file or an override nesting 500 levels deep was a RecursionError (exit 1) in the
+    TOML parser; 40 levels parsed and went on to the backend. Both exit 78 saying so."""
+    f = tmp_path / "deep.toml"
+    f.write_text(f"[env]\noptions = {{x = {nested_toml(kind, depth)}}}\n")
+    for args in (["--config", str(f)], [f"env.options.x={nested_toml(kind, depth)}"]):
+        proc = navrl_cli("config", "show", *args)
+        assert proc.returncode == 78, proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr and "RecursionError" not in proc.stderr
+        assert "nested" in proc.stderr and f"at most {MAX_DEPTH}" in proc.stderr, proc.stderr
+
+
+def test_config_nesting_within_the_bound_loads() -> None:
+    """Backend options a few levels deep, and a stored config's dict, load as before."""
+    cfg = load_config(None, [f"env.options.x={nested_toml('table', MAX_DEPTH - 3)}"], environ={})
+    assert cfg.env.options["x"]["a"]["a"]
+    deep: object = 1
+    for _ in range(2 * MAX_DEPTH):
+        deep = [deep]
+    with pytest.raises(ConfigError, match=f"at most {MAX_DEPTH}"):
+        validate({"env": {"options": {"x": deep}}})
+
+
+def test_total_frames_beyond_what_the_counters_hold_exits_78() -> None:
+    """10**29 frames was accepted; the frame counters (checkpoints, metrics) hold 2**62."""
+    assert load_config(None, [f"run.total_frames={2**62}"], environ={}).run.total_frames == 2**62
+    proc = navrl_cli("config", "show", f"run.total_frames={10**29}")
+    assert proc.returncode == 78, proc.stderr
+    assert "run.total_frames" in proc.stderr and str(2**62) in proc.stderr

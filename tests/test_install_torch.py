@@ -45,6 +45,23 @@ def pinned_torch() -> str:
     return match.group(1)
 
 
+def test_the_torch_floor_is_past_the_known_weights_only_bypasses() -> None:
+    """torch below 2.10 has published `torch.load(weights_only=True)` bypasses, which the
+    checkpoint and policy readers rely on; the GPU machines' 2.11 and the pin stay in.
+    README states the same range."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    torch = next(Requirement(d) for d in deps if Requirement(d).name == "torch")
+    assert not torch.specifier.contains("2.9.1") and not torch.specifier.contains("2.5.0")
+    for admitted in ("2.10.0", "2.11.0", FAKE_TORCH, pinned_torch()):
+        assert torch.specifier.contains(admitted), admitted
+    spec = next(d for d in deps if d.startswith("torch")).removeprefix("torch")
+    assert f"admits torch `{spec}`" in (REPO / "README.md").read_text()
+
+
 @pytest.fixture
 def checkout(tmp_path: Path) -> Path:
     """The files `make install` reads, copied: a clone with no `.venv` yet."""

@@ -4,8 +4,10 @@ The config comes from, first match: `--config F`; the run the policy belongs to
 (`--state-dir D`'s `config.toml`, or that of the state dir holding the checkpoint file,
 or the config a `.nrc` checkpoint carries); the built-in defaults. A policy trained on the
 small task is then evaluated on that task, not at NavRL's full scale. `KEY=VALUE`
-overrides apply on top. The chosen source is printed on stderr before the evaluation,
-which shows a progress bar on a terminal.
+overrides apply on top. A config read from a file names a built-in or installed env
+backend, never a module to import: that one the user names (exit 78 says how). The chosen
+source is printed on stderr before the evaluation, which shows a progress bar on a
+terminal.
 """
 
 from __future__ import annotations
@@ -249,7 +251,11 @@ def _paired_text(results: dict[str, Any]) -> dict[str, Any]:
 
 
 def eval_config(cfg: Config, args: argparse.Namespace) -> tuple[Path, Config, str]:
-    """(policy file, config, where the config came from): see the module docstring."""
+    """(policy file, config, where the config came from): see the module docstring. A
+    stored config's backend is a built-in or installed one, or the one `cfg` (the user's
+    own) names (env/backends.py `check_stored`)."""
+    from navrl_daemon.env.backends import check_stored
+
     root = args.state_dir if args.state_dir is not None else Path(cfg.run.state_dir)
     path = args.checkpoint or root / "export" / "policy.pt"
     extra = [f"eval.num_envs={args.episodes}"] if args.episodes is not None else []
@@ -257,13 +263,16 @@ def eval_config(cfg: Config, args: argparse.Namespace) -> tuple[Path, Config, st
         return path, _with(cfg, args, extra), str(args.config)
     run_config = _run_config_file(path, args.state_dir)
     if run_config is not None:
-        cfg = load_config(run_config, [*args.overrides, *extra])
-        return path, cfg, f"{run_config} (the run's config)"
-    embedded = _embedded_config(path)
-    if embedded is not None:
-        cfg = validate(_with_overrides(embedded, [*args.overrides, *extra]))
-        return path, cfg, f"the config stored in {path}"
-    return path, _with(cfg, args, extra), "the built-in defaults (no run config found)"
+        stored = load_config(run_config, [*args.overrides, *extra])
+        source = f"{run_config} (the run's config)"
+    else:
+        embedded = _embedded_config(path)
+        if embedded is None:
+            return path, _with(cfg, args, extra), "the built-in defaults (no run config found)"
+        stored = validate(_with_overrides(embedded, [*args.overrides, *extra]))
+        source = f"the config stored in {path}"
+    check_stored(stored.env.backend, named=cfg.env.backend, source=source)
+    return path, stored, source
 
 
 def _run_config_file(policy: Path, state_dir: Path | None) -> Path | None:

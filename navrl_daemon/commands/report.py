@@ -77,7 +77,7 @@ def handle(cfg: Config, args: argparse.Namespace) -> int:
     if args.no_trajectories:
         records.trajectory_caption = "not drawn (--no-trajectories)"
     else:
-        _trajectories(records, config_path, args.episodes)
+        _trajectories(records, config_path, args.episodes, cfg.env.backend)
 
     out = args.out if args.out is not None else root / "report"
     images = learning_curves(records.history, records.evals)
@@ -111,10 +111,14 @@ def handle(cfg: Config, args: argparse.Namespace) -> int:
     return DataError.exit_code if bad else 0
 
 
-def _trajectories(records: RunRecords, config_path: Path, episodes: int | None) -> None:
+def _trajectories(
+    records: RunRecords, config_path: Path, episodes: int | None, named_backend: str
+) -> None:
     """Replay the latest evaluation with its checkpoint's policy and plot it, or say why not
-    in the caption (no config, no valid checkpoint, another env backend)."""
+    in the caption (no config, no valid checkpoint, another env backend, a module as the
+    backend that the user's own config does not name: env/backends.py `check_stored`)."""
     from navrl_daemon.config import load_config
+    from navrl_daemon.env.backends import check_stored
 
     valid = [c for c in records.checkpoints if c["valid"] and c["iteration"] is not None]
     if not valid:
@@ -131,6 +135,7 @@ def _trajectories(records: RunRecords, config_path: Path, episodes: int | None) 
         overrides.append(f"eval.num_envs={episodes}")
     try:
         cfg = load_config(config_path, overrides)
+        check_stored(cfg.env.backend, named=named_backend, source=str(config_path))
         png, gif, results = _replay(cfg, Path(chosen["path"]))
     except NavrlError as err:
         records.trajectory_caption = f"not drawn: {err}"

@@ -20,6 +20,7 @@ def register(sub: Any) -> None:
 def handle(cfg: Config, args: argparse.Namespace) -> int:
     from navrl_daemon.commands.run_summary import print_run_summary
     from navrl_daemon.offline.wiring import OBJECTIVES
+    from navrl_daemon.ops.log_stream import LOG_FILE
     from navrl_daemon.pipeline import daemon
     from navrl_daemon.runtime.distributed import World
 
@@ -28,7 +29,10 @@ def handle(cfg: Config, args: argparse.Namespace) -> int:
     problem = state_dir_problem(str(root)) if args.state_dir is not None else None
     if problem is not None:
         raise ConfigError(f"--state-dir {problem}")
+    leader = World.from_environ().leader  # rank 0 owns the state dir
+    if leader:  # where the log goes on if stderr loses its reader
+        args.log_stream.continue_in(root / LOG_FILE)
     code = daemon.run(cfg, root, args.stop_signals, offline=OBJECTIVES)
-    if World.from_environ().leader:  # rank 0 owns the state dir it describes
+    if leader:
         print_run_summary(cfg, root)
     return code

@@ -73,8 +73,11 @@ def print_run_summary(cfg: Config, state_dir: Path) -> None:
     if fmt == "json" or (fmt == "auto" and not _isatty()):
         log.info("run summary", **doc)
         return
-    sys.stderr.write(render(doc))
-    sys.stderr.flush()
+    try:
+        sys.stderr.write(render(doc))
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):  # the terminal is gone: into the log
+        log.info("run summary", **doc)
 
 
 def render(doc: dict[str, Any]) -> str:

@@ -20,6 +20,12 @@ from pydantic import (
 from navrl_daemon.config.sections import ENV_PREFIX, KEY_RE, Config
 from navrl_daemon.errors import ConfigError
 
+# Tables and arrays inside one another: NavRL's config nests 4 deep (env.curriculum[0].
+# promote.evals), a backend's options a few more; far deeper is a crafted file, which
+# Python's recursive TOML parser (and everything after it) would end in RecursionError.
+MAX_DEPTH = 32
+TOO_DEEP = f"nested too deeply: tables and arrays nest at most {MAX_DEPTH} levels"
+
 
 def load_config(
     path: str | Path | None = None,
@@ -53,6 +59,8 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path}: not found") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config file {path}: not valid TOML: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"config file {path}: {TOO_DEEP}") from None
     except UnicodeDecodeError as e:
         raise ConfigError(
             f"config file {path}: not UTF-8 text (TOML must be): byte {e.object[e.start]:#04x} "
@@ -82,6 +90,8 @@ def parse_value(raw: str, *, origin: str) -> Any:
         raise ConfigError(f"{origin}: empty value")
     try:
         return tomllib.loads(f"v = {text}")["v"]
+    except RecursionError:
+        raise ConfigError(f"{origin}: {TOO_DEEP}") from None
     except tomllib.TOMLDecodeError:
         if re.fullmatch(r"[A-Za-z0-9_.:/@+-]+", text):
             return text  # bare word such as cuda:0 or a path
@@ -153,11 +163,29 @@ def validate(data: Mapping[str, Any], variables: Mapping[str, str] | None = None
     """`variables`: dotted key -> the `NAVRL_` environment variable that set it, named in
     the message of an error at or under that key. Retired keys (RETIRED) at their kept
     value are dropped."""
+    too_deep = _too_deep(data)
+    if too_deep is not None:
+        raise ConfigError(f"invalid configuration:\n  {too_deep}: {TOO_DEEP}")
     data = _without_retired(data)
     try:
         return Config.model_validate(data)
     except ValidationError as e:
         raise ConfigError(_describe(e, variables or {})) from None
+
+
+def _too_deep(data: Mapping[str, Any]) -> str | None:
+    """The path of a value nested deeper than MAX_DEPTH, or None; walked without recursion."""
+    stack: list[tuple[Any, str, int]] = [(data, "", 0)]
+    while stack:
+        node, where, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return where.removeprefix(".")
+        items = node.items() if isinstance(node, Mapping) else enumerate(node)
+        for key, value in items:
+            if isinstance(value, Mapping | list):
+                inner = f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}"
+                stack.append((value, inner, depth + 1))
+    return None
 
 
 def _describe(err: ValidationError, variables: Mapping[str, str]) -> str:

@@ -86,7 +86,9 @@ class RunConfig(Section):
     # "cpu", "cuda", "cuda:N", or "auto" (cuda when torch sees a GPU, else cpu).
     device: Annotated[str, Field(pattern=r"^(auto|cpu|cuda(:\d+)?)$")] = "auto"
     # Environment frames to train on (over all envs); the run stops there (NavRL: 1.2 G).
-    total_frames: PosInt = 1_200_000_000
+    # At most 2**62, far past any run: frame counts stay within int64 (TensorBoard's steps
+    # are), with room for the rollout that crosses the limit.
+    total_frames: Annotated[int, Field(ge=1, le=2**62)] = 1_200_000_000
     # Checkpoints, history, evaluations, exports and the lock live here (--state-dir).
     state_dir: str = "state"
     # After SIGINT/SIGTERM, seconds the stages get to finish and flush before exit.

@@ -7,7 +7,9 @@
        [project.entry-points."navrl_daemon.backends"]
        navrl-2d = "navrl_2d:make_env"
 
-3. "package.module:factory", imported directly.
+3. "package.module:factory", imported directly: only when the user's own config names it.
+   A config read out of a file (a checkpoint's, a state dir's config.toml) may name a
+   built-in or an installed backend, never a module: `check_stored` refuses it.
 
 The factory is called as `factory(cfg.env, device=, seed=, num_envs=, layout=)` and
 returns a TorchRL env honouring `contract.py`. Nothing is imported until a backend is
@@ -29,6 +31,7 @@ from navrl_daemon.env.navigation import NavigationEnv
 from navrl_daemon.errors import ConfigError
 
 ENTRY_POINT_GROUP = "navrl_daemon.backends"
+MODULE = "module:factory"  # the origin of a backend named by its module, not registered
 BUILTIN = {
     "navigation": "navrl_daemon.env.backends:embedded",
     "isaac": "navrl_daemon.env.isaac:make_isaac_env",
@@ -77,11 +80,26 @@ def resolve(name: str) -> Backend:
         if backend.name == name:
             return backend
     if ":" in name:
-        return Backend(name, name, "module:factory")
+        return Backend(name, name, MODULE)
     choices = ", ".join(b.name for b in registered())
     raise ConfigError(
         f"env.backend = {name!r}: no such backend; registered: {choices}; "
         "or give an importable 'package.module:factory'"
+    )
+
+
+def check_stored(stored: str, *, named: str, source: str) -> None:
+    """`env.backend = stored` read from `source`, a file anyone may have written (a shared
+    checkpoint, a copied state dir): a built-in or installed backend, or the one the
+    user's own config names (`named`), else ConfigError (78). Evaluating a file must not
+    import and call code its author chose, from site-packages or the working directory."""
+    if stored == named or resolve(stored).origin != MODULE:
+        return
+    raise ConfigError(
+        f"{source} names env.backend = {stored!r}, a module to import and run; a config "
+        "read from a file may name a built-in or installed backend (`navrl-daemon env "
+        "list`), not code. If you trust it, name it yourself: "
+        f"env.backend={stored} (or --config)"
     )
 
 

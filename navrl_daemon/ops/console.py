@@ -10,6 +10,7 @@ line is also kept to one screen line (`brief`): a line that wraps breaks the blo
 from __future__ import annotations
 
 import datetime
+import errno
 import re
 import sys
 import threading
@@ -38,13 +39,21 @@ class BarAwareStderr:
         tqdm.set_lock(threading.RLock())
 
     def write(self, text: str) -> int:
+        if sys.stderr is None:  # descriptor 2 was closed when Python started
+            raise OSError(errno.EBADF, "no stderr")
         with tqdm.external_write_mode(file=sys.stderr):
             written = sys.stderr.write(text)
             sys.stderr.flush()
         return written
 
     def flush(self) -> None:
-        sys.stderr.flush()
+        if sys.stderr is not None:
+            sys.stderr.flush()
+
+    def fileno(self) -> int:
+        if sys.stderr is None:
+            raise OSError(errno.EBADF, "no stderr")
+        return sys.stderr.fileno()
 
     def isatty(self) -> bool:
         try:

@@ -117,8 +117,10 @@ class MetricsServer:
         self.port = port  # the bound port once started (port 0 picks a free one)
         self.max_connections = max_connections
         self.request_timeout_s = request_timeout_s
-        # Connections closed before a reply, by reason: timeout, evicted, refused, oversized.
+        # Connections closed before a reply, by reason: timeout, evicted, refused, oversized,
+        # failed (an error while answering, `last_error` the newest).
         self.dropped: collections.Counter[str] = collections.Counter()
+        self.last_error = ""
         self._listener: socket.socket | None = None
         self._wake: tuple[socket.socket, socket.socket] | None = None
         self._thread: threading.Thread | None = None
@@ -196,10 +198,12 @@ class MetricsServer:
                     for client in [c for c in clients.values() if c.deadline <= now]:
                         self._close(client, sel, clients, dropped="timeout")
                     if now - last_drop_log >= DROP_LOG_INTERVAL_S and self.dropped != logged:
+                        failed = self.dropped["failed"] != logged["failed"]
                         log.warning(
                             "metrics connections closed before a reply",
                             since_s=round(now - last_drop_log),
                             **{k: v - logged[k] for k, v in self.dropped.items()},
+                            **({"last_error": self.last_error} if failed else {}),
                         )
                         logged, last_drop_log = collections.Counter(self.dropped), now
             finally:
@@ -273,9 +277,11 @@ class MetricsServer:
         except OSError as err:  # reset, broken pipe: the client went away
             log.debug("metrics client went away", client=client.peer, error=str(err))
             self._close(client, sel, clients)
-        except Exception:  # a bug here must not end the endpoint for every later client
-            log.exception("metrics request failed", client=client.peer)
-            self._close(client, sel, clients)
+        except Exception as err:  # a bug must not end the endpoint for every later client
+            # Counted and logged with the drops, once per interval: a client repeating the
+            # request that meets it must not flood the journal with tracebacks.
+            self.last_error = f"{type(err).__name__}: {err}"[:300]
+            self._close(client, sel, clients, dropped="failed")
 
     def _answer(self, head: bytes, peer: str) -> bytes:
         parts = head.split(b"\r\n", 1)[0].split(b"\n", 1)[0].split()
@@ -284,7 +290,11 @@ class MetricsServer:
         method, target = parts[0], parts[1].decode("latin-1")
         if method not in (b"GET", b"HEAD"):
             return _response(405, b"only GET and HEAD\n", "text/plain", allow="GET, HEAD")
-        status, body, content_type = self._route(urlsplit(target).path)
+        try:
+            path = urlsplit(target).path
+        except ValueError:  # "//[": an unclosed IPv6 host
+            return _response(400, b"bad request\n", "text/plain")
+        status, body, content_type = self._route(path)
         log.debug("request", client=peer, line=f"{method.decode()} {target}", status=status)
         return _response(status, body, content_type, head_only=method == b"HEAD")
 

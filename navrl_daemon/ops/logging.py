@@ -12,6 +12,7 @@ import structlog
 
 from navrl_daemon.config import LogConfig
 from navrl_daemon.ops.console import BarAwareStderr, ProgressTableRenderer
+from navrl_daemon.ops.log_stream import LogStream
 
 # Fields every line of this process carries, from any thread (the rank of a distributed
 # run); contextvars would not reach threads that were started before they were bound.
@@ -43,8 +44,11 @@ class FirstError:
             self.logger.error(self.event, error=error)
 
 
-def configure_logging(cfg: LogConfig, *, stream: Any = None) -> None:
-    stream = stream or BarAwareStderr()
+def configure_logging(cfg: LogConfig, *, stream: Any = None) -> LogStream:
+    """Lines to `stream` (default: stderr, kept clear of a progress bar) through a
+    `LogStream`, which outlives the stream's reader (ops/log_stream.py); returned, for
+    `run` to name the file the log goes on in."""
+    stream = LogStream(stream or BarAwareStderr())
     fmt = cfg.format
     if fmt == "auto":
         fmt = "console" if _isatty(stream) else "json"
@@ -78,6 +82,7 @@ def configure_logging(cfg: LogConfig, *, stream: Any = None) -> None:
     # An exception that ends a thread (a library's writer thread, say) is one log line like
     # every other, not a traceback that breaks the JSON stream journald and tests read.
     threading.excepthook = _log_thread_exception
+    return stream
 
 
 def _log_thread_exception(args: threading.ExceptHookArgs) -> None:

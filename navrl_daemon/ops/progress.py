@@ -130,7 +130,7 @@ class ProgressLog:
             unit="frame",
             unit_scale=True,
             smoothing=0,
-            disable=not sys.stderr.isatty(),
+            disable=sys.stderr is None or not sys.stderr.isatty(),
         )
         if not bar.disable:  # its clock: the sitting's
             bar.start_t -= time.perf_counter() - self.sitting_start

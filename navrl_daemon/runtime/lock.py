@@ -17,6 +17,7 @@ state a kill -9 leaves, which the other daemon resumes from).
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import sys
@@ -186,7 +187,8 @@ class StateDirLock:
         try:
             self.state_dir.mkdir(parents=True, exist_ok=True)
         except OSError as err:
-            raise ConfigError(f"{where}: cannot create it: {err.strerror or err}") from None
+            why = _broken_link(self.state_dir) or err.strerror or str(err)
+            raise ConfigError(f"{where}: cannot create it: {why}") from None
         try:
             return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except IsADirectoryError:
@@ -221,6 +223,23 @@ class StateDirLock:
             ) from None
         os.close(fd)
         os.unlink(probe)
+
+
+def _broken_link(path: Path) -> str | None:
+    """Why a path through symbolic links leads nowhere (mkdir only says "File exists"):
+    links that loop, or the link in it whose target does not exist; else None."""
+    try:
+        os.stat(path)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            return "its symbolic links loop (ELOOP); point them at a directory"
+    for part in [path, *path.parents]:
+        if part.is_symlink() and not part.exists():
+            return (
+                f"{part} is a symbolic link to {os.readlink(part)}, which does not exist; "
+                "create that directory or point the link elsewhere"
+            )
+    return None
 
 
 def _same_file(path: Path, fd: int) -> bool:

@@ -42,8 +42,9 @@ def thread_stacks() -> dict[str, str]:
 
 def _exit_process(code: int) -> None:
     """The main thread may be blocked anywhere (a C call, a lock): only _exit ends it."""
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a stream without a reader must not stop the exit
+            stream.flush()
     os._exit(code)
 
 

@@ -151,3 +151,17 @@ def test_navrls_published_policy_flies_the_example_world(navrl_checkpoint: Path)
     result = evaluate(make_env(cfg, layout="navrl"), policy, seed=0, max_steps=1500)
     assert result["unfinished"] == 0
     assert result["reach_goal"] >= 0.75 and result["collision"] <= 0.25, result
+
+
+def test_a_stored_backend_is_registered_or_named_by_the_user() -> None:
+    """`check_stored`: a config read from a file names no module to import unless the
+    user's own config names the same; built-ins and entry points pass."""
+    from navrl_daemon.env.backends import check_stored
+
+    for stored in ("navigation", "isaac", "navrl-2d"):
+        check_stored(stored, named="navigation", source="x.nrc")
+    check_stored("navrl_2d.env:make_env", named="navrl_2d.env:make_env", source="x.nrc")
+    with pytest.raises(ConfigError, match=r"x.nrc names env.backend = 'navrl_2d.env:make_env'"):
+        check_stored("navrl_2d.env:make_env", named="navigation", source="x.nrc")
+    with pytest.raises(ConfigError, match=r"'nope': no such backend"):
+        check_stored("nope", named="navigation", source="x.nrc")

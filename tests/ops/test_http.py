@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -270,3 +271,56 @@ def test_head_has_no_body_and_other_methods_are_refused(server: MetricsServer) -
     post = exchange(b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
     assert post.startswith(b"HTTP/1.1 405 ") and b"Allow: GET, HEAD\r\n" in post
     assert exchange(b"nonsense\r\n\r\n").startswith(b"HTTP/1.1 400 ")
+
+
+def exchange_once(server: MetricsServer, request: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(request)
+        sock.settimeout(5)
+        return sock.recv(4096)
+
+
+def test_malformed_request_lines_get_400_and_no_log_line_each(server: MetricsServer) -> None:
+    """A target urlsplit cannot parse (`//[`) logged a 715-byte traceback per request:
+    200 requests, 201 error lines. It is a bad request like any other."""
+    from structlog.testing import capture_logs
+
+    with capture_logs() as logs:
+        for _ in range(200):
+            assert exchange_once(server, b"GET //[ HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 400 ")
+    assert [e for e in logs if e["log_level"] != "debug"] == []
+    assert get(server, "/metrics").status == 200
+
+
+def test_a_failing_request_is_logged_once_per_interval_without_a_traceback(
+    health: Health, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever else fails while answering (a bug) closes that connection; the failures
+    are counted and logged with the drops, once per interval, without a traceback."""
+    from structlog.testing import capture_logs
+
+    from navrl_daemon.ops import http
+
+    monkeypatch.setattr(http, "DROP_LOG_INTERVAL_S", 0.5)
+    server = MetricsServer(make_metrics(), health, "127.0.0.1", 0)
+
+    def broken(head: bytes, peer: str) -> bytes:
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(server, "_answer", broken)
+    server.start()
+    try:
+        with capture_logs() as logs:
+            for _ in range(50):
+                assert exchange_once(server, b"GET /metrics HTTP/1.1\r\n\r\n") == b""
+            deadline = time.monotonic() + 10
+            while not any(e.get("failed") for e in logs) and time.monotonic() < deadline:
+                time.sleep(0.1)
+    finally:
+        server.stop()
+    assert server.dropped["failed"] == 50
+    lines = [e for e in logs if e["log_level"] != "debug"]
+    assert 1 <= len(lines) <= 3, lines
+    assert sum(e.get("failed", 0) for e in lines) == 50
+    assert all("exc_info" not in e for e in lines)
+    assert "KeyError: 'a bug'" in lines[0]["last_error"]
