@@ -188,7 +188,7 @@ def test_report_embeds_the_episode_video_and_shows_config_changes(
     shutil.copytree(run_dir, state)
     # A resume with a changed setting keeps the earlier config (one more iteration to train;
     # a finished run started again writes nothing).
-    more = ["run.total_frames=448", "ppo.entropy_coef=0.01"]
+    more = ["run.total_frames=448", "ppo.entropy_coef=0.01", "run.allow_config_change=true"]
     proc = navrl_cli("run", "--state-dir", str(state), *RUN, *more)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(list((state / "configs").glob("config-*.toml"))) == 1

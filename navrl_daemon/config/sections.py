@@ -88,7 +88,12 @@ class RunConfig(Section):
     # Environment frames to train on (over all envs); the run stops there (NavRL: 1.2 G).
     total_frames: PosInt = 1_200_000_000
     # Checkpoints, history, evaluations, exports and the lock live here (--state-dir).
-    state_dir: str = "state"
+    # Not set: runs/<the config file's name without .toml>, runs/builtin without a file,
+    # so that two configs never share one by accident.
+    state_dir: str = "runs/builtin"
+    # Resume a state dir whose checkpoint trained other env.*, ppo.* or run.seed values
+    # (fine-tuning on a new task); without it such a resume is refused (exit 78).
+    allow_config_change: bool = False
     # After SIGINT/SIGTERM, seconds the stages get to finish and flush before exit.
     shutdown_timeout_s: PosFloat = 60.0
     # 0 keeps torch's default intra-op thread count.

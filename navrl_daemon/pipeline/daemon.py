@@ -241,6 +241,8 @@ def build_stages(ctx: RunContext) -> list[Stage]:
             total_frames=ctx.cadence.total_frames,
         )
         return []
+    if found is not None:
+        resume.check_settings(cfg, found[0], found[2])  # before anything is built
     torch.manual_seed(cfg.run.seed)  # the same initial weights on every rank
     with phase("policy and update"):
         policy = make_policy(cfg, ctx.device)
