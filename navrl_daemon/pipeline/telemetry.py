@@ -4,6 +4,7 @@ only see its callbacks."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -18,7 +19,7 @@ import torch
 
 from navrl_daemon import __version__
 from navrl_daemon.config import Config, to_toml
-from navrl_daemon.errors import StageFailed
+from navrl_daemon.errors import ConfigError
 from navrl_daemon.ops.http import Health, MetricsServer
 from navrl_daemon.ops.metrics import Metrics
 from navrl_daemon.ops.progress import IterationRecord, ProgressLog
@@ -114,7 +115,17 @@ class Telemetry:
         try:
             self.server.start()
         except OSError as err:
-            raise StageFailed(f"metrics endpoint: {err}") from err
+            if err.errno != errno.EADDRINUSE or "port" in m.model_fields_set:
+                # A port or address the config chose: restarting won't free it (exit 78).
+                raise ConfigError(
+                    f"metrics endpoint: {err.strerror}; runs side by side need a "
+                    "metrics.port each (or metrics.enabled = false)"
+                ) from err
+            # The default port, taken by a run beside this one: a free one, said below
+            # and in the state dir for `status`.
+            log.warning("metrics port in use: serving on a free one", taken=port)
+            self.server = MetricsServer(self.metrics, self.health, m.address, 0)
+            self.server.start()
         log.info("metrics endpoint", url=f"http://{self.server.url_host}:{self.server.port}")
 
     def run_starts(self, state_dir: Path, iteration: int, frames: int) -> None:
