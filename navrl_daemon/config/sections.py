@@ -449,6 +449,9 @@ class PipelineConfig(Section):
 class EvalConfig(Section):
     # Evaluate every N iterations (0 = never during `run`).
     interval: NonNegInt = 1000
+    # With an interval, evaluate the first iteration of a run from scratch too: a number
+    # within minutes, not after N CPU iterations.
+    first_iteration: bool = True
     # Drones evaluated, one first episode each.
     num_envs: Annotated[int, Field(ge=1, le=1_048_576)] = 64
     # "navrl": NavRL's crossing layout; "train": the training spawn rule under eval.seed.
@@ -614,8 +617,11 @@ class LogConfig(Section):
     # "json": one JSON object per line (journald); "console": readable, with a progress
     # bar and a table per summary; "auto": console on a terminal, else json.
     format: Literal["auto", "json", "console"] = "auto"
-    # A progress summary (log, history.jsonl, TensorBoard) every N iterations.
+    # A progress summary (log, history.jsonl, TensorBoard) every N iterations, or at the
+    # end of the first iteration this many seconds after the last one, whichever comes
+    # first (0: every N iterations only): slow iterations still report every minute.
     summary_interval: PosInt = 10
+    summary_seconds: Annotated[float, Field(ge=0.0, le=86_400.0)] = 60.0
     # Write the summaries and evaluations as TensorBoard event files too, in
     # STATE_DIR/tensorboard (`tensorboard --logdir STATE_DIR/tensorboard`).
     tensorboard: bool = True

@@ -25,6 +25,7 @@ class Cadence:
     checkpoint_interval: int = 0  # 0: never
     archive_interval: int = 0
     eval_interval: int = 0
+    eval_first: bool = False  # the first update (version 1) is evaluated too
 
     @classmethod
     def of(cls, cfg: Config, world_size: int = 1) -> Cadence:
@@ -35,6 +36,7 @@ class Cadence:
             checkpoint_interval=cfg.checkpoint.interval,
             archive_interval=cfg.archive.interval,
             eval_interval=cfg.eval.interval,
+            eval_first=cfg.eval.first_iteration,
         )
 
     def checkpoints(self, version: int) -> bool:
@@ -43,7 +45,8 @@ class Cadence:
 
     def evaluates(self, version: int) -> bool:
         """Whether the weights after update `version` go to the evaluator."""
-        return _every(self.eval_interval, version)
+        first = self.eval_first and version == 1
+        return _every(self.eval_interval, version) or (bool(self.eval_interval) and first)
 
     def archives(self, rollout: int) -> bool:
         """Whether rollout `rollout` (counted from 0) goes to the archiver."""

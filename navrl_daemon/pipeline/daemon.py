@@ -185,6 +185,7 @@ async def serve(
         )
         async with anyio.create_task_group() as tg:
             tg.start_soon(telemetry.watchdog.run)
+            tg.start_soon(telemetry.redraw_progress)
             tg.start_soon(telemetry.extend_stop_timeout, shutdown)
             try:
                 await supervisor.run()
@@ -373,6 +374,7 @@ def _producer(
                 if cfg.env.map_levels and owned and isinstance(collector.env, DensityLevels)
                 else None
             ),
+            on_phase=telemetry.progress.phase,
         ),
     )
 
@@ -399,6 +401,7 @@ def _trainer(
         events=TrainerEvents(
             on_iteration=telemetry.iteration,
             on_export_failed=functools.partial(telemetry.metrics.write_failed, "export"),
+            on_phase=telemetry.progress.phase,
         ),
     )
 

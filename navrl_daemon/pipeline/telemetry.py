@@ -86,9 +86,15 @@ class Telemetry:
         self.server: MetricsServer | None = None
         self.progress = ProgressLog(
             summary_interval=cfg.log.summary_interval,
+            summary_seconds=cfg.log.summary_seconds,
             total_frames=cfg.run.total_frames,
             device=device,
             on_summary=self.summary,
+            context=self._where_training_is,
+            phase_labels={
+                "collect": f"collecting {cfg.ppo.rollout_length} steps",
+                "update": f"updating {cfg.ppo.epochs}×{cfg.ppo.minibatches} minibatches",
+            },
         )
         self.history: HistoryFile | None = None
         self.tensorboard: TensorBoardLog | None = None
@@ -264,6 +270,27 @@ class Telemetry:
             self._level_ends = None
         self._row_iteration, self._stall_s, self._resumed_from = summary["iteration"], stall, None
         return row
+
+    async def redraw_progress(self) -> None:
+        """The bar's note on what runs now, every second, until cancelled."""
+        while True:
+            self.progress.tick()
+            await anyio.sleep(1.0)
+
+    def _where_training_is(self) -> dict[str, Any]:
+        """The curriculum stage (and its name) and the share of training envs at each
+        density level (by pillars), for the summary's log line and console block."""
+        where: dict[str, Any] = {}
+        stage = self._curriculum_stage
+        if stage is not None:
+            where["curriculum_stage"] = stage
+            stages = self.cfg.env.curriculum
+            if stage < len(stages) and stages[stage].name:
+                where["curriculum_name"] = stages[stage].name
+        if self._level_shares is not None:
+            where["level_pillars"] = list(self.cfg.env.map_levels)
+            where["level_shares"] = [round(share, 4) for share in self._level_shares]
+        return where
 
     def curriculum_stage(self, stage: int) -> None:
         """The training env is now at curriculum stage `stage`."""
