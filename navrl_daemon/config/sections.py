@@ -605,9 +605,9 @@ class MetricsConfig(Section):
     port: Annotated[int, Field(ge=0, le=65535)] = 9841
     # /healthz answers 503 once no iteration has completed for this long.
     stall_after_s: PosFloat = 600.0
-    # After reaching run.total_frames, keep serving /metrics this long with state
-    # "finished", so Prometheus records it (more than the scrape interval; the shipped
-    # systemd env file sets 35 s for a 15 s scrape). 0: exit at once.
+    # After reaching run.total_frames (or a clean stop), keep serving /metrics this long
+    # with state "finished" (or "stopped"), so Prometheus records it (more than the scrape
+    # interval; the shipped systemd env file sets 35 s for a 15 s scrape). 0: exit at once.
     final_scrape_s: Annotated[float, Field(ge=0.0, le=3600.0)] = 0.0
 
 

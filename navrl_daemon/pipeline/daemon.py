@@ -193,8 +193,9 @@ async def serve(
                 failure = err  # raised below, not wrapped in the task group's ExceptionGroup
             finally:
                 tg.cancel_scope.cancel()
-        if shutdown.reason is None:  # run.total_frames reached: say so to Prometheus
-            await telemetry.finished(cfg.metrics.final_scrape_s)
+        if failure is None:  # a clean end, reached or stopped: say which to Prometheus
+            state = "finished" if shutdown.reason is None else "stopped"
+            await telemetry.last_scrape(state, cfg.metrics.final_scrape_s)
     finally:
         telemetry.close()
         threads.close()
@@ -427,6 +428,7 @@ def _resume(
     if curriculum is not None and resumed.curriculum_restored:
         resume.replay_evaluations(curriculum, ctx.state_dir / RESULTS_FILE, resumed)
     collector.policy.load_state_dict(learner.policy.state_dict())
+    ctx.telemetry.metrics.resumed_from(header.raw_bytes, header.stored_bytes, header.created)
     log.info(
         "resumed from checkpoint",
         path=str(resumed.path),

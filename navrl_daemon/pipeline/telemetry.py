@@ -175,14 +175,15 @@ class Telemetry:
         if state is State.DRAINING:
             self.notifier.stopping(f"draining: {reason or 'finished'}")
 
-    async def finished(self, final_scrape_s: float) -> None:
-        """State "finished", served for `final_scrape_s` more seconds so that a scrape
-        records it (the down alert tells a finished run from a crash by it)."""
-        self.metrics.set_state("finished")
-        self.health.set_state("finished")
+    async def last_scrape(self, state: str, final_scrape_s: float) -> None:
+        """State "finished" (run.total_frames reached) or "stopped" (a stop signal, all
+        flushed), served for `final_scrape_s` more seconds so that a scrape records it:
+        the down alert tells a finished run or a clean stop from a crash by it."""
+        self.metrics.set_state(state)
+        self.health.set_state(state)
         if self.server is None or final_scrape_s <= 0:
             return
-        log.info("finished: serving metrics a last time", seconds=final_scrape_s)
+        log.info(f"{state}: serving metrics a last time", seconds=final_scrape_s)
         # The supervisor no longer owns the signals: a SIGINT/SIGTERM ends the wait early.
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             with anyio.move_on_after(final_scrape_s):
@@ -223,7 +224,6 @@ class Telemetry:
         self.notifier.status(
             f"iteration {summary['iteration']}, {summary['frames_per_second']:.0f} frames/s"
         )
-        self.metrics.throughput(summary["frames_per_second"])
         self.metrics.episodes(
             {k.removeprefix("train_"): v for k, v in summary.items() if k.startswith("train_")}
         )
