@@ -253,9 +253,11 @@ def eval_config(cfg: Config, args: argparse.Namespace) -> tuple[Path, Config, st
     root = args.state_dir if args.state_dir is not None else Path(cfg.run.state_dir)
     path = args.checkpoint or root / "export" / "policy.pt"
     extra = [f"eval.num_envs={args.episodes}"] if args.episodes is not None else []
-    if args.config is not None:
-        return path, _with(cfg, args, extra), str(args.config)
     run_config = _run_config_file(path, args.state_dir)
+    if args.config is not None:
+        cfg = _with(cfg, args, extra)
+        _note_other_task(cfg, path, run_config)
+        return path, cfg, str(args.config)
     if run_config is not None:
         cfg = load_config(run_config, [*args.overrides, *extra])
         return path, cfg, f"{run_config} (the run's config)"
@@ -264,6 +266,28 @@ def eval_config(cfg: Config, args: argparse.Namespace) -> tuple[Path, Config, st
         cfg = validate(_with_overrides(embedded, [*args.overrides, *extra]))
         return path, cfg, f"the config stored in {path}"
     return path, _with(cfg, args, extra), "the built-in defaults (no run config found)"
+
+
+def _note_other_task(cfg: Config, path: Path, run_config: Path | None) -> None:
+    """Say so when `cfg` sets other task or algorithm keys than the run that trained
+    `path` (its state dir's config.toml, or the config a `.nrc` carries): a policy flown
+    on another task than its own, on purpose or not."""
+    from navrl_daemon.pipeline.resume import changed_settings
+
+    if run_config is not None:
+        trained: dict[str, Any] | None = load_config(run_config).model_dump()
+        where = str(run_config)
+    else:
+        trained, where = _embedded_config(path), f"the config stored in {path}"
+    if trained is None:
+        return
+    changed = changed_settings(cfg, {"config": trained})
+    if changed:
+        print(
+            f"navrl-daemon: note: this config differs from the one {path} was trained with "
+            f"({where}): {', '.join(changed)}",
+            file=sys.stderr,
+        )
 
 
 def _run_config_file(policy: Path, state_dir: Path | None) -> Path | None:
