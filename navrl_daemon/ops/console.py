@@ -207,7 +207,8 @@ def progress_table(s: dict[str, Any], earlier: Outcomes | None = None) -> str:
         for key, label in (
             ("actor_loss", "actor"),
             ("critic_loss", "critic"),
-            ("entropy", "entropy"),
+            # ppo's `entropy` is the loss's term, -entropy_coef x the policy's entropy
+            ("entropy", "entropy loss"),
             ("bc_loss", "bc"),
         )
         if key in s
