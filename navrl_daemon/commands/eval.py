@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from navrl_daemon.commands.common import (
+    StepProgress,
     config_args,
     json_arg,
     print_fields,
@@ -126,7 +127,7 @@ def handle(cfg: Config, args: argparse.Namespace) -> int:
         else:
             print_fields(_paired_text(results))
         return 0
-    with _progress_bar(cfg.eval.num_envs, max_steps) as progress:
+    with StepProgress(cfg.eval.num_envs, max_steps) as progress:
         if args.plot is None and args.video is None:
             evaluation = Evaluation.for_env(env, seed=cfg.eval.seed, max_steps=max_steps)
             results = evaluation(policy, progress)
@@ -220,7 +221,7 @@ def _paired(
 
     flown = []
     for one in (policy, other):
-        with _progress_bar(drones, evaluation.max_steps) as progress:
+        with StepProgress(drones, evaluation.max_steps) as progress:
             results = evaluation(one, progress)
         flown.append({**results, "outcomes": evaluation.outcomes()})
     mine, theirs = flown
@@ -330,32 +331,6 @@ def _with_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 def _with(cfg: Config, args: argparse.Namespace, extra: list[str]) -> Config:
     return load_config(args.config, [*args.overrides, *extra]) if extra else cfg
-
-
-class _progress_bar:
-    """A tqdm bar over the evaluation's steps on a terminal (drones finished in its
-    postfix); nothing off a terminal. Yields the `progress` callback `evaluate` takes."""
-
-    def __init__(self, drones: int, max_steps: int) -> None:
-        self.drones, self.max_steps = drones, max_steps
-        self.bar: Any = None
-
-    def __enter__(self) -> Callable[[int, int], None] | None:
-        if not sys.stderr.isatty():
-            return None
-        from tqdm import tqdm
-
-        self.bar = tqdm(total=self.max_steps, unit="step", desc="eval", leave=False)
-
-        def progress(step: int, finished: int) -> None:
-            self.bar.update(step - self.bar.n)
-            self.bar.set_postfix_str(f"{finished}/{self.drones} drones finished")
-
-        return progress
-
-    def __exit__(self, *exc: object) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
 
 def _probe(cfg: Config, env: Any, policy: Any) -> dict[str, Any]:
