@@ -72,7 +72,8 @@ A lever is measured against its control on the same frames by a fork: `--fork-fr
 --keep-state DST KEY=VALUE...` copies the kept run SRC (it may still be running) into the
 new folder DST, as of SRC's newest valid checkpoint (its evaluation and history rows past
 that iteration are dropped, SRC is left as it is), and resumes DST with the overrides
-given, e.g. SRC's recipe plus `ppo.epochs=8`. The daemon restores the envs' episodes where
+given, e.g. SRC's recipe plus `ppo.epochs=8` (with `run.allow_config_change=true`, which
+a fork adds). The daemon restores the envs' episodes where
 the env section is unchanged, and starts new ones where it is not. `--fork-at ITER` forks
 as of SRC's checkpoint of that iteration instead (the copy leaves out the newer ones): a
 fork at a point in the past of a run that went on.
@@ -448,6 +449,8 @@ def main() -> None:
     )
     every = [] if args.eval_every is None else [f"eval.interval={args.eval_every}"]
     overrides = [*args.overrides, *every, "metrics.port=0"]
+    if args.fork_from is not None:  # a fork trains its lever on SRC's weights on purpose
+        overrides.append("run.allow_config_change=true")
     cfg = load_config(args.config, overrides, environ={})  # a bad config fails here, not later
     drones = [f"eval.num_envs={args.final_drones}"] if args.final_drones else []
     final_cfg = load_config(args.config, [*overrides, *drones], environ={}) if drones else cfg

@@ -63,6 +63,10 @@ def test_the_text_names_python_torch_its_cuda_and_every_piece(
     if not torch.cuda.is_available():
         assert got["GPU"].startswith("no CUDA")
         assert got["device"].startswith("cpu ")
+    if not torch.version.cuda:  # how to get a CUDA build, as a command to paste
+        assert "a CPU build of torch" in got["GPU"]
+        text = doctor()
+        assert "pip install --force-reinstall torch --index-url" in text and "/whl/cu" in text
     for name in LIBRARIES:
         assert f"{name} {version(name)}" in got["libraries"]
     # the export extra against the packages themselves, not their metadata
@@ -83,11 +87,13 @@ def test_json_holds_the_same(doctor: Callable[..., str]) -> None:
     doc = json.loads(doctor("--json"))
     assert doc["python"]["version"] == platform.python_version()
     assert doc["navrl_daemon"] == navrl_daemon.__version__
+    install = doc["torch"].pop("cuda_install", None)
     assert doc["torch"] == {
         "version": str(torch.__version__),
         "cuda": torch.version.cuda,
         "cuda_available": torch.cuda.is_available(),
     }
+    assert (install is None) == bool(torch.version.cuda)
     assert len(doc["gpus"]) == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
     assert doc["device"]["run.device"] == "auto"
     assert doc["device"]["resolved"] == ("cuda" if torch.cuda.is_available() else "cpu")

@@ -255,3 +255,11 @@ def test_report_on_a_missing_or_empty_state_dir(
     assert code == 65, err
     assert err.startswith(f"navrl-daemon: error: {state}: no ") and "nothing to report" in err
     assert not (state / "report").exists()
+
+
+def test_report_says_it_replays_an_evaluation(run_dir: Path, tmp_path: Path) -> None:
+    """The replay for the paths takes an evaluation's time (a minute at NavRL's scale on
+    a CPU): `report` says what it does meanwhile, and how to skip it."""
+    done = navrl_cli("report", "--state-dir", str(run_dir), "--out", str(tmp_path / "r"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "report: replaying ckpt-" in done.stderr and "--no-trajectories" in done.stderr

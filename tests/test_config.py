@@ -168,7 +168,10 @@ def test_a_retired_key_at_its_kept_value_loads_as_without_it(tmp_path: Path) -> 
     value that was taken out exits 78 saying so."""
     saved = tmp_path / "config.toml"
     saved.write_text('[ppo]\nmirror = true\nmirror_ratio = "behaviour"\n')
-    assert load_config(saved, environ={}) == load_config(None, ["ppo.mirror=true"], environ={})
+    here = "run.state_dir=here"
+    assert load_config(saved, [here], environ={}) == load_config(
+        None, ["ppo.mirror=true", here], environ={}
+    )
     proc = navrl_cli("config", "show", "--config", str(saved))
     assert proc.returncode == 0, proc.stderr
     assert "mirror_ratio" not in proc.stdout

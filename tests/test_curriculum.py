@@ -158,7 +158,7 @@ def test_a_resume_with_other_env_keys_goes_on_at_the_stage_in_new_episodes(
     assert (saved["stage"], saved["applied"]) == (1, 1)
 
     frames = f"run.total_frames={(stopped_at + 3) * 64}"
-    resumed = run(state, COUNTING, "env.spawn_margin=3.0", frames)
+    resumed = run(state, COUNTING, "env.spawn_margin=3.0", "run.allow_config_change=true", frames)
     [start] = named(resumed, "resumed from checkpoint")
     assert (start["iteration"], start["env_restored"]) == (stopped_at, False)
     assert named(resumed, "env config or seed changed since the checkpoint: new episodes start")
@@ -176,7 +176,7 @@ def test_a_resume_with_other_env_keys_goes_on_at_the_stage_in_new_episodes(
     later = COUNTING.replace("{name = 'full'}", "{name = 'full', num_obstacles = 4}")
     later = later.replace("evals = 1000", "evals = 999")
     at, saved = saved_curriculum(state)
-    tail = run(state, later, f"run.total_frames={(at + 2) * 64}")
+    tail = run(state, later, "run.allow_config_change=true", f"run.total_frames={(at + 2) * 64}")
     [curriculum] = named(tail, "curriculum resumed")
     assert (curriculum["stage"], curriculum["name"]) == (1, "middle")
     assert curriculum["streak"] < saved["streak"], (curriculum, saved)
@@ -185,7 +185,7 @@ def test_a_resume_with_other_env_keys_goes_on_at_the_stage_in_new_episodes(
     # The stage it is at trains differently now: the curriculum starts over.
     other = later.replace("num_obstacles = 2", "num_obstacles = 3")
     at = saved_curriculum(state)[0]
-    over = run(state, other, f"run.total_frames={(at + 2) * 64}")
+    over = run(state, other, "run.allow_config_change=true", f"run.total_frames={(at + 2) * 64}")
     assert not named(over, "curriculum resumed")
     assert [e["to_stage"] for e in named(over, "curriculum promotion")][:1] == [1]  # anew
 

@@ -68,7 +68,13 @@ def test_a_fork_is_the_source_as_of_its_newest_valid_checkpoint(
     assert {p: p.read_bytes() for p in src.rglob("*") if p.is_file()} == before
     # The daemon resumes the fork at the checkpoint, with the fork's own override.
     resumed = navrl_cli(
-        "run", "--state-dir", str(dst), *TINY, "run.total_frames=256", "ppo.epochs=2"
+        "run",
+        "--state-dir",
+        str(dst),
+        *TINY,
+        "run.total_frames=256",
+        "ppo.epochs=2",
+        "run.allow_config_change=true",
     )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert '"iteration": 3' in next(

@@ -300,7 +300,7 @@ def test_bc_from_rollout_archives_trains_evaluates_and_exports_the_navrl_policy(
     state = tmp_path / "state"
     args = offline_args(archive, "prefetch.layout=archive", "offline.steps=30")
     run = complete(state, *TINY, *args, "eval.interval=15", "prefetch.batch_size=64")
-    assert [e["iteration"] for e in run.of("evaluation")] == [15, 30]
+    assert [e["iteration"] for e in run.of("evaluation")] == [1, 15, 30]
     assert run.of("policy exported")[0]["kind"] == "navigation"
     exported = torch.load(state / "export" / "policy.pt", weights_only=True)
     assert set(exported) == set(Training.build(load_config(None, TINY), "cpu").policy.state_dict())

@@ -208,13 +208,25 @@ def test_an_env_change_keeps_the_envs_density_levels_while_they_mean_the_same(
     saved = snap["collector"]["env"]["level"]
     want = (torch.bincount(saved, minlength=3) / saved.numel()).tolist()
     assert want[0] < 1.0, "no env left level 0: the test shows nothing"
-    resumed = run(state, *levels, "env.safety_weight=2.0", "run.total_frames=1408")
+    resumed = run(
+        state,
+        *levels,
+        "env.safety_weight=2.0",
+        "run.allow_config_change=true",
+        "run.total_frames=1408",
+    )
     start = next(e for e in resumed if e["event"] == "resumed from checkpoint")
     assert (start["iteration"], start["env_restored"]) == (10, False)
     kept = next(e for e in resumed if e["event"] == "density levels kept")
     assert kept["level_shares"] == pytest.approx(want, abs=1e-4)
     other = tuple(x.replace("[0,2,4]", "[0,3,4]") for x in levels)
-    again = run(state, *other, "env.safety_weight=2.0", "run.total_frames=1536")
+    again = run(
+        state,
+        *other,
+        "env.safety_weight=2.0",
+        "run.allow_config_change=true",
+        "run.total_frames=1536",
+    )
     assert not [e for e in again if e["event"] == "density levels kept"]
 
 
@@ -235,11 +247,25 @@ def test_levels_go_on_with_the_curriculum_stage_and_start_over_with_it(tmp_path:
     )
     state = tmp_path / "state"
     run(state, *levels, curriculum(6), "run.total_frames=1280")
-    on = run(state, *levels, curriculum(6), "env.safety_weight=2.0", "run.total_frames=1408")
+    on = run(
+        state,
+        *levels,
+        curriculum(6),
+        "env.safety_weight=2.0",
+        "run.allow_config_change=true",
+        "run.total_frames=1408",
+    )
     assert [e["stage"] for e in on if e["event"] == "curriculum resumed"] == [0]
     kept = next(e for e in on if e["event"] == "density levels kept")
     assert kept["level_shares"][0] < 1.0  # some envs had left level 0: kept, not reset
-    over = run(state, *levels, curriculum(7), "env.safety_weight=2.0", "run.total_frames=1536")
+    over = run(
+        state,
+        *levels,
+        curriculum(7),
+        "env.safety_weight=2.0",
+        "run.allow_config_change=true",
+        "run.total_frames=1536",
+    )
     assert not [e for e in over if e["event"] in ("curriculum resumed", "density levels kept")]
 
 
@@ -375,6 +401,7 @@ def test_divergence_rolls_back_then_gives_up_with_exit_1(tmp_path: Path, update_
         "ppo.actor_lr=1e30",
         "ppo.feature_extractor_lr=1e30",
         "ppo.max_nonfinite_updates=1",
+        "run.allow_config_change=true",
         f"ppo.update_path={update_path}",
     )
     assert proc.returncode == 1, proc.stderr[-3000:]

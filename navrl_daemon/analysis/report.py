@@ -99,7 +99,7 @@ def learning_curves(
             [
                 Panel("actor loss", [train("actor_loss", "actor")]),
                 Panel("critic loss", [train("critic_loss", "critic")]),
-                Panel("entropy", [train("entropy", "entropy")]),
+                Panel("entropy loss (-entropy_coef × entropy)", [train("entropy", "entropy")]),
                 Panel(
                     "gradient norm (before clipping)",
                     [train("actor_grad_norm", "actor"), train("critic_grad_norm", "critic")],

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,3 +50,30 @@ def print_fields(fields: dict[str, Any]) -> None:
         else:
             text = str(v)
         print(f"{k:>14}: {text}")
+
+
+class StepProgress:
+    """A tqdm bar over an evaluation's steps on a terminal (drones finished in its
+    postfix); nothing off a terminal. Yields the `progress` callback `evaluate` takes
+    (`eval`, and the replay `report` draws)."""
+
+    def __init__(self, drones: int, max_steps: int) -> None:
+        self.drones, self.max_steps = drones, max_steps
+        self.bar: Any = None
+
+    def __enter__(self) -> Callable[[int, int], None] | None:
+        if not sys.stderr.isatty():
+            return None
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=self.max_steps, unit="step", desc="eval", leave=False)
+
+        def progress(step: int, finished: int) -> None:
+            self.bar.update(step - self.bar.n)
+            self.bar.set_postfix_str(f"{finished}/{self.drones} drones finished")
+
+        return progress
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.close()

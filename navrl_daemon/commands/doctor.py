@@ -84,9 +84,15 @@ def handle(cfg: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+# A CUDA build of torch in place of a CPU one: the README's GPU set-up, in this venv.
+CUDA_TORCH = "{python} -m pip install --force-reinstall torch --index-url https://download.pytorch.org/whl/cu130"
+
+
 def diagnose(cfg: Config) -> dict[str, Any]:
     torch = torch_status()
     working = "error" not in torch
+    if working and not torch["cuda"]:
+        torch["cuda_install"] = CUDA_TORCH.format(python=sys.executable)
     return {
         "python": {"version": platform.python_version(), "executable": sys.executable},
         "navrl_daemon": __version__,
@@ -185,7 +191,8 @@ def print_text(doc: dict[str, Any]) -> None:
     elif torch["cuda"]:
         print(f"{'GPU':<{LABEL}}no CUDA: none visible (driver? CUDA_VISIBLE_DEVICES?)")
     else:
-        print(f"{'GPU':<{LABEL}}no CUDA")
+        print(f"{'GPU':<{LABEL}}no CUDA: a CPU build of torch; for a GPU (CUDA 13 driver):")
+        print(f"{'':<{LABEL}}{torch['cuda_install']}")
     device = doc["device"]
     setting = f'run.device = "{device["run.device"]}"'
     print(f"{'device':<{LABEL}}{device['resolved'] or 'unknown'}  ({setting})")

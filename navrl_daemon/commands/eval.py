@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from navrl_daemon.commands.common import (
+    StepProgress,
     config_args,
     json_arg,
     print_fields,
@@ -128,7 +129,7 @@ def handle(cfg: Config, args: argparse.Namespace) -> int:
         else:
             print_fields(_paired_text(results))
         return 0
-    with _progress_bar(cfg.eval.num_envs, max_steps) as progress:
+    with StepProgress(cfg.eval.num_envs, max_steps) as progress:
         if args.plot is None and args.video is None:
             evaluation = Evaluation.for_env(env, seed=cfg.eval.seed, max_steps=max_steps)
             results = evaluation(policy, progress)
@@ -222,7 +223,7 @@ def _paired(
 
     flown = []
     for one in (policy, other):
-        with _progress_bar(drones, evaluation.max_steps) as progress:
+        with StepProgress(drones, evaluation.max_steps) as progress:
             results = evaluation(one, progress)
         flown.append({**results, "outcomes": evaluation.outcomes()})
     mine, theirs = flown
@@ -259,9 +260,11 @@ def eval_config(cfg: Config, args: argparse.Namespace) -> tuple[Path, Config, st
     root = args.state_dir if args.state_dir is not None else Path(cfg.run.state_dir)
     path = args.checkpoint or root / "export" / "policy.pt"
     extra = [f"eval.num_envs={args.episodes}"] if args.episodes is not None else []
-    if args.config is not None:
-        return path, _with(cfg, args, extra), str(args.config)
     run_config = _run_config_file(path, args.state_dir)
+    if args.config is not None:
+        cfg = _with(cfg, args, extra)
+        _note_other_task(cfg, path, run_config)
+        return path, cfg, str(args.config)
     if run_config is not None:
         stored = load_config(run_config, [*args.overrides, *extra])
         source = f"{run_config} (the run's config)"
@@ -273,6 +276,28 @@ def eval_config(cfg: Config, args: argparse.Namespace) -> tuple[Path, Config, st
         source = f"the config stored in {path}"
     check_stored(stored.env.backend, named=cfg.env.backend, source=source)
     return path, stored, source
+
+
+def _note_other_task(cfg: Config, path: Path, run_config: Path | None) -> None:
+    """Say so when `cfg` sets other task or algorithm keys than the run that trained
+    `path` (its state dir's config.toml, or the config a `.nrc` carries): a policy flown
+    on another task than its own, on purpose or not."""
+    from navrl_daemon.pipeline.resume import changed_settings
+
+    if run_config is not None:
+        trained: dict[str, Any] | None = load_config(run_config).model_dump()
+        where = str(run_config)
+    else:
+        trained, where = _embedded_config(path), f"the config stored in {path}"
+    if trained is None:
+        return
+    changed = changed_settings(cfg, {"config": trained})
+    if changed:
+        print(
+            f"navrl-daemon: note: this config differs from the one {path} was trained with "
+            f"({where}): {', '.join(changed)}",
+            file=sys.stderr,
+        )
 
 
 def _run_config_file(policy: Path, state_dir: Path | None) -> Path | None:
@@ -315,32 +340,6 @@ def _with_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 def _with(cfg: Config, args: argparse.Namespace, extra: list[str]) -> Config:
     return load_config(args.config, [*args.overrides, *extra]) if extra else cfg
-
-
-class _progress_bar:
-    """A tqdm bar over the evaluation's steps on a terminal (drones finished in its
-    postfix); nothing off a terminal. Yields the `progress` callback `evaluate` takes."""
-
-    def __init__(self, drones: int, max_steps: int) -> None:
-        self.drones, self.max_steps = drones, max_steps
-        self.bar: Any = None
-
-    def __enter__(self) -> Callable[[int, int], None] | None:
-        if not sys.stderr.isatty():
-            return None
-        from tqdm import tqdm
-
-        self.bar = tqdm(total=self.max_steps, unit="step", desc="eval", leave=False)
-
-        def progress(step: int, finished: int) -> None:
-            self.bar.update(step - self.bar.n)
-            self.bar.set_postfix_str(f"{finished}/{self.drones} drones finished")
-
-        return progress
-
-    def __exit__(self, *exc: object) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
 
 def _probe(cfg: Config, env: Any, policy: Any) -> dict[str, Any]:

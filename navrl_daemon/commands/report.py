@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from navrl_daemon.commands.checkpoints import describe
-from navrl_daemon.commands.common import config_args, json_arg, print_json, state_dir, state_dir_arg
+from navrl_daemon.commands.common import (
+    StepProgress,
+    config_args,
+    json_arg,
+    print_json,
+    state_dir,
+    state_dir_arg,
+)
 from navrl_daemon.config import Config
 from navrl_daemon.errors import DataError, NavrlError, UsageError
 from navrl_daemon.storage.atomic import write_atomic
@@ -174,6 +181,16 @@ def _replay(cfg: Config, checkpoint: Path) -> tuple[bytes | None, bytes | None, 
     env = make_eval_env(cfg, "cpu")
     if not isinstance(env, NavigationEnv):
         return None, None, {}
-    results, traj = evaluate_recorded(env, policy, seed=cfg.eval.seed, max_steps=eval_steps(cfg))
+    steps = eval_steps(cfg)
+    # The replay takes as long as an evaluation (a minute at NavRL's scale on a CPU): say so.
+    print(
+        f"navrl-daemon: report: replaying {checkpoint.name} for the paths: "
+        f"{cfg.eval.num_envs} drones, up to {steps} steps (--no-trajectories skips it)",
+        file=sys.stderr,
+    )
+    with StepProgress(cfg.eval.num_envs, steps) as progress:
+        results, traj = evaluate_recorded(
+            env, policy, seed=cfg.eval.seed, max_steps=steps, progress=progress
+        )
     title = f"{checkpoint.name}, layout {cfg.eval.layout}"
     return trajectory_plot(traj, title), gif_bytes(traj, checkpoint.name), results

@@ -8,6 +8,7 @@ terminal it is a block of text on stderr; otherwise one JSON log line (`run summ
 
 from __future__ import annotations
 
+import importlib.util
 import shlex
 import shutil
 import sys
@@ -27,7 +28,7 @@ def run_summary(cfg: Config, state_dir: Path) -> dict[str, Any]:
     from navrl_daemon.pipeline.resume import newest_header
     from navrl_daemon.rl.evaluate import eval_rank
     from navrl_daemon.storage.checkpoint import CheckpointDir
-    from navrl_daemon.storage.history import read_jsonl
+    from navrl_daemon.storage.history import HISTORY_FILE, RESULTS_FILE, read_jsonl
 
     evals = read_jsonl(state_dir / "eval" / "results.jsonl", required=("iteration",)).rows
     # The newest checkpoint, as the stop log says it: history rows come every
@@ -39,15 +40,15 @@ def run_summary(cfg: Config, state_dir: Path) -> dict[str, Any]:
     best = max(scored, key=eval_rank) if scored else None
     exports = state_dir / "export"
     tensorboard = state_dir / "tensorboard"
-    cmd = command_prefix()
-    sd = shlex.quote(str(state_dir))
+    checkpoints = CheckpointDir(state_dir / "checkpoints").files()
     doc: dict[str, Any] = {
         "outcome": "finished run.total_frames" if finished else "stopped before run.total_frames",
         "iteration": None if last is None else last.iteration,
         "frames": frames,
         "total_frames": cfg.run.total_frames,
         "state_dir": str(state_dir),
-        "checkpoints": len(CheckpointDir(state_dir / "checkpoints").files()),
+        "files": [n for n in (HISTORY_FILE, RESULTS_FILE) if (state_dir / n).is_file()],
+        "checkpoints": len(checkpoints),
         "policy": _existing(exports / "policy.pt"),
         "best_policy": _existing(exports / "best.pt"),
         "best_eval": None
@@ -57,14 +58,56 @@ def run_summary(cfg: Config, state_dir: Path) -> dict[str, Any]:
         if not scored
         else {k: scored[-1].get(k) for k in ("iteration", "reach_goal", "collision")},
         "tensorboard": view_command(tensorboard) if tensorboard.is_dir() else None,
-        "next": [
-            f"{cmd} report --state-dir {sd}",
-            f"{cmd} eval --state-dir {sd} --video eval.gif",
-            f"{cmd} checkpoints export --state-dir {sd} --best --format onnx",
-            f"{cmd} {' '.join(_resume_args(state_dir))}",
-        ],
     }
+    evaluated = {r["iteration"] for r in scored}
+    steps = next_steps(
+        cfg, state_dir, doc, exportable_best=any(_iteration(p) in evaluated for p in checkpoints)
+    )
+    doc["next"] = [command for command, _ in steps]
+    doc["next_why"] = [why for _, why in steps]
     return doc
+
+
+def next_steps(
+    cfg: Config, state_dir: Path, doc: dict[str, Any], *, exportable_best: bool
+) -> list[tuple[str, str]]:
+    """What to run next, each with why: only commands that succeed on the state dir as it
+    is (a report needs a record, a video a policy, `export --best` an evaluated checkpoint,
+    ONNX its packages), and a `run` that trains: past run.total_frames when it was reached."""
+    cmd = command_prefix()
+    sd = shlex.quote(str(state_dir))
+    steps: list[tuple[str, str]] = []
+    if doc["files"] or doc["checkpoints"]:
+        steps.append(
+            (f"{cmd} report --state-dir {sd}", "learning curves, paths, checkpoints: report.html")
+        )
+    if doc["policy"]:
+        steps.append(
+            (
+                f"{cmd} eval --state-dir {sd} --video eval.gif",
+                "watch the policy fly: top-down and side view",
+            )
+        )
+    if exportable_best:
+        onnx = all(importlib.util.find_spec(m) is not None for m in ("onnx", "onnxscript"))
+        fmt, why = (
+            ("onnx", "the best policy for ONNX Runtime (robots, ROS)")
+            if onnx
+            else ("navrl", "the best policy in NavRL's layout (ONNX: pip install '.[export]')")
+        )
+        steps.append((f"{cmd} checkpoints export --state-dir {sd} --best --format {fmt}", why))
+    resume = _resume_args(state_dir)
+    if doc["frames"] is None:
+        why = "start again: no checkpoint to resume from"
+    elif doc["frames"] >= cfg.run.total_frames:
+        more = 2 * cfg.run.total_frames
+        resume = [a for a in resume if not a.startswith("run.total_frames=")]
+        resume.append(f"run.total_frames={more}")
+        why = f"train on to {more:,} frames: resumes from the newest checkpoint"
+    else:
+        why = "train on: resumes from the newest checkpoint"
+    steps.append((f"{cmd} {' '.join(resume)}", why))
+    return steps
 
 
 def print_run_summary(cfg: Config, state_dir: Path) -> None:
@@ -87,11 +130,11 @@ def render(doc: dict[str, Any]) -> str:
         if isinstance(frames, int)
         else "with no checkpoint"
     )
+    held = [*doc["files"], f"{doc['checkpoints']} checkpoint file(s)"]
     lines = [
         "",
         f"navrl-daemon: run {doc['outcome']} {where}; exit 0",
-        f"  state dir    {doc['state_dir']}  (history.jsonl, eval/results.jsonl, "
-        f"{doc['checkpoints']} checkpoint file(s))",
+        f"  state dir    {doc['state_dir']}  ({', '.join(held)})",
     ]
     if doc["policy"]:
         lines.append(f"  policy       {doc['policy']}  (the last weights, NavRL's layout)")
@@ -105,13 +148,7 @@ def render(doc: dict[str, Any]) -> str:
     if doc["tensorboard"]:
         lines.append(f"  TensorBoard  {doc['tensorboard']}")
     lines.append("  next:")
-    comments = [
-        "learning curves, paths, checkpoints: report.html",
-        "watch the policy fly: top-down and side view",
-        "the best policy for ONNX Runtime (robots, ROS)",
-        "train on: resumes from the newest checkpoint",
-    ]
-    for command, why in zip(doc["next"], comments, strict=True):
+    for command, why in zip(doc["next"], doc["next_why"], strict=True):
         lines += [f"    # {why}", f"    {command}"]
     return "\n".join(lines) + "\n"
 
@@ -132,7 +169,7 @@ def _resume_args(state_dir: Path) -> list[str]:
     """`run` with the arguments this process was given (the same config and overrides)."""
     args = sys.argv[1:]
     if "run" not in args:  # called in-process (tests): not this program's own arguments
-        args = ["run", "--state-dir", str(state_dir)]
+        args = ["run", "--config", str(state_dir / "config.toml"), "--state-dir", str(state_dir)]
     return [shlex.quote(a) for a in args]
 
 
@@ -142,6 +179,16 @@ def _short(path: Path) -> str:
         return str(path.absolute().relative_to(Path.cwd()))
     except ValueError:
         return str(path)
+
+
+def _iteration(path: Path) -> int | None:
+    from navrl_daemon.errors import DataError
+    from navrl_daemon.storage.checkpoint import read_header
+
+    try:
+        return read_header(path).iteration
+    except DataError:
+        return None
 
 
 def _existing(path: Path) -> str | None:

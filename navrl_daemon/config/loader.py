@@ -36,6 +36,11 @@ def load_config(
     data: dict[str, Any] = {}
     if path is not None:
         data = read_toml(Path(path))
+        run = data.get("run")
+        if isinstance(run, dict) and "state_dir" not in run:
+            run["state_dir"] = default_state_dir(Path(path))
+        elif run is None:
+            data["run"] = {"state_dir": default_state_dir(Path(path))}
     env_items = environ if environ is not None else os.environ
     variables: dict[str, str] = {}  # dotted key -> the environment variable that set it
     for name, raw in sorted(env_items.items()):
@@ -49,6 +54,11 @@ def load_config(
         set_dotted(data, key, value, origin=f"override {item!r}")
         variables.pop(key, None)  # the override wins, and is what an error is about
     return validate(data, variables)
+
+
+def default_state_dir(config_file: Path) -> str:
+    """A config file's own state dir when it names none: `runs/<file name without .toml>`."""
+    return f"runs/{config_file.stem}"
 
 
 def read_toml(path: Path) -> dict[str, Any]:

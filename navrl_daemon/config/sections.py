@@ -90,7 +90,12 @@ class RunConfig(Section):
     # are), with room for the rollout that crosses the limit.
     total_frames: Annotated[int, Field(ge=1, le=2**62)] = 1_200_000_000
     # Checkpoints, history, evaluations, exports and the lock live here (--state-dir).
-    state_dir: str = "state"
+    # Not set: runs/<the config file's name without .toml>, runs/builtin without a file,
+    # so that two configs never share one by accident.
+    state_dir: str = "runs/builtin"
+    # Resume a state dir whose checkpoint trained other env.*, ppo.* or run.seed values
+    # (fine-tuning on a new task); without it such a resume is refused (exit 78).
+    allow_config_change: bool = False
     # After SIGINT/SIGTERM, seconds the stages get to finish and flush before exit.
     shutdown_timeout_s: PosFloat = 60.0
     # 0 keeps torch's default intra-op thread count.
@@ -455,6 +460,9 @@ class PipelineConfig(Section):
 class EvalConfig(Section):
     # Evaluate every N iterations (0 = never during `run`).
     interval: NonNegInt = 1000
+    # With an interval, evaluate the first iteration of a run from scratch too: a number
+    # within minutes, not after N CPU iterations.
+    first_iteration: bool = True
     # Drones evaluated, one first episode each.
     num_envs: Annotated[int, Field(ge=1, le=1_048_576)] = 64
     # "navrl": NavRL's crossing layout; "train": the training spawn rule under eval.seed.
@@ -616,9 +624,9 @@ class MetricsConfig(Section):
     port: Annotated[int, Field(ge=0, le=65535)] = 9841
     # /healthz answers 503 once no iteration has completed for this long.
     stall_after_s: PosFloat = 600.0
-    # After reaching run.total_frames, keep serving /metrics this long with state
-    # "finished", so Prometheus records it (more than the scrape interval; the shipped
-    # systemd env file sets 35 s for a 15 s scrape). 0: exit at once.
+    # After reaching run.total_frames (or a clean stop), keep serving /metrics this long
+    # with state "finished" (or "stopped"), so Prometheus records it (more than the scrape
+    # interval; the shipped systemd env file sets 35 s for a 15 s scrape). 0: exit at once.
     final_scrape_s: Annotated[float, Field(ge=0.0, le=3600.0)] = 0.0
 
 
@@ -628,8 +636,11 @@ class LogConfig(Section):
     # "json": one JSON object per line (journald); "console": readable, with a progress
     # bar and a table per summary; "auto": console on a terminal, else json.
     format: Literal["auto", "json", "console"] = "auto"
-    # A progress summary (log, history.jsonl, TensorBoard) every N iterations.
+    # A progress summary (log, history.jsonl, TensorBoard) every N iterations, or at the
+    # end of the first iteration this many seconds after the last one, whichever comes
+    # first (0: every N iterations only): slow iterations still report every minute.
     summary_interval: PosInt = 10
+    summary_seconds: Annotated[float, Field(ge=0.0, le=86_400.0)] = 60.0
     # Write the summaries and evaluations as TensorBoard event files too, in
     # STATE_DIR/tensorboard (`tensorboard --logdir STATE_DIR/tensorboard`).
     tensorboard: bool = True

@@ -185,6 +185,9 @@ def progress_table(s: dict[str, Any], earlier: Outcomes | None = None) -> str:
             "busy " + ", ".join(f"{k} {v:.0%}" for k, v in busy.items()),
         )
     )
+    where = _where_training_is(s)
+    if where:
+        lines.append(_row("training at", *where))
     episodes = s.get("train_episodes", 0)
     if not episodes and earlier is None:
         lines.append(_row("episodes", "none finished yet"))
@@ -213,7 +216,8 @@ def progress_table(s: dict[str, Any], earlier: Outcomes | None = None) -> str:
         for key, label in (
             ("actor_loss", "actor"),
             ("critic_loss", "critic"),
-            ("entropy", "entropy"),
+            # ppo's `entropy` is the loss's term, -entropy_coef x the policy's entropy
+            ("entropy", "entropy loss"),
             ("bc_loss", "bc"),
         )
         if key in s
@@ -234,6 +238,20 @@ def progress_table(s: dict[str, Any], earlier: Outcomes | None = None) -> str:
     if s.get("rolled_back"):
         lines.append(_row("ROLLED BACK", "to the newest valid checkpoint (see the log above)"))
     return "\n".join(lines)
+
+
+def _where_training_is(s: dict[str, Any]) -> list[str]:
+    """The curriculum stage and the share of envs per density level (pillars: share)."""
+    cells = []
+    if "curriculum_stage" in s:
+        name = s.get("curriculum_name")
+        cells.append(f"curriculum stage {s['curriculum_stage']}" + (f" ({name})" if name else ""))
+    shares = s.get("level_shares")
+    if shares:
+        pillars = s.get("level_pillars") or list(range(len(shares)))
+        levels = " ".join(f"{p}:{share:.0%}" for p, share in zip(pillars, shares, strict=False))
+        cells.append(f"envs by pillars {levels}")
+    return cells
 
 
 def _outcome_cells(s: dict[str, Any]) -> list[str]:

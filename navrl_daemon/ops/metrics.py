@@ -41,8 +41,12 @@ from navrl_daemon.ops.intervals import interval_of
 # "finished": run.total_frames reached (the daemon keeps serving for metrics.final_scrape_s
 # so Prometheus sees it, and the down alert can tell a finished run from a crash).
 STATES = ("starting", "running", "draining", "stopped", "finished")
-# Durations from 1 ms (a channel hop) to 60 s (a NavRL-scale update or checkpoint).
-SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+# Durations from 1 ms (a channel hop) to 20 min: a NavRL-scale update takes ~100 s on a
+# 2-core CPU, and a quantile can only read up to the largest bucket.
+SECONDS_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300,
+    600, 1200,
+)  # fmt: skip
 POLICY_LAG_BUCKETS = (0, 1, 2, 4, 8)
 # The `file` label of navrl_write_failures_total: eval/results.jsonl, history.jsonl,
 # export/*.pt.
@@ -141,7 +145,7 @@ class Metrics:
         )
         self.frames_per_second = Gauge(
             "navrl_frames_per_second",
-            "Training throughput over the last summary window, in frames per second.",
+            "Training throughput over the latest iteration, in frames per second.",
             registry=r,
         )
         self.policy_version = Gauge(
@@ -456,15 +460,16 @@ class Metrics:
         if self._checkpoint_interval:
             behind = (policy_version - self._checkpointed_iteration) // self._checkpoint_interval
             self.checkpoint_missed_intervals.set(max(0, behind - 1))  # one may be in flight
-        self._last_iteration_at = self._clock()
+        at = self._clock()
+        if self._last_iteration_at is not None and at > self._last_iteration_at:
+            # Iteration to iteration; the first one also timed start-up, so it sets none.
+            self.frames_per_second.set(frames_delta / (at - self._last_iteration_at))
+        self._last_iteration_at = at
 
     def episodes(self, stats: dict[str, float]) -> None:
         """Means of the training episodes finished in a window (`EpisodeStats.take()`);
         an empty dict (none finished) leaves the last values."""
         _set_means(self.episode, stats)
-
-    def throughput(self, frames_per_second: float) -> None:
-        self.frames_per_second.set(frames_per_second)
 
     def rollback(self) -> None:
         self.rollbacks_total.inc()
@@ -512,10 +517,20 @@ class Metrics:
             self._checkpointed_iteration = max(self._checkpointed_iteration, iteration)
             self.checkpoint_missed_intervals.set(0)
         self.checkpoint_write_seconds.observe(seconds)
-        self.checkpoint_bytes.labels(kind="raw").set(raw_bytes)
-        self.checkpoint_bytes.labels(kind="stored").set(stored_bytes)
+        self.checkpoint_size(raw_bytes, stored_bytes)
         self.checkpoint_last_success_timestamp.set(time.time() if now is None else now)
         self._last_checkpoint_at = self._clock()
+
+    def checkpoint_size(self, raw_bytes: int, stored_bytes: int) -> None:
+        """The newest checkpoint's size before and after compression."""
+        self.checkpoint_bytes.labels(kind="raw").set(raw_bytes)
+        self.checkpoint_bytes.labels(kind="stored").set(stored_bytes)
+
+    def resumed_from(self, raw_bytes: int, stored_bytes: int, created: float) -> None:
+        """Until this run writes one, the checkpoint it resumed from is the newest: its size
+        and time (no 0/0 compression ratio, no empty last-checkpoint panel)."""
+        self.checkpoint_size(raw_bytes, stored_bytes)
+        self.checkpoint_last_success_timestamp.set(created)
 
     def checkpoint_stall(self, seconds: float) -> None:
         self.checkpoint_stall_seconds.observe(seconds)

@@ -128,8 +128,10 @@ def open_wandb(cfg: LogConfig, config: dict[str, Any], state_dir: Path) -> Wandb
             resume="allow",
             dir=str(state_dir),  # W&B adds the `wandb/`
             config=config,
-            # The console stays the daemon's: W&B would otherwise wrap stdout and stderr.
-            settings=wandb.Settings(console="off"),
+            # The console stays the daemon's: W&B would otherwise wrap stdout and stderr,
+            # and its `wandb:` lines would break the JSON log off a terminal. Its own
+            # messages go to its run dir's logs/debug.log; the daemon logs the run's URL.
+            settings=wandb.Settings(console="off", silent=True),
         )
         id_file.write_text(f"{run.id}\n")
         run.define_metric(STEP)
@@ -137,7 +139,8 @@ def open_wandb(cfg: LogConfig, config: dict[str, Any], state_dir: Path) -> Wandb
     except Exception as err:  # ImportError, OSError, or W&B's own (no login, no network)
         log.error("no W&B logging", path=str(log_dir), error=f"{type(err).__name__}: {err}")
         return None
-    log.info("W&B run", id=run.id, dir=str(log_dir), url=run.url or "offline: `wandb sync`")
+    url = "offline: `wandb sync`" if run.offline else run.url  # .url warns when offline
+    log.info("W&B run", id=run.id, dir=str(log_dir), url=url)
     return WandbLog(run, log_dir)
 
 

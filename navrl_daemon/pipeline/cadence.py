@@ -26,6 +26,7 @@ class Cadence:
     archive_interval: int = 0
     eval_interval: int = 0
     mirror_interval: int = 0  # checkpoint.interval x checkpoint.mirror_every
+    eval_first: bool = False  # the first update (version 1) is evaluated too
 
     @classmethod
     def of(cls, cfg: Config, world_size: int = 1) -> Cadence:
@@ -37,6 +38,7 @@ class Cadence:
             archive_interval=cfg.archive.interval,
             eval_interval=cfg.eval.interval,
             mirror_interval=cfg.checkpoint.interval * cfg.checkpoint.mirror_every,
+            eval_first=cfg.eval.first_iteration,
         )
 
     def checkpoints(self, version: int) -> bool:
@@ -50,7 +52,8 @@ class Cadence:
 
     def evaluates(self, version: int) -> bool:
         """Whether the weights after update `version` go to the evaluator."""
-        return _every(self.eval_interval, version)
+        first = self.eval_first and version == 1
+        return _every(self.eval_interval, version) or (bool(self.eval_interval) and first)
 
     def archives(self, rollout: int) -> bool:
         """Whether rollout `rollout` (counted from 0) goes to the archiver."""

@@ -203,6 +203,7 @@ async def serve(
         )
         async with anyio.create_task_group() as tg:
             tg.start_soon(telemetry.watchdog.run)
+            tg.start_soon(telemetry.redraw_progress)
             tg.start_soon(telemetry.extend_stop_timeout, shutdown)
             try:
                 await supervisor.run()
@@ -210,8 +211,9 @@ async def serve(
                 failure = err  # raised below, not wrapped in the task group's ExceptionGroup
             finally:
                 tg.cancel_scope.cancel()
-        if shutdown.reason is None:  # run.total_frames reached: say so to Prometheus
-            await telemetry.finished(cfg.metrics.final_scrape_s)
+        if failure is None:  # a clean end, reached or stopped: say which to Prometheus
+            state = "finished" if shutdown.reason is None else "stopped"
+            await telemetry.last_scrape(state, cfg.metrics.final_scrape_s)
     finally:
         telemetry.close()
         threads.close()
@@ -263,6 +265,8 @@ def build_stages(ctx: RunContext) -> list[Stage]:
             total_frames=ctx.cadence.total_frames,
         )
         return []
+    if found is not None:
+        resume.check_settings(cfg, found[0], found[2])  # before anything is built
     torch.manual_seed(cfg.run.seed)  # the same initial weights on every rank
     with phase("policy and update"):
         policy = make_policy(cfg, ctx.device)
@@ -394,6 +398,7 @@ def _producer(
                 if cfg.env.map_levels and owned and isinstance(collector.env, DensityLevels)
                 else None
             ),
+            on_phase=telemetry.progress.phase,
         ),
     )
 
@@ -420,6 +425,7 @@ def _trainer(
         events=TrainerEvents(
             on_iteration=telemetry.iteration,
             on_export_failed=functools.partial(telemetry.metrics.write_failed, "export"),
+            on_phase=telemetry.progress.phase,
         ),
     )
 
@@ -445,6 +451,7 @@ def _resume(
     if curriculum is not None and resumed.curriculum_restored:
         resume.replay_evaluations(curriculum, ctx.state_dir / RESULTS_FILE, resumed)
     collector.policy.load_state_dict(learner.policy.state_dict())
+    ctx.telemetry.metrics.resumed_from(header.raw_bytes, header.stored_bytes, header.created)
     log.info(
         "resumed from checkpoint",
         path=str(resumed.path),

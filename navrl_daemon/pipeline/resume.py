@@ -278,6 +278,76 @@ def newest_header(state_dir: Path) -> CheckpointHeader | None:
     return None
 
 
+# Checkpoints from before env.curriculum / env.reset_mode / env.map_levels /
+# env.crossing_share / env.collect_path / env.reach_hold / env.min_level /
+# env.safety_weight existed lack those keys (they ran what the defaults give on the
+# CPU: no curriculum, indexed resets, no density levels, NavRL's border spawns, steps
+# op by op, reaching never ends an episode, levels all the way down, NavRL's reward).
+ENV_BEFORE: dict[str, Any] = {
+    "curriculum": [],
+    "reset_mode": "auto",
+    "map_levels": [],
+    "crossing_share": 0.0,
+    "collect_path": "auto",
+    "reach_hold": 0,
+    "min_level": 0,
+    "safety_weight": 1.0,
+}
+
+# How a run executes, not what it trains: any resume may change these.
+EXECUTION_KEYS = frozenset(
+    {
+        "env.reset_mode",
+        "env.collect_path",
+        "env.stage_switch",
+        "ppo.update_path",
+        "ppo.compile",
+        "ppo.max_nonfinite_updates",
+    }
+)
+
+
+def changed_settings(cfg: Config, state: dict[str, Any]) -> list[str]:
+    """The task and algorithm keys (env.*, ppo.*, run.seed) whose values in `cfg` differ
+    from those the checkpoint `state` was trained with; a key a checkpoint's config
+    lacks counts at the value it meant then (ENV_BEFORE) or today's default. Empty for
+    a checkpoint that carries no config (a warm start)."""
+    saved = state.get("config")
+    if not isinstance(saved, dict):
+        return []
+    now = cfg.model_dump()
+    defaults = type(cfg)().model_dump()
+    changed = []
+    for section in ("env", "ppo"):
+        before = {**defaults[section], **(ENV_BEFORE if section == "env" else {})}
+        then = {**before, **saved.get(section, {})}
+        for key, value in now[section].items():
+            name = f"{section}.{key}"
+            if name not in EXECUTION_KEYS and then.get(key) != value:
+                changed.append(name)
+    if saved.get("run", {}).get("seed", defaults["run"]["seed"]) != cfg.run.seed:
+        changed.append("run.seed")
+    return changed
+
+
+def check_settings(cfg: Config, path: Path, state: dict[str, Any]) -> None:
+    """Refuse (ConfigError, exit 78) to resume `path` with other task or algorithm
+    settings than it was trained with, unless `run.allow_config_change` asks for it: a
+    run's directory holds one experiment, and going on from another task's weights is a
+    decision, not an accident."""
+    changed = changed_settings(cfg, state)
+    if not changed:
+        return
+    if not cfg.run.allow_config_change:
+        raise ConfigError(
+            f"{path.parent.parent} holds a run trained with other settings than these "
+            f"(checkpoint {path.name}): {', '.join(changed)}. Give this run a state dir "
+            "of its own (--state-dir), or set run.allow_config_change=true to go on from "
+            "those weights with the new settings (fine-tuning)"
+        )
+    log.warning("config changed since the checkpoint", keys=changed, checkpoint=str(path))
+
+
 def restore(
     cfg: Config,
     path: Path,
@@ -309,22 +379,7 @@ def restore(
     env_restored = False
     saved = state.get("config", {})
     collected = state.get("collector")
-    # Checkpoints from before env.curriculum / env.reset_mode / env.map_levels /
-    # env.crossing_share / env.collect_path / env.reach_hold / env.min_level /
-    # env.safety_weight existed lack those keys (they ran what the defaults give on the
-    # CPU: no curriculum, indexed resets, no density levels, NavRL's border spawns, steps
-    # op by op, reaching never ends an episode, levels all the way down, NavRL's reward).
-    before = {
-        "curriculum": [],
-        "reset_mode": "auto",
-        "map_levels": [],
-        "crossing_share": 0.0,
-        "collect_path": "auto",
-        "reach_hold": 0,
-        "min_level": 0,
-        "safety_weight": 1.0,
-    }
-    saved_env = {**before, **saved.get("env", {})}
+    saved_env = {**ENV_BEFORE, **saved.get("env", {})}
     env_now = cfg.env.model_dump()
     # How a later promotion treats the episodes in flight: not part of the env's state.
     saved_env.pop("stage_switch", None)

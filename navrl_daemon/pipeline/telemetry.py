@@ -4,6 +4,7 @@ only see its callbacks."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -18,7 +19,7 @@ import torch
 
 from navrl_daemon import __version__
 from navrl_daemon.config import Config, to_toml
-from navrl_daemon.errors import StageFailed
+from navrl_daemon.errors import ConfigError
 from navrl_daemon.ops.http import Health, MetricsServer
 from navrl_daemon.ops.metrics import Metrics
 from navrl_daemon.ops.progress import IterationRecord, ProgressLog
@@ -85,9 +86,15 @@ class Telemetry:
         self.server: MetricsServer | None = None
         self.progress = ProgressLog(
             summary_interval=cfg.log.summary_interval,
+            summary_seconds=cfg.log.summary_seconds,
             total_frames=cfg.run.total_frames,
             device=device,
             on_summary=self.summary,
+            context=self._where_training_is,
+            phase_labels={
+                "collect": f"collecting {cfg.ppo.rollout_length} steps",
+                "update": f"updating {cfg.ppo.epochs}×{cfg.ppo.minibatches} minibatches",
+            },
         )
         self.history: HistoryFile | None = None
         self.tensorboard: TensorBoardLog | None = None
@@ -114,7 +121,17 @@ class Telemetry:
         try:
             self.server.start()
         except OSError as err:
-            raise StageFailed(f"metrics endpoint: {err}") from err
+            if err.errno != errno.EADDRINUSE or "port" in m.model_fields_set:
+                # A port or address the config chose: restarting won't free it (exit 78).
+                raise ConfigError(
+                    f"metrics endpoint: {err.strerror}; runs side by side need a "
+                    "metrics.port each (or metrics.enabled = false)"
+                ) from err
+            # The default port, taken by a run beside this one: a free one, said below
+            # and in the state dir for `status`.
+            log.warning("metrics port in use: serving on a free one", taken=port)
+            self.server = MetricsServer(self.metrics, self.health, m.address, 0)
+            self.server.start()
         log.info("metrics endpoint", url=f"http://{self.server.url_host}:{self.server.port}")
 
     def run_starts(self, state_dir: Path, iteration: int, frames: int) -> None:
@@ -158,14 +175,15 @@ class Telemetry:
         if state is State.DRAINING:
             self.notifier.stopping(f"draining: {reason or 'finished'}")
 
-    async def finished(self, final_scrape_s: float) -> None:
-        """State "finished", served for `final_scrape_s` more seconds so that a scrape
-        records it (the down alert tells a finished run from a crash by it)."""
-        self.metrics.set_state("finished")
-        self.health.set_state("finished")
+    async def last_scrape(self, state: str, final_scrape_s: float) -> None:
+        """State "finished" (run.total_frames reached) or "stopped" (a stop signal, all
+        flushed), served for `final_scrape_s` more seconds so that a scrape records it:
+        the down alert tells a finished run or a clean stop from a crash by it."""
+        self.metrics.set_state(state)
+        self.health.set_state(state)
         if self.server is None or final_scrape_s <= 0:
             return
-        log.info("finished: serving metrics a last time", seconds=final_scrape_s)
+        log.info(f"{state}: serving metrics a last time", seconds=final_scrape_s)
         # The supervisor no longer owns the signals: a SIGINT/SIGTERM ends the wait early.
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             with anyio.move_on_after(final_scrape_s):
@@ -206,7 +224,6 @@ class Telemetry:
         self.notifier.status(
             f"iteration {summary['iteration']}, {summary['frames_per_second']:.0f} frames/s"
         )
-        self.metrics.throughput(summary["frames_per_second"])
         self.metrics.episodes(
             {k.removeprefix("train_"): v for k, v in summary.items() if k.startswith("train_")}
         )
@@ -253,6 +270,27 @@ class Telemetry:
             self._level_ends = None
         self._row_iteration, self._stall_s, self._resumed_from = summary["iteration"], stall, None
         return row
+
+    async def redraw_progress(self) -> None:
+        """The bar's note on what runs now, every second, until cancelled."""
+        while True:
+            self.progress.tick()
+            await anyio.sleep(1.0)
+
+    def _where_training_is(self) -> dict[str, Any]:
+        """The curriculum stage (and its name) and the share of training envs at each
+        density level (by pillars), for the summary's log line and console block."""
+        where: dict[str, Any] = {}
+        stage = self._curriculum_stage
+        if stage is not None:
+            where["curriculum_stage"] = stage
+            stages = self.cfg.env.curriculum
+            if stage < len(stages) and stages[stage].name:
+                where["curriculum_name"] = stages[stage].name
+        if self._level_shares is not None:
+            where["level_pillars"] = list(self.cfg.env.map_levels)
+            where["level_shares"] = [round(share, 4) for share in self._level_shares]
+        return where
 
     def curriculum_stage(self, stage: int) -> None:
         """The training env is now at curriculum stage `stage`."""

@@ -82,6 +82,8 @@ class ProducerEvents:
     # With env.map_levels: told after every rollout the share of envs at each level and
     # per level [episodes ended, reached, collided] during it (None: not measured).
     on_levels: Callable[[list[float], list[list[float]]], None] | None = None
+    # ("collect", True) when a rollout starts, ("collect", False) when it ends.
+    on_phase: Callable[[str, bool], None] = lambda _name, _running: None
 
 
 class RolloutProducer:
@@ -103,6 +105,7 @@ class RolloutProducer:
         events = events or ProducerEvents()
         self.collector = collector
         self.on_levels = events.on_levels
+        self.on_phase = events.on_phase
         self.trainer_stream = context.trainer_stream
         self.pool = pool
         self.rollouts = rollouts
@@ -186,7 +189,11 @@ class RolloutProducer:
         return env.level_shares(), env.level_outcomes()
 
     def _collect(self, buffer: object, checkpointed: bool) -> Collected:
-        seconds = self.collector.collect(buffer)  # type: ignore[arg-type]
+        self.on_phase("collect", True)
+        try:
+            seconds = self.collector.collect(buffer)  # type: ignore[arg-type]
+        finally:
+            self.on_phase("collect", False)
         return Collected(
             seconds,
             self.collector_state() if checkpointed else None,

@@ -98,6 +98,8 @@ class TrainerEvents:
 
     on_iteration: Callable[[IterationRecord], None] = lambda _: None
     on_export_failed: Callable[[], None] = lambda: None
+    # ("update", True) when an update starts, ("update", False) when it ends.
+    on_phase: Callable[[str, bool], None] = lambda _name, _running: None
 
 
 class Trainer:
@@ -118,6 +120,7 @@ class Trainer:
         self.learner = learner
         self.stream = context.stream
         self.on_export_failed = events.on_export_failed
+        self.on_phase = events.on_phase
         self.rollouts = rollouts
         self.weights = list(weights)
         self.cadence = context.cadence
@@ -229,6 +232,7 @@ class Trainer:
             if not self._path_logged:  # at the first update: every stage has wired it
                 self._path_logged = True
                 log.info("ppo update path", path=self.learner.update_path)
+            self.on_phase("update", True)
             try:
                 losses = self.learner.update(
                     buffer,  # type: ignore[arg-type]
@@ -242,6 +246,8 @@ class Trainer:
                 if not rollback:
                     raise
                 return self._roll_back(rollback, err)
+            finally:
+                self.on_phase("update", False)
 
     def _roll_back(
         self, rollback: Callable[[Learner], Path], err: NonFiniteTraining

@@ -9,8 +9,11 @@ which also brings `onnxruntime` to check the file): torch's exporter writes thro
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -47,9 +50,11 @@ def _onnx(actor: DeployedActor, inputs: tuple, dynamic: dict, out: Path) -> None
         raise UsageError(
             f"--format onnx needs the {err.name!r} package: pip install 'navrl-daemon[export]'"
         ) from None
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _quiet("torch.onnx"):
         # Every input shares the one batch dim on purpose; torch says so in a warning.
         warnings.filterwarnings("ignore", message=".*shares the same shape constraints")
+        # torch's own deprecation inside its exporter: nothing the user can act on.
+        warnings.filterwarnings("ignore", category=FutureWarning, message=".*treespec")
         program = torch.onnx.export(
             actor,
             inputs,
@@ -61,5 +66,19 @@ def _onnx(actor: DeployedActor, inputs: tuple, dynamic: dict, out: Path) -> None
             external_data=False,
             verbose=False,
         )
-    assert program is not None
-    program.save(str(out))
+        assert program is not None
+        program.save(str(out))
+
+
+@contextlib.contextmanager
+def _quiet(logger: str) -> Iterator[None]:
+    """`logger` (and those under it) at ERROR for the block: the ONNX exporter logs a
+    warning for every torchvision op it cannot register when torchvision is not installed,
+    which the actor never uses."""
+    log = logging.getLogger(logger)
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)

@@ -211,6 +211,7 @@ def test_table_counts_episodes_and_flags_few() -> None:
         "entropy": -2.3,
     }
     table = progress_table(summary)
+    assert "entropy loss -2.3" in table  # the loss's term, not the policy's entropy
     assert "1 finished (few: noisy means)" in table
     assert "reached 1.000" in table and "timed out 0.000" in table  # not "truncated 1.0"
     assert "0:12:30" in table and "2,612 frames/s" in table and "(2.0 %)" in table

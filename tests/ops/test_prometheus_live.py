@@ -296,3 +296,99 @@ def tail(path: Path, lines: int = 15) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except FileNotFoundError:
         return "(no log)"
+
+
+# Panels every series of which has a number after a resume (others may show a term that
+# this run does not compute, such as the BC loss, as NaN beside the ones it does).
+WHOLLY_FINITE = ("navrl_checkpoint_bytes", "navrl_frames_per_second")
+
+
+def test_after_a_resume_every_panel_reads_finite_numbers_and_a_stop_reads_stopped(
+    tmp_path: Path,
+) -> None:
+    """A resumed daemon that has not written a checkpoint yet: the dashboard's panels
+    are not NaN (the compression ratio reads the checkpoint it resumed from), frames/s
+    moves; then a SIGTERM: its last scrape says "stopped", so NavrlDaemonStopped fires
+    and NavrlDaemonDown does not (the state dir's run went on, nothing crashed)."""
+    prometheus = require_tool("prometheus")
+    state = tmp_path / "state"
+    same = [*TINY, "env.map_levels=[0, 4]", "eval.interval=2", "metrics.port=0"]
+    run_cmd = [sys.executable, "-m", "navrl_daemon", "run", "--state-dir", str(state), *same]
+    first = subprocess.run(
+        [*run_cmd, "run.total_frames=256", "checkpoint.interval=2"],
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert first.returncode == 0, first.stderr[-2000:]
+
+    deadline = time.monotonic() + 2 * BUDGET_S
+    metrics_port, prometheus_port = free_port(), free_port()
+    daemon_log = tmp_path / "daemon.log"
+    daemon_cmd = [*run_cmd, "run.total_frames=100000000", "checkpoint.interval=100000"]
+    daemon_cmd += [f"metrics.port={metrics_port}", "metrics.final_scrape_s=5"]
+    config = tmp_path / "prometheus.yml"
+    config.write_text(json.dumps(prometheus_config(metrics_port)))
+    prometheus_log = tmp_path / "prometheus.log"
+    prometheus_cmd = [
+        prometheus,
+        f"--config.file={config}",
+        f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+        f"--web.listen-address=127.0.0.1:{prometheus_port}",
+        "--log.level=warn",
+    ]
+    with (
+        started(daemon_cmd, daemon_log, cwd=REPO) as daemon,
+        started(prometheus_cmd, prometheus_log) as prom,
+    ):
+        api = PrometheusAPI(f"http://127.0.0.1:{prometheus_port}")
+
+        def diagnosis() -> str:
+            return (
+                f"daemon exit code {daemon.poll()}; log tail:\n{tail(daemon_log)}\n"
+                f"prometheus log tail:\n{tail(prometheus_log)}"
+            )
+
+        for what, expr in [
+            ("the resumed daemon scraped", f'up{{job="{JOB}"}} == 1'),
+            ("6 iterations", "navrl_iterations_total >= 6"),
+            ("an evaluation", "navrl_evaluations_total >= 1"),
+            ("5 scrapes", f'count_over_time(up{{job="{JOB}"}}[{RATE_INTERVAL}]) >= 5'),
+        ]:
+            wait_until(what, lambda e=expr: api.has_data(e), deadline, daemon, diagnosis)
+        assert "resumed from checkpoint" in daemon_log.read_text()
+
+        problems = []
+        for query in dashboard_queries():
+            expr = substitute(query.expr, rate_interval=RATE_INTERVAL)
+            where = f"panel {query.panel!r} {query.ref_id}: {expr}"
+            status, error, result = api.query(expr)
+            values = [float(s["value"][1]) for s in result]
+            if status != "success":
+                problems.append(f"{where}: {error}")
+            elif excused(expr) or "_bucket" in expr:
+                continue  # a quantile over a window with nothing observed is NaN
+            elif not any(math.isfinite(v) for v in values):  # a NaN (or empty) panel
+                problems.append(f"{where}: {values or 'no data'}")
+            elif any(m in expr for m in WHOLLY_FINITE) and not all(map(math.isfinite, values)):
+                problems.append(f"{where}: {values}")
+        if problems:
+            pytest.fail("\n".join(problems) + f"\n{diagnosis()}")
+        _, _, fps = api.query("navrl_frames_per_second")
+        assert float(fps[0]["value"][1]) > 0, diagnosis()
+
+        daemon.send_signal(signal.SIGTERM)
+        assert daemon.wait(timeout=STOP_S + 10) == 0, diagnosis()
+        rules = {r.name: r for r in read_alert_rules(ALERTS)}
+        wait_until(
+            "a failed scrape",
+            lambda: api.has_data(f'up{{job="{JOB}"}} == 0'),
+            time.monotonic() + 30,
+            prom,
+            diagnosis,
+        )
+        _, _, down = api.query(rules["NavrlDaemonDown"].expr)
+        _, _, stopped = api.query(rules["NavrlDaemonStopped"].expr)
+        assert not down and stopped, diagnosis()

@@ -118,8 +118,12 @@ def test_a_run_and_its_resume_are_one_wandb_run_with_the_training_and_evaluation
 ) -> None:
     state = tmp_path / "state"
     env = wandb_env(tmp_path)
+    del env["WANDB_SILENT"]  # as a user runs it: W&B's silence is the daemon's doing
     first = navrl_cli("run", "--state-dir", str(state), *RUN, "run.total_frames=384", env=env)
     assert first.returncode == 0, first.stderr[-3000:]
+    # Off a terminal every line is JSON: W&B's own `wandb:` lines go to its debug.log.
+    for line in (first.stdout + first.stderr).splitlines():
+        assert json.loads(line), line
     (run_dir,) = (state / "wandb").glob("offline-run-*")
     run = read_run(run_dir)
     assert run["id"] == (state / "wandb" / "run_id").read_text().strip()
