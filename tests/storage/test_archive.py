@@ -346,6 +346,44 @@ def test_foreign_files_raise_data_error(tmp_path: Path) -> None:
         ArchiveFile.open(tmp_path / "missing.h5")
 
 
+def test_a_file_reading_others_or_claiming_more_than_it_holds_is_refused(
+    good_file: Path, tmp_path: Path
+) -> None:
+    """An external link or a virtual dataset would read another file; an index claiming
+    10**12 rows would be allocated whole: each is a DataError naming the file and key."""
+    other = tmp_path / "other" / good_file.name
+    other.parent.mkdir()
+    other.write_bytes(good_file.read_bytes())
+    original = good_file.read_bytes()
+
+    def external(f: h5py.File) -> None:
+        del f["index/iteration"]
+        f["index/iteration"] = h5py.ExternalLink(str(other), "/index/iteration")
+
+    def virtual(f: h5py.File) -> None:
+        ds = f["index/env"]
+        layout = h5py.VirtualLayout(shape=ds.shape, dtype=ds.dtype)
+        layout[:] = h5py.VirtualSource(str(other), "/index/env", shape=ds.shape)
+        del f["index/env"]
+        f.create_virtual_dataset("index/env", layout)
+
+    def huge(f: h5py.File) -> None:
+        del f["index/iteration"]
+        f.create_dataset("index/iteration", shape=(10**12,), chunks=(1024,), dtype=np.int64)
+
+    cases = {
+        external: "key /index/iteration: an external link",
+        virtual: "key /index/env: a virtual dataset",
+        huge: r"index/iteration: shape \(1000000000000,\) claims",
+    }
+    for edit, message in cases.items():
+        good_file.write_bytes(original)
+        with h5py.File(good_file, "r+") as f:
+            edit(f)
+        with pytest.raises(DataError, match=rf"archive {good_file}: .*{message}"):
+            open_and_verify(good_file)
+
+
 def test_wrong_version_and_bad_keys_attribute_raise_data_error(good_file: Path) -> None:
     with h5py.File(good_file, "r+") as f:
         f.attrs["version"] = 99
