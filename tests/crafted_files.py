@@ -113,9 +113,12 @@ def policy_files(valid: dict[str, torch.Tensor], out: Path, marker: Path) -> dic
     whole = torch_bytes(valid)
     legacy = torch_bytes(valid, zip_format=False)
     raw = {
-        "text": (b"hello world\n", "not a torch file"),
+        "text": (b"hello world\n", "neither torch's zip archive nor a pickle"),
         "empty": (b"", "empty"),
-        "nrc0_garbage": (b"NRC0" + bytes(range(256)) * 4, "not a torch file"),
+        "nrc0_garbage": (
+            b"NRC0" + bytes(range(256)) * 4,
+            "neither torch's zip archive nor a pickle",
+        ),
         "truncated_zip": (whole[: len(whole) // 2], "failed reading zip archive"),
         "truncated_pickle": (legacy[: len(legacy) // 2], "truncated"),
     }
@@ -295,3 +298,37 @@ def dataset_files(out: Path) -> dict[str, Crafted]:
     for name, (edit, reason) in edits.items():
         files[name] = Crafted(_edited(valid, out / f"{name}.h5", edit), reason)
     return files
+
+
+def archive_files(valid: Path, out: Path) -> dict[str, Crafted]:
+    """Crafted copies of a valid rollout archive `valid`: an index column that is an
+    external link or a virtual dataset into an untouched copy, or that claims 10**12 rows."""
+    out.mkdir(parents=True, exist_ok=True)
+    other = out / "other" / valid.name
+    other.parent.mkdir(exist_ok=True)
+    shutil.copy(valid, other)
+
+    def external(f: h5py.File) -> None:
+        del f["index/iteration"]
+        f["index/iteration"] = h5py.ExternalLink(str(other), "/index/iteration")
+
+    def virtual(f: h5py.File) -> None:
+        ds = f["index/env"]
+        layout = h5py.VirtualLayout(shape=ds.shape, dtype=ds.dtype)
+        layout[:] = h5py.VirtualSource(str(other), "/index/env", shape=ds.shape)
+        del f["index/env"]
+        f.create_virtual_dataset("index/env", layout)
+
+    def huge(f: h5py.File) -> None:
+        del f["index/iteration"]
+        f.create_dataset("index/iteration", shape=(HUGE_ROWS,), chunks=(1024,), dtype=np.int64)
+
+    edits = {
+        "external_link": (external, "key /index/iteration: an external link"),
+        "virtual_dataset": (virtual, "key /index/env: a virtual dataset"),
+        "huge_index": (huge, f"index/iteration: shape ({HUGE_ROWS},) claims"),
+    }
+    return {
+        name: Crafted(_edited(valid, out / f"{name}-{valid.name}", edit), reason)
+        for name, (edit, reason) in edits.items()
+    }

@@ -46,8 +46,8 @@ def load_policy_state(path: Path) -> dict[str, torch.Tensor]:
         # Neither torch.save's zip nor its legacy pickle: say what it starts with instead
         # of what the unpickler trips over (a KeyError for text, an IndexError for noise).
         raise DataError(
-            f"checkpoint {path}: not a torch file (a zip archive or a pickle) nor a "
-            f"checkpoint (.nrc): it starts with {head!r}"
+            f"checkpoint {path}: not a policy file (a torch state_dict) nor a checkpoint "
+            f"(.nrc): it starts with {head!r}, neither torch's zip archive nor a pickle"
         )
     from navrl_daemon.storage.checkpoint import torch_refusal
 
@@ -55,8 +55,8 @@ def load_policy_state(path: Path) -> dict[str, torch.Tensor]:
         state = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as e:  # the trust boundary: whatever torch refuses, we refuse
         raise DataError(
-            f"checkpoint {path}: not a policy file (a torch state_dict): "
-            f"torch.load(weights_only=True) refused it: {torch_refusal(e)}"
+            f"checkpoint {path}: not a policy file (a torch state_dict) nor a checkpoint "
+            f"(.nrc): torch.load(weights_only=True) refused it: {torch_refusal(e)}"
         ) from None
     return policy_tensors(state, f"checkpoint {path}")
 
