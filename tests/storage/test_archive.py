@@ -34,6 +34,7 @@ from navrl_daemon.storage.archive import (
 from navrl_daemon.storage.episode_store import ArchiveReader, rollout_arrays
 from navrl_daemon.storage.segment_index import SegmentIndex
 from tests.conftest import REPO, TINY
+from tests.crafted_files import archive_files as archive_files_crafted
 
 # TINY with pillars, so the LiDAR sees something.
 OBSTACLES = [*TINY, "env.num_obstacles=30", "env.field_size=12.0"]
@@ -351,37 +352,10 @@ def test_a_file_reading_others_or_claiming_more_than_it_holds_is_refused(
 ) -> None:
     """An external link or a virtual dataset would read another file; an index claiming
     10**12 rows would be allocated whole: each is a DataError naming the file and key."""
-    other = tmp_path / "other" / good_file.name
-    other.parent.mkdir()
-    other.write_bytes(good_file.read_bytes())
-    original = good_file.read_bytes()
-
-    def external(f: h5py.File) -> None:
-        del f["index/iteration"]
-        f["index/iteration"] = h5py.ExternalLink(str(other), "/index/iteration")
-
-    def virtual(f: h5py.File) -> None:
-        ds = f["index/env"]
-        layout = h5py.VirtualLayout(shape=ds.shape, dtype=ds.dtype)
-        layout[:] = h5py.VirtualSource(str(other), "/index/env", shape=ds.shape)
-        del f["index/env"]
-        f.create_virtual_dataset("index/env", layout)
-
-    def huge(f: h5py.File) -> None:
-        del f["index/iteration"]
-        f.create_dataset("index/iteration", shape=(10**12,), chunks=(1024,), dtype=np.int64)
-
-    cases = {
-        external: "key /index/iteration: an external link",
-        virtual: "key /index/env: a virtual dataset",
-        huge: r"index/iteration: shape \(1000000000000,\) claims",
-    }
-    for edit, message in cases.items():
-        good_file.write_bytes(original)
-        with h5py.File(good_file, "r+") as f:
-            edit(f)
-        with pytest.raises(DataError, match=rf"archive {good_file}: .*{message}"):
-            open_and_verify(good_file)
+    for case in archive_files_crafted(good_file, tmp_path / "crafted").values():
+        with pytest.raises(DataError) as err:
+            open_and_verify(case.path)
+        assert f"archive {case.path}: " in str(err.value) and case.reason in str(err.value)
 
 
 def test_wrong_version_and_bad_keys_attribute_raise_data_error(good_file: Path) -> None:
