@@ -17,6 +17,7 @@ import io
 import itertools
 import json
 import os
+import pickle
 import re
 import struct
 import time
@@ -291,8 +292,6 @@ def torch_refusal(err: Exception) -> str:
     """Why `torch.load(weights_only=True)` refused, without the advice around it (which
     suggests weights_only=False, i.e. running whatever code the file holds, or
     allowlisting what the file names)."""
-    import pickle
-
     # Paragraphs and sentences; "... error:" ends the advice to file an issue, and the
     # reason follows it.
     pieces = re.split(r"\n\s*\n|(?<=[.!?])\s+|(?<=error:)\s+", str(err))

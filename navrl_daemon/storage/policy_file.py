@@ -81,7 +81,7 @@ def load_any_policy(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]
     except OSError as e:
         raise DataError(f"checkpoint {path}: unreadable: {e.strerror or e}") from None
     if magic != MAGIC:
-        return navrl_layout(load_policy_state(path)), None
+        return load_policy_state(path), None
     _, state = load_checkpoint(path)
     return navrl_layout(checkpoint_policy(state, path)), state
 
