@@ -507,8 +507,8 @@ class ArchiveFile:
             ds = f.get(name)
             if not isinstance(ds, h5py.Dataset) or ds.dtype != np.uint8 or ds.ndim != 1:
                 raise DataError(f"archive {path}: blob dataset /{name} missing or not uint8")
-            # Not `written`: a writer killed mid-append leaves parts unwritten, by design.
-            check_claimed_size(ds, f"archive {path}: blob dataset /{name}", written=False)
+            # Read by ranges, never whole; a writer killed mid-append leaves parts unwritten.
+            check_claimed_size(ds, f"archive {path}: blob dataset /{name}", unwritten=None)
             blobs.append(ds)
         rows: dict[str, np.ndarray] = {}
         for name in (*ROW_FIELDS, *KEY_FIELDS, ROW_CHECKSUM):
@@ -517,7 +517,8 @@ class ArchiveFile:
                 continue  # written before index checksums
             if not isinstance(ds, h5py.Dataset):
                 raise DataError(f"archive {path}: index dataset {name} missing")
-            check_claimed_size(ds, f"archive {path}: index/{name}", written=False)
+            # Read whole; unwritten chunks allowed: a kill -9 mid-append leaves some.
+            check_claimed_size(ds, f"archive {path}: index/{name}", unwritten=None)
             rows[name] = ds[()]
         full = rows
         written = min(len(a) for a in rows.values())

@@ -86,10 +86,11 @@ def _outside(f: h5py.File, name: str, link: Any) -> str | None:
     return None
 
 
-def check_claimed_size(ds: h5py.Dataset, where: str, *, written: bool = True) -> None:
+def check_claimed_size(ds: h5py.Dataset, where: str, *, unwritten: int | None = 0) -> None:
     """Refuse `ds` when its shape claims more bytes than its file can hold (more than
-    MAX_EXPANSION times the file's size), or, `written`, when parts of it were never
-    written (they would read as fill values). `where`: "dataset FILE: key KEY"."""
+    MAX_EXPANSION times the file's size), or more than `unwritten` of its chunks were never
+    written (they would read as fill values; None: not checked). `where`: "dataset FILE:
+    key KEY"."""
     claimed = math.prod(ds.shape) * ds.dtype.itemsize
     if claimed == 0:
         return
@@ -99,7 +100,7 @@ def check_claimed_size(ds: h5py.Dataset, where: str, *, written: bool = True) ->
             f"{where}: shape {ds.shape} claims {claimed:,} bytes; the file holds "
             f"{file_bytes:,}, too few for that however compressed"
         )
-    if not written:
+    if unwritten is None:
         return
     if ds.chunks is None:
         stored = ds.id.get_storage_size()
@@ -110,7 +111,7 @@ def check_claimed_size(ds: h5py.Dataset, where: str, *, written: bool = True) ->
         return
     chunks = math.prod(-(-n // c) for n, c in zip(ds.shape, ds.chunks, strict=True))
     stored = ds.id.get_num_chunks()
-    if stored < chunks:
+    if stored + unwritten < chunks:
         raise DataError(
             f"{where}: shape {ds.shape} claims {chunks:,} chunks of data, {stored:,} written"
         )
