@@ -12,8 +12,9 @@
   layout (what NavRL's ROS runner loads); `--format onnx|torch-export`: the deterministic
   actor for deployment (storage/deployment.py); `--best`: the checkpoint of the best
   evaluation instead of the newest.
-- `import --format navrl FILE`: a NavRL policy file becomes checkpoint 0 of an empty state
-  dir (a warm start: `run` trains on from those weights with fresh optimisers).
+- `import --format navrl FILE`: a NavRL policy file (or the policy of a `.nrc` checkpoint)
+  becomes checkpoint 0 of an empty state dir (a warm start: `run` trains on from those
+  weights with fresh optimisers).
 """
 
 from __future__ import annotations
@@ -78,7 +79,9 @@ def register(sub: Any) -> None:
     imp = cmds.add_parser("import", help="warm-start a new state dir from a NavRL policy")
     state_dir_arg(config_args(imp, overrides=False))
     imp.add_argument("--format", choices=["navrl"], default="navrl")
-    imp.add_argument("file", type=Path, help="NavRL state_dict, e.g. navrl_checkpoint.pt")
+    imp.add_argument(
+        "file", type=Path, help="NavRL state_dict (e.g. navrl_checkpoint.pt) or a .nrc checkpoint"
+    )
     imp.set_defaults(handler=handle_import)
 
 
@@ -192,14 +195,18 @@ def handle_verify(cfg: Config, args: argparse.Namespace) -> int:
 
 def handle_export(cfg: Config, args: argparse.Namespace) -> int:
     from navrl_daemon.rl.policy import make_policy, navrl_layout
-    from navrl_daemon.storage.policy_file import check_policy_layout, save_policy_state
+    from navrl_daemon.storage.policy_file import (
+        check_policy_layout,
+        checkpoint_policy,
+        save_policy_state,
+    )
 
     if args.checkpoint is not None:
         header, state = load_checkpoint(args.checkpoint)
         source = args.checkpoint
     else:
         source, header, state = _chosen_checkpoint(cfg, args)
-    policy_state = dict(state.get("learner", {}).get("policy", {}))
+    policy_state = checkpoint_policy(state, source)
     # torch's conv2d in the exported graph: what ONNX Runtime and libtorch run best
     policy = make_policy(cfg, "cpu", lidar_conv="native")
     check_policy_layout(policy_state, policy.state_dict(), source)
@@ -243,9 +250,9 @@ def handle_import(cfg: Config, args: argparse.Namespace) -> int:
     from navrl_daemon.pipeline.resume import WARM_START, library_versions
     from navrl_daemon.rl.policy import make_policy
     from navrl_daemon.runtime.lock import StateDirLock
-    from navrl_daemon.storage.policy_file import check_policy_layout, load_policy_state
+    from navrl_daemon.storage.policy_file import check_policy_layout, load_any_policy_state
 
-    policy = load_policy_state(args.file)
+    policy = load_any_policy_state(args.file)
     check_policy_layout(policy, make_policy(cfg, "cpu").state_dict(), args.file)
     root = state_dir(cfg, args)
     with StateDirLock(root):

@@ -7,8 +7,11 @@ Observations i and i+1 frame transition i. `left_wrist_image` / `right_wrist_ima
 accepted for `left_image` / `right_image`.
 
 - `inspect_dataset` opens a file once and checks every dataset's presence, rank, shape,
-  dtype and length; any mismatch is a `DataError` naming the file, the key, what was
-  expected and what was found. HWC vs CHW is read off the shapes, not taken from a flag.
+  dtype and length, and that the file holds the data its shapes claim (nothing read from
+  other files: storage/hdf5_input.py); any mismatch is a `DataError` naming the file, the
+  key, what was expected and what was found. HWC vs CHW is read off the shapes, not taken
+  from a flag. Loading checks the values: finite joints, actions and rewards, terminals
+  0 or 1.
 - `MultimodalDataset` holds the low-dimensional arrays of one or more files in RAM
   (joint, actions, rewards, terminals: a few hundred bytes a transition), the action
   mean/std computed once, and only the *description* of the images: images stay on disk
@@ -33,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from navrl_daemon.errors import DataError
+from navrl_daemon.storage.hdf5_input import check_claimed_size, describe_dtype, open_confined
 
 Layout = Literal["A", "B"]
 ImageFormat = Literal["HWC", "CHW"]
@@ -40,6 +44,9 @@ ImageFormat = Literal["HWC", "CHW"]
 CAMERAS = ("left_image", "right_image", "global_image")
 ALIASES = {"left_image": "left_wrist_image", "right_image": "right_wrist_image"}
 LOWDIM = ("actions", "rewards", "terminals")
+# numpy dtype kinds each low-dimensional dataset may have (images: uint8, checked apart).
+DTYPE_KINDS = {"/actions": "f", "joint": "f", "/rewards": "fiu", "/terminals": "biu"}
+KIND_NAMES = {"f": "a float dtype", "fiu": "a numeric dtype", "biu": "a bool or int dtype"}
 # Images read and resized together by an ImageReader: bounds its full-size staging copy.
 ROWS_PER_PIECE = 64
 
@@ -91,7 +98,8 @@ def expand_paths(patterns: Iterable[str]) -> list[Path]:
 
 
 def open_h5(path: Path, *, cache_bytes: int | None = None) -> h5py.File:
-    """Open read-only; every way a file can fail to open becomes a `DataError`."""
+    """Open read-only; every way a file can fail to open becomes a `DataError`, and so
+    does a file that reads others (storage/hdf5_input.py)."""
     if not path.exists():
         raise DataError(f"dataset {path}: not found")
     size = path.stat().st_size
@@ -104,7 +112,7 @@ def open_h5(path: Path, *, cache_bytes: int | None = None) -> h5py.File:
         # Slots: a prime well above the number of chunks the cache can hold.
         kwargs = {"rdcc_nbytes": cache_bytes, "rdcc_nslots": 10007, "rdcc_w0": 1.0}
     try:
-        return h5py.File(path, "r", **kwargs)
+        return open_confined(path, "dataset", **kwargs)
     except OSError as e:
         # HDF5 compares the end of file with the one its superblock records.
         raise DataError(f"dataset {path}: cannot open ({size} bytes on disk): {e}") from None
@@ -140,11 +148,12 @@ def inspect_dataset(path: Path, layout: Literal["auto", "A", "B"] = "auto") -> D
         joint = _dataset(f, path, obs + "joint", ndim=2)
         _expect_rows(path, obs + "joint", joint.shape, n + 1)
         cameras = tuple(_camera(f, path, obs, name, n + 1) for name in CAMERAS)
-        for key in ("/actions", obs + "joint"):
-            ds = f[key]
-            if ds.dtype.kind != "f":
+        for key, kinds in DTYPE_KINDS.items():
+            key = obs + key if key == "joint" else key
+            if f[key].dtype.kind not in kinds or f[key].dtype.names:
                 raise DataError(
-                    f"dataset {path}: key {key}: expected a float dtype, found {ds.dtype}"
+                    f"dataset {path}: key {key}: expected {KIND_NAMES[kinds]}, found "
+                    f"{describe_dtype(f[key].dtype)}"
                 )
         return DatasetFile(
             path=path,
@@ -165,6 +174,7 @@ def _dataset(f: h5py.File, path: Path, key: str, *, ndim: int) -> h5py.Dataset:
         raise DataError(
             f"dataset {path}: key {key}: expected {ndim} dimensions, found shape {ds.shape}"
         )
+    check_claimed_size(ds, f"dataset {path}: key {key}")
     return ds
 
 
@@ -268,11 +278,14 @@ class MultimodalDataset:
                 joint = _read(f, df.path, obs + "joint", n + 1, np.float32)
                 parts["joint"].append(joint[:n])
                 parts["next"].append(joint[1:])
-                for key in LOWDIM:
-                    dtype = np.bool_ if key == "terminals" else np.float32
-                    parts[key].append(_read(f, df.path, "/" + key, n, dtype))
+                for key in ("actions", "rewards"):
+                    parts[key].append(_read(f, df.path, "/" + key, n, np.float32))
+                terminals = _read(f, df.path, "/terminals", n, None)
             _check_finite(df.path, "/actions", parts["actions"][-1])
+            _check_finite(df.path, "/rewards", parts["rewards"][-1])
             _check_finite(df.path, obs + "joint", joint)
+            _check_flags(df.path, "/terminals", terminals)
+            parts["terminals"].append(terminals.astype(np.bool_))
             used.append(df)
             counts.append(n)
             if left is not None:
@@ -316,11 +329,21 @@ class MultimodalDataset:
         }
 
 
-def _read(f: h5py.File, path: Path, key: str, rows: int, dtype: type) -> np.ndarray:
+def _read(f: h5py.File, path: Path, key: str, rows: int, dtype: type | None) -> np.ndarray:
     try:
         return np.asarray(f[key][:rows], dtype=dtype)
     except (OSError, ValueError) as e:
         raise DataError(f"dataset {path}: key {key}: cannot read rows 0..{rows}: {e}") from None
+
+
+def _check_flags(path: Path, key: str, values: np.ndarray) -> None:
+    bad = (values != 0) & (values != 1)
+    if bad.any():
+        row = int(np.argwhere(bad)[0][0])
+        raise DataError(
+            f"dataset {path}: key {key}: expected 0 or 1 (false or true), found "
+            f"{int(bad.sum())} other values (first at row {row}: {values[row].tolist()})"
+        )
 
 
 def _check_finite(path: Path, key: str, values: np.ndarray) -> None:

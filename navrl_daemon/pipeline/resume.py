@@ -47,6 +47,7 @@ from navrl_daemon.storage.checkpoint import (
     verify,
 )
 from navrl_daemon.storage.history import read_results
+from navrl_daemon.storage.policy_file import policy_tensors
 from navrl_daemon.storage.run_mirror import MirrorPoint, RunMirror, place, staged_checkpoint
 
 log = structlog.get_logger("resume")
@@ -121,6 +122,8 @@ class CheckpointFit:
         try:
             with self._lock:
                 self._check(kind, state)
+        except DataError as err:  # not a policy at all (storage/policy_file.py)
+            return str(err)
         except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as err:
             return f"does not fit this run's policy: {type(err).__name__}: {err}"
         return None
@@ -130,9 +133,11 @@ class CheckpointFit:
             offline = state["offline"]
             _require(offline, "offline", ("kind", "optimizer", "steps"))
             if offline["kind"] == "navigation":
-                self.policy.load_state_dict(state["learner"]["policy"])
+                policy = policy_tensors(state["learner"]["policy"], "learner.policy")
+                self.policy.load_state_dict(policy)
             return
         learner = state["learner"]
+        policy_tensors(learner["policy"], "learner.policy")  # what a policy may hold
         if self.policy.critic_extractor is None and has_own_critic(learner["policy"]):
             # The config, not the file: falling back to an older checkpoint without one
             # (and moving the newer aside) would quietly undo training.

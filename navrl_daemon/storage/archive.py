@@ -35,6 +35,8 @@ whose bytes are out. A file killed mid-write stays flagged as open for writing; 
 then open it with `swmr=True`, and trust no row whose blob lies beyond its dataset's end.
 A row that fails its row checksum is not trusted either: readers (and the archiver
 working out where a restart goes on) skip it and keep the rows around it; `verify` fails.
+A file that would read others (external links, virtual datasets) or whose datasets claim
+more than it can hold is refused whole (storage/hdf5_input.py).
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ from navrl_daemon.storage.codec import (
     PackedCodec,
     filter_for,
 )
+from navrl_daemon.storage.hdf5_input import check_claimed_size, open_confined
 from navrl_daemon.storage.segment import DecodedSegment, SegmentLayout
 
 FORMAT = "navrl-archive"
@@ -504,6 +507,8 @@ class ArchiveFile:
             ds = f.get(name)
             if not isinstance(ds, h5py.Dataset) or ds.dtype != np.uint8 or ds.ndim != 1:
                 raise DataError(f"archive {path}: blob dataset /{name} missing or not uint8")
+            # Read by ranges, never whole; a writer killed mid-append leaves parts unwritten.
+            check_claimed_size(ds, f"archive {path}: blob dataset /{name}", unwritten=None)
             blobs.append(ds)
         rows: dict[str, np.ndarray] = {}
         for name in (*ROW_FIELDS, *KEY_FIELDS, ROW_CHECKSUM):
@@ -512,6 +517,8 @@ class ArchiveFile:
                 continue  # written before index checksums
             if not isinstance(ds, h5py.Dataset):
                 raise DataError(f"archive {path}: index dataset {name} missing")
+            # Read whole; unwritten chunks allowed: a kill -9 mid-append leaves some.
+            check_claimed_size(ds, f"archive {path}: index/{name}", unwritten=None)
             rows[name] = ds[()]
         full = rows
         written = min(len(a) for a in rows.values())
@@ -742,13 +749,13 @@ def _open_h5(path: Path) -> h5py.File:
     if not h5py.is_hdf5(path):
         raise DataError(f"archive {path}: not an HDF5 file (or its superblock is damaged)")
     try:
-        return h5py.File(path, "r")
+        return open_confined(path, "archive")
     except OSError as e:
         if "already open for write" not in str(e):
             raise  # truncated or damaged: HDF5 checks the end of file against the superblock
     # A writer killed mid-run left the file flagged open for (SWMR) writing. Only SWMR read
     # opens it; not the first choice, because SWMR read retries a failed read with sleeps.
-    return h5py.File(path, "r", libver="latest", swmr=True)
+    return open_confined(path, "archive", libver="latest", swmr=True)
 
 
 def _text(value: Any) -> str | None:

@@ -17,6 +17,7 @@ import io
 import itertools
 import json
 import os
+import pickle
 import re
 import struct
 import time
@@ -87,11 +88,16 @@ def _checksum(payload: bytes) -> str:
 
 
 def _check_state(value: Any, path: str) -> None:
-    """Refuse what `torch.load(weights_only=True)` could not read back, and non-finite floats:
-    the writer never writes such a state, and a file that holds one is not a checkpoint."""
+    """Refuse what `torch.load(weights_only=True)` could not read back, sparse and meta
+    tensors, and non-finite floats: the writer never writes such a state, and a file that
+    holds one is not a checkpoint."""
     import torch  # here, not at the top: `status` and `checkpoints list` read headers only
 
     if isinstance(value, torch.Tensor):
+        if value.layout != torch.strided or value.is_nested:
+            raise TypeError(f"state {path}: a {value.layout} tensor; a checkpoint's are dense")
+        if value.is_meta:
+            raise TypeError(f"state {path}: a meta tensor, a shape without data")
         if (value.is_floating_point() or value.is_complex()) and not _all_finite(value):
             raise ValueError(f"{path}: non-finite values; a checkpoint never holds them")
     elif type(value) in (dict, OrderedDict):
@@ -283,14 +289,30 @@ def parse_header(data: bytes) -> CheckpointHeader:
 
 
 def torch_refusal(err: Exception) -> str:
-    """What `torch.load(weights_only=True)` refused, without the page of advice around it
-    (which suggests weights_only=False: running whatever code the file holds)."""
-    text = str(err)
-    if "Unpickler error:" in text:  # the reason follows it, the advice around it
-        text = text.split("Unpickler error:", 1)[1].split("Check the documentation", 1)[0]
-        return (" ".join(text.split()) or type(err).__name__)[:300]
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return (lines[0] if lines else type(err).__name__)[:300]
+    """Why `torch.load(weights_only=True)` refused, without the advice around it (which
+    suggests weights_only=False, i.e. running whatever code the file holds, or
+    allowlisting what the file names)."""
+    # Paragraphs and sentences; "... error:" ends the advice to file an issue, and the
+    # reason follows it.
+    pieces = re.split(r"\n\s*\n|(?<=[.!?])\s+|(?<=error:)\s+", str(err))
+    sentences = [" ".join(p.split()) for p in pieces]
+    reason = " ".join(s for s in sentences if s and not any(a in s for a in _ADVICE))
+    if not isinstance(err, pickle.UnpicklingError | RuntimeError):
+        reason = f"{type(err).__name__}: {reason}"  # a bare KeyError says only '101'
+    return (reason or type(err).__name__)[:300]
+
+
+# Sentences of torch's refusals that give advice, not the reason.
+_ADVICE = (
+    "weights_only",
+    "allowlist",
+    "safe_globals",
+    "Please ",
+    "Check the documentation",
+    "trusted source",
+    "internal miniz error",
+    "This can happen if",
+)
 
 
 def read_header(path: Path) -> CheckpointHeader:

@@ -1,10 +1,15 @@
-"""NavRL-layout policy files: a plain state_dict, `torch.load(weights_only=True)`-safe."""
+"""NavRL-layout policy files: a plain state_dict, `torch.load(weights_only=True)`-safe.
+
+The one reader of a policy for every command (`eval`, `checkpoints import|export`,
+`report`) and for `run`'s check of a checkpoint: a `.pt` state_dict or a `.nrc`
+checkpoint's `learner.policy`, checked alike (`policy_tensors`). Whatever a file holds
+instead is a DataError (exit 65) naming the file and the reason; no code in it runs.
+"""
 
 from __future__ import annotations
 
 import io
-import pickle
-import zipfile
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +18,9 @@ import torch
 from navrl_daemon.errors import DataError
 from navrl_daemon.rl.policy import navrl_layout
 from navrl_daemon.storage.atomic import write_atomic
+
+_ZIP = b"PK\x03\x04"  # torch.save's format since torch 1.6
+_PICKLE = b"\x80"  # the legacy format: a pickle (protocol 2 and later start with PROTO)
 
 
 def save_policy_state(path: Path, state: dict[str, torch.Tensor]) -> None:
@@ -24,21 +32,33 @@ def save_policy_state(path: Path, state: dict[str, torch.Tensor]) -> None:
 
 
 def load_policy_state(path: Path) -> dict[str, torch.Tensor]:
-    """Read a NavRL state_dict (e.g. the published checkpoint) onto the CPU."""
+    """Read a NavRL state_dict (e.g. the published checkpoint) onto the CPU, checked."""
     try:
-        state = torch.load(path, weights_only=True, map_location="cpu")
+        with open(path, "rb") as f:
+            head = f.read(len(_ZIP))
     except FileNotFoundError:
         raise DataError(f"checkpoint {path}: not found") from None
-    except (pickle.UnpicklingError, RuntimeError, zipfile.BadZipFile, EOFError, OSError) as e:
-        from navrl_daemon.storage.checkpoint import torch_refusal
+    except OSError as e:
+        raise DataError(f"checkpoint {path}: unreadable: {e.strerror or e}") from None
+    if not head:
+        raise DataError(f"checkpoint {path}: empty file")
+    if head != _ZIP and head[:1] != _PICKLE:
+        # Neither torch.save's zip nor its legacy pickle: say what it starts with instead
+        # of what the unpickler trips over (a KeyError for text, an IndexError for noise).
+        raise DataError(
+            f"checkpoint {path}: not a policy file (a torch state_dict) nor a checkpoint "
+            f"(.nrc): it starts with {head!r}, neither torch's zip archive nor a pickle"
+        )
+    from navrl_daemon.storage.checkpoint import torch_refusal
 
+    try:
+        state = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as e:  # the trust boundary: whatever torch refuses, we refuse
         raise DataError(
             f"checkpoint {path}: not a policy file (a torch state_dict) nor a checkpoint "
             f"(.nrc): torch.load(weights_only=True) refused it: {torch_refusal(e)}"
         ) from None
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise DataError(f"checkpoint {path}: expected a state_dict of tensors")
-    return state
+    return policy_tensors(state, f"checkpoint {path}")
 
 
 def load_any_policy_state(path: Path) -> dict[str, torch.Tensor]:
@@ -63,11 +83,55 @@ def load_any_policy(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]
     if magic != MAGIC:
         return load_policy_state(path), None
     _, state = load_checkpoint(path)
-    try:
-        policy = state["learner"]["policy"]
-    except (KeyError, TypeError):
-        raise DataError(f"checkpoint {path}: holds no learner.policy") from None
-    return navrl_layout(policy), state
+    return navrl_layout(checkpoint_policy(state, path)), state
+
+
+def checkpoint_policy(state: dict[str, Any], path: Path) -> dict[str, torch.Tensor]:
+    """The `learner.policy` of a loaded checkpoint's state, checked (`policy_tensors`)."""
+    learner = state.get("learner")
+    if learner is None:
+        raise DataError(f"checkpoint {path}: holds no learner.policy (kind {state.get('kind')!r})")
+    if type(learner) not in (dict, OrderedDict):
+        raise DataError(f"checkpoint {path}: learner is a {type(learner).__name__}, not a dict")
+    if "policy" not in learner:
+        raise DataError(f"checkpoint {path}: holds no learner.policy")
+    return policy_tensors(learner["policy"], f"checkpoint {path}: learner.policy")
+
+
+def policy_tensors(state: Any, where: str) -> dict[str, torch.Tensor]:
+    """`state` as a policy's state_dict: str keys to dense CPU tensors of real floats, all
+    finite, as float32 (the policy's dtype: float16, bfloat16 and float64 are converted,
+    and a float64 value beyond float32's range counts as non-finite). Anything else is a
+    DataError saying what `where` holds instead."""
+    if type(state) not in (dict, OrderedDict):
+        raise DataError(
+            f"{where} is a {type(state).__name__}, not a state_dict (a dict of tensors)"
+        )
+    out = {}
+    for key, value in state.items():
+        if not isinstance(key, str):
+            raise DataError(f"{where}: key {key!r} is not a str ({type(key).__name__})")
+        out[key] = _weight(value, f"{where}: {key}")
+    return out
+
+
+def _weight(value: Any, where: str) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise DataError(f"{where} is a {type(value).__name__}, not a tensor")
+    if value.layout != torch.strided or value.is_nested:
+        raise DataError(f"{where}: a {value.layout} tensor; a policy's weights are dense")
+    if value.device.type != "cpu":  # a meta tensor: a shape without data
+        raise DataError(f"{where}: a {value.device.type} tensor, without data to load")
+    if not value.dtype.is_floating_point:
+        raise DataError(
+            f"{where}: dtype {value.dtype}; expected float32 (float16, bfloat16 and float64 "
+            "are read as float32)"
+        )
+    weight = value.detach().to(torch.float32)
+    bad = int((~torch.isfinite(weight)).sum())
+    if bad:
+        raise DataError(f"{where}: {bad} non-finite values (NaN or beyond float32's range)")
+    return weight
 
 
 def check_policy_layout(

@@ -34,6 +34,7 @@ from navrl_daemon.storage.archive import (
 from navrl_daemon.storage.episode_store import ArchiveReader, rollout_arrays
 from navrl_daemon.storage.segment_index import SegmentIndex
 from tests.conftest import REPO, TINY
+from tests.crafted_files import archive_files as archive_files_crafted
 
 # TINY with pillars, so the LiDAR sees something.
 OBSTACLES = [*TINY, "env.num_obstacles=30", "env.field_size=12.0"]
@@ -344,6 +345,17 @@ def test_foreign_files_raise_data_error(tmp_path: Path) -> None:
         ArchiveFile.open(text)
     with pytest.raises(DataError, match="not found"):
         ArchiveFile.open(tmp_path / "missing.h5")
+
+
+def test_a_file_reading_others_or_claiming_more_than_it_holds_is_refused(
+    good_file: Path, tmp_path: Path
+) -> None:
+    """An external link or a virtual dataset would read another file; an index claiming
+    10**12 rows would be allocated whole: each is a DataError naming the file and key."""
+    for case in archive_files_crafted(good_file, tmp_path / "crafted").values():
+        with pytest.raises(DataError) as err:
+            open_and_verify(case.path)
+        assert f"archive {case.path}: " in str(err.value) and case.reason in str(err.value)
 
 
 def test_wrong_version_and_bad_keys_attribute_raise_data_error(good_file: Path) -> None:
