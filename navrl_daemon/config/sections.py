@@ -636,10 +636,12 @@ class LogConfig(Section):
     # "json": one JSON object per line (journald); "console": readable, with a progress
     # bar and a table per summary; "auto": console on a terminal, else json.
     format: Literal["auto", "json", "console"] = "auto"
-    # A progress summary (log, history.jsonl, TensorBoard) every N iterations, or at the
-    # end of the first iteration this many seconds after the last one, whichever comes
-    # first (0: every N iterations only): slow iterations still report every minute.
+    # A progress summary (log, history.jsonl, TensorBoard) every N iterations, or sooner
+    # when summary_seconds have passed since the last one.
     summary_interval: PosInt = 10
+    # Also a summary at the end of the first iteration this many seconds after the last
+    # one, whichever comes first (0: every summary_interval iterations only): slow
+    # iterations still report every minute.
     summary_seconds: Annotated[float, Field(ge=0.0, le=86_400.0)] = 60.0
     # Write the summaries and evaluations as TensorBoard event files too, in
     # STATE_DIR/tensorboard (`tensorboard --logdir STATE_DIR/tensorboard`).

@@ -538,8 +538,9 @@ class Metrics:
     def checkpoint_failed(self) -> None:
         self.checkpoint_failures_total.inc()
 
-    def mirror_written(self) -> None:
-        self.mirror_last_success_timestamp.set(time.time())
+    def mirror_written(self, when: float | None = None) -> None:
+        """A point written now, or (`when`: a resume) the mirror's current one then."""
+        self.mirror_last_success_timestamp.set(time.time() if when is None else when)
 
     def mirror_failed(self) -> None:
         self.mirror_failures_total.inc()

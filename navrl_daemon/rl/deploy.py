@@ -29,11 +29,18 @@ OUTPUTS = ("action", "action_normalized")
 class DeployedActor(nn.Module):
     """`forward(state, lidar, direction, dynamic_obstacle) -> (action, action_normalized)`:
     action [B,1,3] the world-frame velocity command (m/s), action_normalized [B,3] the
-    Beta mean in (0,1)³ in the goal frame. Shares the policy's modules (no copy)."""
+    Beta mean in (0,1)³ in the goal frame. Holds a copy of the policy whose LiDAR CNN runs
+    torch's conv2d (what ONNX Runtime and libtorch run; rl/lidar_cnn.py)."""
 
     def __init__(self, policy: NavRLPolicy) -> None:
         super().__init__()
-        self.policy = policy
+        native = NavRLPolicy(
+            action_limit=policy.action_limit,
+            separate_critic=policy.critic_extractor is not None,
+            lidar_conv="native",
+        )
+        native.load_state_dict(policy.state_dict())
+        self.policy = native.requires_grad_(False).eval()
 
     def forward(
         self,

@@ -45,7 +45,8 @@ class MirrorRequests:
 
 @dataclass(frozen=True)
 class MirrorEvents:
-    on_written: Callable[[], None] = lambda: None
+    # a point written; with a time: the point the mirror held at start (a resume)
+    on_written: Callable[..., None] = lambda when=None: None
     on_failed: Callable[[], None] = lambda: None
 
 
@@ -67,6 +68,10 @@ class MirrorWriter:
 
     async def run(self) -> None:
         try:
+            with contextlib.suppress(Exception):  # an unreadable mirror is logged at start-up
+                when = await anyio.to_thread.run_sync(self.mirror.written_at)
+                if when is not None:  # the resume point already there: its age, not none
+                    self.events.on_written(when)
             async for checkpoint in self.requests:
                 await anyio.to_thread.run_sync(self._write, checkpoint)
         finally:

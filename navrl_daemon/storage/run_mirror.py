@@ -221,6 +221,14 @@ class RunMirror:
     def __init__(self, location: MirrorLocation) -> None:
         self.location = location
 
+    def written_at(self) -> float | None:
+        """When the current point was written (time.time()), None without one."""
+        data = self.location.read(POINTER)
+        try:
+            return float(json.loads(data)["written"]) if data is not None else None
+        except (ValueError, KeyError, TypeError):
+            return None
+
     def current(self) -> MirrorPoint | None:
         """The current point (None: the mirror holds none yet); DataError when MIRROR.json
         is there but not one of ours."""

@@ -313,6 +313,7 @@ def test_after_a_resume_every_panel_reads_finite_numbers_and_a_stop_reads_stoppe
     prometheus = require_tool("prometheus")
     state = tmp_path / "state"
     same = [*TINY, "env.map_levels=[0, 4]", "eval.interval=2", "metrics.port=0"]
+    same.append(f"checkpoint.mirror={tmp_path / 'mirror'}")  # the mirror's panels too
     run_cmd = [sys.executable, "-m", "navrl_daemon", "run", "--state-dir", str(state), *same]
     first = subprocess.run(
         [*run_cmd, "run.total_frames=256", "checkpoint.interval=2"],

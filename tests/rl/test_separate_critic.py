@@ -117,7 +117,10 @@ def test_a_run_turns_it_on_at_a_resume_and_exports_navrl_layout(tmp_path: Path):
     optimiser afresh), trains that extractor apart, and exports NavRL's 37 keys."""
     state = tmp_path / "state"
     run(state, "checkpoint.interval=2", "run.total_frames=256")
-    resumed = run(state, "ppo.separate_critic=true", "run.total_frames=512")
+    # a change of algorithm at a resume, on purpose
+    resumed = run(
+        state, "ppo.separate_critic=true", "run.allow_config_change=true", "run.total_frames=512"
+    )
     start = next(e for e in resumed if e["event"] == "resumed from checkpoint")
     assert start["iteration"] == 4
     _, snap = load_checkpoint(state / "checkpoints" / "ckpt-000000008.nrc")
@@ -144,10 +147,11 @@ def test_turned_off_it_exits_78_and_never_falls_back_to_an_older_checkpoint(tmp_
     from the older checkpoint without one and moving the newer aside; no file moves."""
     state = tmp_path / "state"
     run(state, "checkpoint.interval=2", "run.total_frames=256")
-    run(state, "ppo.separate_critic=true", "checkpoint.interval=2", "run.total_frames=512")
+    allow = "run.allow_config_change=true"  # past the settings check, to the checkpoints'
+    run(state, "ppo.separate_critic=true", allow, "checkpoint.interval=2", "run.total_frames=512")
     files = sorted((state / "checkpoints").glob("*.nrc"))
     assert len(files) >= 3
-    proc = navrl_cli("run", "--state-dir", str(state), *TINY, "run.total_frames=768")
+    proc = navrl_cli("run", "--state-dir", str(state), *TINY, allow, "run.total_frames=768")
     assert proc.returncode == 78, proc.stderr[-2000:]
     assert "set ppo.separate_critic = true to go on from them" in proc.stderr
     assert sorted((state / "checkpoints").glob("*.nrc")) == files
