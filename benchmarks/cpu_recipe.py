@@ -5,8 +5,8 @@ without them, as JSON.
 the shape every CPU learning figure was measured at), the real daemon (`daemon.serve`:
 producer, trainer, checkpoint writer; evaluations and metrics off) in a fresh process per
 run, the two variants taking turns:
-- `before`: `ppo.lidar_conv=native run.huge_pages=false`, the CPU recipe as it ran
-  before the LiDAR CNN's matmul lowering and huge pages;
+- `before`: `ppo.lidar_conv=native`, the CPU recipe as it ran before the LiDAR CNN's
+  matmul lowering;
 - `now`: the defaults.
 Two layouts: `alone`, one daemon on `--threads-alone` torch threads (2: a 2-core machine
 to itself); `side_by_side`, two daemons of the same variant at once on one thread each
@@ -50,7 +50,7 @@ SHAPE = [
     "run.startup_timeout_s=0",  # building the 16 maps beside another daemon can take minutes
 ]
 VARIANTS = {
-    "before": ["ppo.lidar_conv=native", "run.huge_pages=false"],
+    "before": ["ppo.lidar_conv=native"],
     "now": [],
 }
 

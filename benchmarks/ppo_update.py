@@ -1,14 +1,11 @@
 """PPO update throughput per variant, its FLOPs and how close it runs to the machine's
 peak, as JSON.
 
-A variant is an update path with options, `PATH[+native|+matmul][+4k|+huge]`:
+A variant is an update path with an option, `PATH[+native|+matmul]`:
 - PATH: `eager` (NavRL's loop), `fused` (no host sync per minibatch), `cuda_graph` (CUDA),
   `_compiled` adds ppo.compile (rl/fast_update.py);
 - `+native` / `+matmul`: how the LiDAR CNN's convolutions run (ppo.lidar_conv; without
-  it "auto": matmul on the CPU);
-- `+4k` / `+huge`: the update's large tensors on 4 KiB or transparent huge pages
-  (run.huge_pages; without it huge, the daemon's default). Toggled per timed update
-  through prctl in this one process, so variants with either take turns.
+  it "auto": matmul on the CPU).
 The first variant is the baseline every other is compared with (`ratio_vs_baseline`:
 baseline seconds / variant seconds, medians over `--repeats` timed updates that take
 turns). Each variant starts from the same policy, Adam state and batch; its first
@@ -28,7 +25,8 @@ and the rest, and the optimisers, per convolution lowering.
 Runs: NavRL's shape (T = 32, 4 epochs × 16 minibatches) by default,
 `.venv/bin/python benchmarks/ppo_update.py [--num-envs 1024] [--devices cuda]`; the CPU
 learning runs' shape (config/navrl.toml at 256 envs × 128 steps, one and two threads,
-today's recipe `fused_compiled+native+4k` as the baseline): `--cpu-recipe`.
+the recipe before the matmul lowering, `fused_compiled+native`, as the baseline):
+`--cpu-recipe`.
 """
 
 from __future__ import annotations
@@ -41,7 +39,7 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,10 +56,8 @@ from navrl_daemon.runtime import heap
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_RECIPE_VARIANTS = [
-    "fused_compiled+native+4k",  # the CPU recipe before the matmul lowering and huge pages
-    "fused_compiled+native+huge",
-    "fused_compiled+matmul+4k",
-    "fused_compiled+matmul+huge",  # the CPU recipe now
+    "fused_compiled+native",  # the CPU recipe before the matmul lowering
+    "fused_compiled+matmul",  # the CPU recipe now
 ]
 
 
@@ -71,7 +67,6 @@ class Variant:
     path: str  # eager, eager_ulp, fused, cuda_graph
     compiled: bool
     lidar_conv: Lowering
-    huge_pages: bool
 
     @classmethod
     def parse(cls, name: str) -> Variant:
@@ -82,13 +77,13 @@ class Variant:
             raise SystemExit(f"unknown update path in {name!r}")
         if compiled and path.startswith("eager"):
             raise SystemExit(f"{name!r}: the eager path does not compile")
-        unknown = set(options) - {"native", "matmul", "4k", "huge"}
+        unknown = set(options) - {"native", "matmul"}
         if unknown:
             raise SystemExit(f"unknown options {sorted(unknown)} in {name!r}")
         conv: Lowering = (
             "native" if "native" in options else "matmul" if "matmul" in options else "auto"
         )
-        return cls(name, path, compiled, conv, "4k" not in options)
+        return cls(name, path, compiled, conv)
 
 
 def random_observation(shape: tuple[int, ...], device: torch.device) -> TensorDict:
@@ -152,15 +147,6 @@ def spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-@contextlib.contextmanager
-def pages(huge: bool) -> Iterator[None]:
-    heap.allow_huge_pages(huge)
-    try:
-        yield
-    finally:
-        heap.allow_huge_pages(True)
-
-
 def make_update(variant: Variant, policy: NavRLPolicy, optimizers: dict, device: torch.device):
     if variant.path.startswith("eager"):
         return lambda batch, cfg, gen: ppo.update(policy, optimizers, batch, cfg, gen)
@@ -191,11 +177,10 @@ class VariantRun:
     def timed(self) -> tuple[float, dict[str, float]]:
         """An update's wall seconds and statistics; its CPU seconds (all threads of this
         process: steadier than the wall on a shared machine) to `cpu_seconds`."""
-        with pages(self.variant.huge_pages):
-            sync(self.device)
-            t0, c0 = time.perf_counter(), time.process_time()
-            stats = self.update(self.batch, self.cfg, self.generator)
-            sync(self.device)
+        sync(self.device)
+        t0, c0 = time.perf_counter(), time.process_time()
+        stats = self.update(self.batch, self.cfg, self.generator)
+        sync(self.device)
         self.cpu_seconds.append(time.process_time() - c0)
         return time.perf_counter() - t0, stats
 
@@ -440,7 +425,6 @@ def main() -> None:
         "torch": torch.__version__,
         "cpu": cpu_name(),
         "load_average_end": list(os.getloadavg()),
-        "thp_mode": heap.huge_pages_mode(),
         "cuda_device": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "results": results,
     }

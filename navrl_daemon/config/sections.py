@@ -106,10 +106,6 @@ class RunConfig(Section):
     # iteration 1 MiB took the default config's RSS from +13 to -0.4 MB/h for 0-2 % of CPU
     # frames/s; 128 KiB cost 5-30 % (docs/long-runs.md). 0: glibc's dynamic threshold.
     mmap_threshold_bytes: Annotated[int, Field(ge=0, le=32 * 1024 * 1024)] = 1024 * 1024
-    # Tensors of 2 MB and more on transparent huge pages (runtime/heap.py): 512 times fewer
-    # page faults for the update's activations, each mapped afresh; where the kernel's THP
-    # mode is "madvise" or "always" and THP_MEM_ALLOC_ENABLE is not 0. false: 4 KiB pages.
-    huge_pages: bool = True
     # A start-up that has not finished its first iteration after this many seconds logs its
     # phase and every thread's stack and exits 70, for systemd to restart it (0: no limit).
     # Building NavRL-scale maps, CUDA graphs and a compiled update fit well inside it.
@@ -431,9 +427,9 @@ class PPOConfig(Section):
     # first update compiles (about a minute); the eager path cannot (exit 78).
     compile: bool = False
     # How the LiDAR CNN's convolutions run (rl/lidar_cnn.py): "matmul" one matrix product
-    # per layer, "native" torch's conv2d, "auto" matmul on the CPU (where it trains the
-    # update about twice as fast) and native elsewhere. The same maths: only the order of
-    # float sums differs.
+    # per layer, "native" torch's conv2d, "auto" matmul on the CPU (the CPU recipe's
+    # compiled update 1.36x as fast, docs/throughput.md) and native elsewhere. The same
+    # maths: only the order of float sums differs.
     lidar_conv: Literal["auto", "native", "matmul"] = "auto"
 
 

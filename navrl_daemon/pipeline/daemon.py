@@ -89,22 +89,13 @@ log = structlog.get_logger("daemon")
 
 
 def configure_heap(cfg: Config) -> None:
-    """The process's memory settings of `run`: glibc's mmap threshold and huge pages."""
+    """The process's memory settings of `run`: glibc's mmap threshold."""
     threshold = cfg.run.mmap_threshold_bytes  # large buffers unmapped when freed (heap.py)
     if threshold and not heap.pin_mmap_threshold(threshold):
         log.info(  # the user's own threshold, or no glibc: nothing to warn about
             "run.mmap_threshold_bytes not applied: the environment sets glibc's threshold "
             "(MALLOC_MMAP_THRESHOLD_, GLIBC_TUNABLES) or this C library has no mallopt",
             mmap_threshold_bytes=threshold,
-        )
-    heap.allow_huge_pages(cfg.run.huge_pages)
-    if cfg.run.huge_pages and not (
-        heap.huge_pages_mode() in ("always", "madvise") and heap.torch_advises_huge_pages()
-    ):
-        log.info(  # a choice of the user's or the kernel's: nothing to warn about
-            "run.huge_pages not in effect: the kernel's THP mode is not always/madvise, or "
-            f"{heap.TORCH_HUGE_PAGES_ENV}=0 was set before torch's first allocation",
-            thp_mode=heap.huge_pages_mode(),
         )
 
 

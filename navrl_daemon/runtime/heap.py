@@ -25,7 +25,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
-from pathlib import Path
 
 MMAP_THRESHOLD = 1024 * 1024  # run.mmap_threshold_bytes's default
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
@@ -53,46 +52,3 @@ def pin_mmap_threshold(nbytes: int = MMAP_THRESHOLD) -> bool:
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
     return bool(mallopt(_M_MMAP_THRESHOLD, nbytes))
-
-
-# Transparent huge pages. torch madvises its CPU buffers of 2 MB and more as huge-page
-# memory when THP_MEM_ALLOC_ENABLE was set at its first allocation (navrl_daemon sets it by
-# default); the kernel then backs them with 2 MiB pages where its THP mode is "always" or
-# "madvise". The daemon's large tensors are mapped afresh for each allocation (the pin
-# above), so each 4 KiB page of them is a page fault: 512 times fewer with huge pages.
-TORCH_HUGE_PAGES_ENV = "THP_MEM_ALLOC_ENABLE"
-THP_MODE_FILE = "/sys/kernel/mm/transparent_hugepage/enabled"
-_PR_SET_THP_DISABLE = 41  # prctl's option number (linux/prctl.h)
-
-
-def allow_huge_pages(allowed: bool) -> bool:
-    """Let this process's new mappings be backed by transparent huge pages, or not (prctl's
-    THP-disable flag, which wins over madvise); True when the flag was set."""
-    name = ctypes.util.find_library("c")
-    try:
-        prctl = ctypes.CDLL(name, use_errno=True).prctl if name else None
-    except (OSError, AttributeError):
-        prctl = None
-    if prctl is None:
-        return False
-    return prctl(_PR_SET_THP_DISABLE, 0 if allowed else 1, 0, 0, 0) == 0
-
-
-def huge_pages_mode() -> str:
-    """The kernel's THP mode ("always", "madvise", "never"), or "unavailable"."""
-    try:
-        text = Path(THP_MODE_FILE).read_text(encoding="ascii")
-    except OSError:
-        return "unavailable"
-    chosen = [word[1:-1] for word in text.split() if word.startswith("[")]
-    return chosen[0] if chosen else "unavailable"
-
-
-def torch_advises_huge_pages() -> bool:
-    """Whether torch madvises its large CPU buffers as huge-page memory in this process: it
-    then aligns them to a page, which it does for nothing else."""
-    import torch
-
-    page = os.sysconf("SC_PAGE_SIZE")
-    probe = [torch.empty(4 * 1024 * 1024, dtype=torch.uint8) for _ in range(3)]
-    return all(t.data_ptr() % page == 0 for t in probe)
