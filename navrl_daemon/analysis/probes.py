@@ -1,4 +1,4 @@
-"""Probes of what a trained policy does (issue #23), next to NavRL's evaluation. No I/O.
+"""Probes of what a trained policy does, next to NavRL's evaluation. No I/O.
 
 - `lidar_use`: does the policy read its LiDAR? The evaluation flown twice, once with the
   real scans and once with every scan zeroed ("nothing within range"), and along the real

@@ -1,4 +1,4 @@
-"""Env backends for the pipeline (navrl-task §1, issue #12).
+"""Env backends for the pipeline (navrl-task §1).
 
 The embedded NavRL navigation task (obstacles, LiDAR, flight model, TorchRL env) is the
 "navigation" backend; `backends.py` resolves the others by name, `contract.py` states

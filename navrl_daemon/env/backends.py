@@ -1,4 +1,4 @@
-"""Env backends by name: built-in, entry point, or "module:factory" (issue #12).
+"""Env backends by name: built-in, entry point, or "module:factory".
 
 `env.backend` is resolved in this order:
 1. a built-in name: "navigation" (the embedded task) or "isaac" (NavRL's Isaac Sim env);

@@ -1,4 +1,4 @@
-"""The training curriculum (`env.curriculum`, issue #13): env stages, easiest first, each
+"""The training curriculum (`env.curriculum`): env stages, easiest first, each
 left for the next once enough evaluations in a row pass its promotion rule.
 
 A stage is the env section with a few keys replaced (obstacle counts, dynamic obstacle

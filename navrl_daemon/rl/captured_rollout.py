@@ -1,7 +1,7 @@
 """Rollouts whose steps are replays of one captured step (a CUDA graph). No I/O.
 
 rollout.collect launches a few thousand small kernels per env step from Python; on a GPU
-the step is then bound by the launches, not by the GPU (issue #22: 9.6 ms per step at
+the step is then bound by the launches, not by the GPU (9.6 ms per step at
 NavRL's scale, the GPU busy 12 % of it). `CapturedRollout` runs the same loop body as one
 graph replay per step. The captured step is exactly collect's loop body:
 

@@ -4,7 +4,7 @@ NavRL's update (rl/ppo.py, the "eager" path) asks the host after every minibatch
 the loss and the clipped gradient norms are finite, so a bad minibatch cannot move Adam's
 moments. On a GPU that sync, and the hundreds of small ops of each minibatch step (about
 600 dispatched in a one-minibatch eager update with foreach Adam, GAE included, counted on
-the CPU), bound the update (issue #8). The paths here compute the same losses, clipping and Adam
+the CPU), bound the update. The paths here compute the same losses, clipping and Adam
 step, with two changes of mechanism and none of maths:
 
 - "fused": Adam runs as torch's fused kernel and is told a minibatch was not finite
