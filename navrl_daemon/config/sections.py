@@ -426,8 +426,8 @@ class PPOConfig(Section):
     # backward, on the "fused" and "cuda_graph" paths: fewer, fused kernels per step. The
     # first update compiles (about a minute); the eager path cannot (exit 78).
     compile: bool = False
-    # How the LiDAR CNN's convolutions run (rl/lidar_cnn.py): "matmul" one matrix product
-    # per layer, "native" torch's conv2d, "auto" matmul on the CPU (the CPU recipe's
+    # How the LiDAR CNN's convolutions run (rl/lidar_cnn.py): "matmul" a few matrix
+    # products per layer, "native" torch's conv2d, "auto" matmul on the CPU (the CPU recipe's
     # compiled update 1.36x as fast, docs/throughput.md) and native elsewhere. The same
     # maths: only the order of float sums differs.
     lidar_conv: Literal["auto", "native", "matmul"] = "auto"
