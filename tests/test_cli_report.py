@@ -188,7 +188,11 @@ def test_report_of_a_real_run_loads_in_chromium(
     assert done.returncode == 0, done.stderr[-2000:]
     doc = json.loads(done.stdout)
     assert doc["report"] == str(out / "report.html")
-    assert doc["history_rows"] == 6 and doc["evaluations"] == 3 and doc["problems"] == []
+    assert doc["history_rows"] == 6 and doc["problems"] == []
+    # The evaluator's channel coalesces: a slow evaluation skips versions, so the count is
+    # what the run wrote (of versions 1, 4, 8 and 12; a stop drops one in flight).
+    written = (run_dir / "eval" / "results.jsonl").read_text().splitlines()
+    assert 1 <= doc["evaluations"] == len(written) <= 4
     assert str(out / "trajectories.png") in doc["images"]
 
     page = chromium.open(out / "report.html")
