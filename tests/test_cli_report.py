@@ -202,6 +202,8 @@ def test_report_of_a_real_run_loads_in_chromium(
     # every one decoded by the browser.
     assert len(page["images"]) == 6, page["images"]
     assert str(out / "episodes.gif") in doc["images"]
+    # The run has moving obstacles (TINY's 8): the captions say what the purple is.
+    assert "moving obstacles in purple" in (out / "report.html").read_text()
     assert all(img["complete"] and img["width"] > 0 for img in page["images"]), page["images"]
     assert page["errors"] == []
     # Self-contained: nothing but the file itself and its data: images was requested.

@@ -37,6 +37,7 @@ class RunRecords:
     trajectory_png: bytes | None = None
     video_gif: bytes | None = None  # the same episodes, animated (ops/video.py)
     trajectory_caption: str = ""
+    moving_obstacles: int = 0  # in the replayed evaluation: the captions name them if any
     problems: list[str] = field(default_factory=list)  # shown at the top of the page
 
 
@@ -146,10 +147,14 @@ def pool_episodes(
 ) -> list[tuple[float, dict[str, float]]]:
     """(frames, episode-weighted means of the train_* episode stats) over consecutive rows
     holding at least `min_episodes` finished episodes together; the last point may hold
-    fewer. Rows without `train_episodes` (histories written before it) count as one each."""
+    fewer only if it is the only one: a shorter tail joins the point before it, whose
+    frames it takes (a last window of one episode would plot reach_goal 0 or 1). Rows
+    without `train_episodes` (histories written before it) count as one each."""
     points: list[tuple[float, dict[str, float]]] = []
     sums: dict[str, float] = {}
     count = 0.0
+    last_sums: dict[str, float] = {}
+    last_count = 0.0
     last_frames: float | None = None
     for row in history:
         n = _number(row.get("train_episodes"))
@@ -164,8 +169,14 @@ def pool_episodes(
         count += n
         if count >= min_episodes and last_frames is not None:
             points.append((last_frames, {k: v / count for k, v in sums.items()}))
+            last_sums, last_count = sums, count
             sums, count = {}, 0.0
     if count and last_frames is not None:
+        if points:  # the tail joins the last full point
+            points.pop()
+            for key, value in last_sums.items():
+                sums[key] = sums.get(key, 0.0) + value
+            count += last_count
         points.append((last_frames, {k: v / count for k, v in sums.items()}))
     return points
 
@@ -216,8 +227,9 @@ def render_html(records: RunRecords, images: dict[str, bytes]) -> str:
             _figure(
                 records.video_gif,
                 "episodes",
-                "The same episodes as they flew: from above and from the side, the moving "
-                "obstacles in purple (also written as episodes.gif).",
+                "The same episodes as they flew: from above and from the side"
+                + (", the moving obstacles in purple" if records.moving_obstacles else "")
+                + " (also written as episodes.gif).",
                 mime="image/gif",
             )
         )

@@ -153,14 +153,19 @@ def _trajectories(
         )
         return
     records.trajectory_png, records.video_gif = png, gif
+    records.moving_obstacles = results["moving_obstacles"]
     same = "the latest evaluation's" if chosen["iteration"] == latest else "the newest"
     records.trajectory_caption = (
         f"Checkpoint {Path(chosen['path']).name} ({same}), replayed by `report` on a fresh "
         f"eval env (layout {cfg.eval.layout}, seed {cfg.eval.seed}, {results['episodes']} "
         f"drones, CPU): reach_goal {results['reach_goal']:.3f}, collision "
-        f"{results['collision']:.3f}. The daemon's own evaluations keep their dynamic "
-        "obstacles moving between evaluations, so its numbers can differ."
+        f"{results['collision']:.3f}."
     )
+    if records.moving_obstacles:
+        records.trajectory_caption += (
+            " The daemon's own evaluations keep their moving obstacles moving between "
+            "evaluations, so its numbers can differ."
+        )
 
 
 def _replay(cfg: Config, checkpoint: Path) -> tuple[bytes | None, bytes | None, dict[str, Any]]:
@@ -193,4 +198,5 @@ def _replay(cfg: Config, checkpoint: Path) -> tuple[bytes | None, bytes | None, 
             env, policy, seed=cfg.eval.seed, max_steps=steps, progress=progress
         )
     title = f"{checkpoint.name}, layout {cfg.eval.layout}"
+    results = {**results, "moving_obstacles": int(traj.dynamic.shape[1])}
     return trajectory_plot(traj, title), gif_bytes(traj, checkpoint.name), results

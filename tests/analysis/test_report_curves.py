@@ -33,6 +33,15 @@ def test_pooling_weights_by_episodes_and_needs_enough_of_them() -> None:
     assert points[1][1]["train_reach_goal"] == pytest.approx(0.25)
 
 
+def test_a_last_window_of_one_episode_joins_the_point_before_it() -> None:
+    """A run stopped just after a window in which one episode failed: the last point is
+    the pool of the last full window and that one episode, not a drop to 0."""
+    history = rows([(32, 0.5), (32, 0.5), (1, 0.0)])
+    points = pool_episodes(history, min_episodes=32)
+    assert [f for f, _ in points] == [64, 192]
+    assert points[-1][1]["train_reach_goal"] == pytest.approx(16 / 33)
+
+
 def test_windows_without_episodes_add_nothing_and_old_rows_count_one() -> None:
     history = [
         {"iteration": 1, "frames": 64, "train_episodes": 0},
@@ -112,3 +121,11 @@ def test_the_reports_best_evaluation_says_how_far_it_may_be_off() -> None:
     assert "reach_goal 0.8 (95 %: 0.69–0.88)" in html
     html = render_html(RunRecords(state_dir=Path("state"), evals=evals[1:]), {})
     assert "reach_goal 0.9, collision" in html
+
+
+@pytest.mark.parametrize("moving", [0, 8])
+def test_the_animation_names_moving_obstacles_only_where_there_are_some(moving: int) -> None:
+    records = RunRecords(state_dir=Path("state"), video_gif=b"GIF89a", moving_obstacles=moving)
+    html = render_html(records, {})
+    assert "from above and from the side" in html
+    assert ("moving obstacles" in html) == bool(moving)
