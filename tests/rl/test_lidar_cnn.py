@@ -22,7 +22,7 @@ TOL = {"rtol": 1e-4, "atol": 1e-5}
 def _assert_close_at_scale(actual: torch.Tensor, expected: torch.Tensor, name: str) -> None:
     """Within 1e-5 of the tensor's largest magnitude: a weight gradient sums thousands of
     products of both signs, so an element near 0 carries the rounding of the large ones."""
-    scale = float(expected.abs().max().clamp(min=1e-12))
+    scale = float(expected.detach().abs().max().clamp(min=1e-12))
     error = float((actual - expected).abs().max())
     assert error <= 1e-5 * scale, f"{name}: {error:.3g} off at scale {scale:.3g}"
 
