@@ -170,7 +170,7 @@ def _trajectories(
 
 def _replay(cfg: Config, checkpoint: Path) -> tuple[bytes | None, bytes | None, dict[str, Any]]:
     """The evaluation with `checkpoint`'s policy: (plot PNG, video GIF, results)."""
-    from navrl_daemon.env.navigation import NavigationEnv
+    from navrl_daemon.env.contract import RecordableEnv
     from navrl_daemon.ops.plots import trajectory_plot
     from navrl_daemon.ops.video import gif_bytes
     from navrl_daemon.rl.eval_config import eval_steps
@@ -184,7 +184,7 @@ def _replay(cfg: Config, checkpoint: Path) -> tuple[bytes | None, bytes | None, 
     check_policy_layout(state, policy.state_dict(), checkpoint)
     policy.load_state_dict(state)
     env = make_eval_env(cfg, "cpu")
-    if not isinstance(env, NavigationEnv):
+    if not isinstance(env, RecordableEnv):
         return None, None, {}
     steps = eval_steps(cfg)
     # The replay takes as long as an evaluation (a minute at NavRL's scale on a CPU): say so.

@@ -30,6 +30,9 @@ caller checks once with `isinstance(env, Protocol)`, taking the plain path other
   stage or a resume and reported as telemetry;
 - `Determinism`: a backend that cannot be deterministic says so with
   `deterministic = False`, and the determinism check is skipped.
+- `RecordableEnv`: where its drones, their goals and the moving obstacles are, and the
+  scene they fly in, for recorded evaluations (`eval --plot/--video/--probe`, the
+  report's paths, `log.video_interval`); without it those say the backend cannot.
 
 `check_specs` is the cheap part (declared specs only, no stepping) that `make_env` runs on
 every build; `conformance.py` steps envs through all of the above.
@@ -93,9 +96,13 @@ class CapturableEnv(Protocol):
     resets, reseeds and `load_state_dict_env` keep their storage), draws its random numbers
     from `generator` only, and auto-resets without a host read when `masked_reset` is set.
     `graph_objects()` are the other objects a captured step holds by identity (rebuilt
-    ones, such as a new obstacle grid, need a new capture)."""
+    ones, such as a new obstacle grid, need a new capture). `collect_path` is how its
+    steps run (its config's `collect_path`, resolved for its device), `collect_fallback`
+    whether a failed capture may go on op by op (the config asked for "auto")."""
 
     masked_reset: bool
+    collect_path: CollectPath
+    collect_fallback: bool
 
     @property
     def generator(self) -> torch.Generator: ...
@@ -124,6 +131,39 @@ class Determinism(Protocol):
     nothing must be)."""
 
     deterministic: bool
+
+
+@dataclass(frozen=True)
+class Whereabouts:
+    """Where everything is now, as the env holds it (a recorder copies what it keeps):
+    drones [N, 3] and their goals [N, 3], and map 0's moving obstacles [D, 3], in m."""
+
+    drones: Tensor
+    goals: Tensor
+    moving: Tensor
+
+
+@dataclass(frozen=True)
+class Scene:
+    """What stays while an evaluation flies: the map each drone is on [N], map 0's moving
+    obstacles' (width, width, height) [D, 3] and its pillars [B, 5] (x0, y0, x1, y1,
+    height), the field's side in m and the number of maps."""
+
+    map_id: Tensor
+    moving_size: Tensor
+    pillars: Tensor
+    field_size: float
+    num_maps: int
+
+
+@runtime_checkable
+class RecordableEnv(Protocol):
+    """Paths a recorded evaluation can keep and a plot draw: `whereabouts()` after every
+    step and reset, `scene()` once."""
+
+    def whereabouts(self) -> Whereabouts: ...
+
+    def scene(self) -> Scene: ...
 
 
 @dataclass(frozen=True)

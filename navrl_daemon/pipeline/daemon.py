@@ -383,7 +383,7 @@ def _producer(
         archive=owned.archive if owned else None,
         final_state=owned.final_state if owned else None,
         events=ProducerEvents(
-            # rank 0's envs, where the backend keeps density levels (NavigationEnv)
+            # rank 0's envs, where the backend keeps density levels (DensityLevels)
             on_levels=(
                 telemetry.levels
                 if cfg.env.map_levels and owned and isinstance(collector.env, DensityLevels)
@@ -609,14 +609,15 @@ def _evaluator(
 def evaluation_videos(
     cfg: Config, evaluation: RecordedEvaluate, telemetry: Telemetry
 ) -> EvaluationVideos | None:
-    """`log.video_interval`'s videos, where they can be drawn (the embedded env) and shown
-    (TensorBoard or W&B on)."""
+    """`log.video_interval`'s videos, where they can be drawn (an env that records its
+    drones' paths) and shown (TensorBoard or W&B on)."""
     every = cfg.log.video_interval
     if not every:
         return None
-    if cfg.env.backend != "navigation":
+    if not evaluation.recordable:
         log.warning(
-            "log.video_interval: videos draw the embedded env only", backend=cfg.env.backend
+            "log.video_interval: this backend's env cannot record the drones' paths: no videos",
+            backend=cfg.env.backend,
         )
         return None
     if not (cfg.log.tensorboard or cfg.log.wandb):

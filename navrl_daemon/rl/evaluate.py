@@ -23,8 +23,8 @@ from torch import Tensor
 from torchrl.envs import EnvBase
 from torchrl.envs.utils import step_mdp
 
-from navrl_daemon.env.contract import CapturableEnv, collect_path
-from navrl_daemon.env.navigation import Z_MAX, Z_MIN, NavigationEnv
+from navrl_daemon.env.contract import CapturableEnv, RecordableEnv
+from navrl_daemon.env.navigation import Z_MAX, Z_MIN
 from navrl_daemon.rl.graphs import WARMUP_RUNS, Capture, Replay, SameObjects, cuda_capture
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.rl.rollout import STAT_KEYS, out_of_bounds
@@ -148,10 +148,10 @@ class Evaluation:
 
     @classmethod
     def for_env(cls, env: EnvBase, *, seed: int, max_steps: int) -> Evaluation:
-        """Captured where the env's steps are (`env.collect_path` of the embedded env)."""
-        if not isinstance(env, NavigationEnv) or collect_path(env.cfg, env.device) == "eager":
+        """Captured where the env's steps are (a `CapturableEnv`'s `collect_path`)."""
+        if not isinstance(env, CapturableEnv) or env.collect_path == "eager":
             return cls(env, seed=seed, max_steps=max_steps)
-        fallback = env.cfg.collect_path == "auto"
+        fallback = env.collect_fallback
         capture = cuda_capture(env.device)
         return cls(env, seed=seed, max_steps=max_steps, capture=capture, fallback=fallback)
 
@@ -308,15 +308,16 @@ def _generators(env: EnvBase) -> list[torch.Generator]:
 
 @torch.no_grad()
 def evaluate_recorded(
-    env: NavigationEnv,
+    env: RecordableEnv,
     policy: NavRLPolicy,
     *,
     seed: int,
     max_steps: int,
     progress: Progress | None = None,
 ) -> tuple[dict[str, float], Trajectories]:
-    """`evaluate`, plus every drone's path and the obstacles (the embedded env only): the
+    """`evaluate`, plus every drone's path and the obstacles (a `RecordableEnv`): the
     same numbers as `evaluate`, at the cost of a copy of the positions per step."""
+    assert isinstance(env, EnvBase)
     recorder = _Recorder(env)
     results = _evaluate(
         env, policy, seed=seed, max_steps=max_steps, recorder=recorder, progress=progress
@@ -394,39 +395,42 @@ def eval_rank(record: dict[str, Any]) -> tuple[float, float, float, float]:
 
 
 class _Recorder:
-    """Reads the embedded env's state between step and reset."""
+    """Reads where the env's drones and obstacles are between step and reset."""
 
-    def __init__(self, env: NavigationEnv) -> None:
+    def __init__(self, env: RecordableEnv) -> None:
         self.env = env
+        now = env.whereabouts()
         self.positions: list[Tensor] = []
         self.dynamic: list[Tensor] = []
-        self.steps = torch.zeros(env.num_envs, dtype=torch.long, device=env.device)
-        self.goal = env.goal
+        self.steps = torch.zeros(now.drones.shape[0], dtype=torch.long, device=now.drones.device)
+        self.goal = now.goals
         self.stats: Tensor | None = None
 
     def start(self) -> None:
-        self.positions = [self.env.pos.clone()]
-        self.goal = self.env.goal.clone()  # the first episodes' (a reset draws new ones)
-        self.dynamic = [self.env.dynamic.pos[0].clone()]
+        now = self.env.whereabouts()
+        self.positions = [now.drones.clone()]
+        self.goal = now.goals.clone()  # the first episodes' (a reset draws new ones)
+        self.dynamic = [now.moving.clone()]
 
     def step(self, finished: Tensor) -> None:
         """After a step; `finished`: drones whose first episode ended before this step."""
-        self.positions.append(self.env.pos.clone())
-        self.dynamic.append(self.env.dynamic.pos[0].clone())
+        now = self.env.whereabouts()
+        self.positions.append(now.drones.clone())
+        self.dynamic.append(now.moving.clone())
         self.steps += (~finished).long()
 
     def trajectories(self) -> Trajectories:
-        env = self.env
+        scene = self.env.scene()
         assert self.stats is not None, "trajectories() before the evaluation ran"
         return Trajectories(
             positions=torch.stack(self.positions).cpu(),
             steps=self.steps.cpu(),
             goal=self.goal.cpu(),
-            map_id=env.map_id.cpu(),
+            map_id=scene.map_id.cpu(),
             stats=self.stats.cpu(),
             dynamic=torch.stack(self.dynamic).cpu(),
-            dynamic_size=env.dynamic.size.cpu(),
-            pillars=env.pillars.boxes(0),
-            field_size=env.cfg.field_size,
-            num_maps=env.num_maps,
+            dynamic_size=scene.moving_size.cpu(),
+            pillars=scene.pillars,
+            field_size=scene.field_size,
+            num_maps=scene.num_maps,
         )

@@ -10,7 +10,7 @@ from torchrl.envs import EnvBase
 
 from navrl_daemon.config import Config
 from navrl_daemon.env import make_env
-from navrl_daemon.env.navigation import NavigationEnv
+from navrl_daemon.env.contract import RecordableEnv
 from navrl_daemon.rl.eval_config import eval_env_config, eval_steps
 from navrl_daemon.rl.evaluate import Evaluation, Progress, Trajectories, evaluate_recorded
 from navrl_daemon.rl.policy import NavRLPolicy
@@ -52,14 +52,19 @@ class Evaluations:
     def __call__(self, policy: NavRLPolicy, *, progress: Progress | None = None) -> dict[str, Any]:
         return self._held_out(self.main(policy, progress), policy, progress)
 
+    @property
+    def recordable(self) -> bool:
+        """Whether `recorded` can run: the main maps' env is a `RecordableEnv`."""
+        return isinstance(self.main.env, RecordableEnv)
+
     def recorded(
         self, policy: NavRLPolicy, *, progress: Progress | None = None
     ) -> tuple[dict[str, Any], Trajectories]:
         """The same evaluation with the main maps' paths recorded (`evaluate_recorded`: op
-        by op, the same numbers), for a video. The embedded env only."""
+        by op, the same numbers), for a video. A `RecordableEnv` only."""
         env = self.main.env
-        if not isinstance(env, NavigationEnv):
-            raise TypeError(f"a recorded evaluation needs the embedded env, not {type(env)}")
+        if not isinstance(env, RecordableEnv):
+            raise TypeError(f"a recorded evaluation needs a RecordableEnv, not {type(env)}")
         main = self.main
         results, traj = evaluate_recorded(
             env, policy, seed=main.seed, max_steps=main.max_steps, progress=progress

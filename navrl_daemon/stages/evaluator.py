@@ -68,7 +68,11 @@ class Evaluate(Protocol):
 
 
 class RecordedEvaluate(Protocol):
-    """An evaluation that also records the drones' paths (the embedded env), for a video."""
+    """An evaluation that also records the drones' paths, for a video, where its env can
+    (`recordable`: a `RecordableEnv`)."""
+
+    @property
+    def recordable(self) -> bool: ...
 
     def recorded(
         self, policy: NavRLPolicy, *, progress: Progress | None = None

@@ -22,12 +22,15 @@ from navrl_daemon.env.contract import (
     CapturableEnv,
     DensityLevels,
     Determinism,
+    RecordableEnv,
     ResumableEnv,
 )
 from navrl_daemon.env.navigation import NavigationEnv
+from navrl_daemon.errors import UsageError
 from navrl_daemon.pipeline.resume import keep_levels
 from navrl_daemon.rl import captured_rollout, evaluate
 from navrl_daemon.rl.graphs import SameObjects
+from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.rl.snapshot import collector_state, restore_collector
 from navrl_daemon.rl.stage_switch import use_stage
 
@@ -39,7 +42,7 @@ CFG = EnvConfig(
     max_episode_length=20,
     map_levels=[2, 4],
 )
-PROTOCOLS = (ResumableEnv, CapturableEnv, DensityLevels, Determinism)
+PROTOCOLS = (ResumableEnv, CapturableEnv, DensityLevels, Determinism, RecordableEnv)
 
 
 class Bare(EnvBase):
@@ -88,7 +91,7 @@ def test_the_embedded_env_states_every_capability() -> None:
 def test_a_backend_states_only_what_it_implements() -> None:
     planar = make_planar(CFG.model_copy(update={"map_levels": []}), device="cpu", seed=0)
     assert isinstance(planar, Planar2DEnv) and isinstance(planar, ResumableEnv)
-    assert not isinstance(planar, CapturableEnv | DensityLevels | Determinism)
+    assert not isinstance(planar, CapturableEnv | DensityLevels | Determinism | RecordableEnv)
     bare = Bare()
     assert not any(isinstance(bare, protocol) for protocol in PROTOCOLS)
     bare.deterministic = False  # what the Isaac Sim backend declares
@@ -175,5 +178,40 @@ def test_no_caller_probes_an_env_or_reads_its_generator_privately() -> None:
         for path in sorted(package.rglob("*.py"))
         for number, line in enumerate(path.read_text().splitlines(), 1)
         if PROBE.search(line)
+    ]
+    assert hits == []
+
+
+def test_the_embedded_env_records_where_things_are_and_a_bare_backend_cannot() -> None:
+    """What recorded evaluations read (`RecordableEnv`), and `eval --plot`'s clear refusal
+    of an env without it (a UsageError, exit 2, not an AttributeError)."""
+    env = navigation()
+    env.reset()
+    now, scene = env.whereabouts(), env.scene()
+    assert now.drones is env.pos and now.goals is env.goal  # live: a recorder copies
+    assert now.moving.shape == (CFG.num_dynamic_obstacles, 3)
+    assert scene.map_id.shape == (CFG.num_envs,) and scene.field_size == CFG.field_size
+    assert env.collect_path == "eager" and env.collect_fallback  # "auto" on the CPU
+    policy = NavRLPolicy()
+    results, traj = evaluate.evaluate_recorded(env, policy, seed=0, max_steps=5)
+    assert traj.positions.shape == (6, CFG.num_envs, 3) and results["episodes"] >= 0
+    from navrl_daemon.commands.eval import _probe
+
+    with pytest.raises(UsageError, match="cannot"):
+        _probe(SimpleNamespace(env=SimpleNamespace(backend="bare")), Bare(), policy)  # type: ignore[arg-type]
+
+
+# A concrete env class tested by name outside env/: what the capability protocols replace.
+CONCRETE = re.compile(r"isinstance\([^)]*,\s*(NavigationEnv|Planar2DEnv)")
+
+
+def test_no_caller_outside_env_tells_backends_apart_by_class() -> None:
+    package = Path(navrl_daemon.__file__).parent
+    hits = [
+        f"{path.relative_to(package)}:{number}: {line.strip()}"
+        for path in sorted(package.rglob("*.py"))
+        if "env" not in path.relative_to(package).parts[:1]
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if CONCRETE.search(line)
     ]
     assert hits == []

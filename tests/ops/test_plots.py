@@ -139,7 +139,7 @@ def test_eval_plot_shows_drones_that_leave_the_height_band(
     check_plot(out, result)
 
 
-def test_plot_needs_the_embedded_env(
+def test_plot_needs_an_env_that_records_paths(
     navrl_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "2d.png"
@@ -147,7 +147,8 @@ def test_plot_needs_the_embedded_env(
     code = main(["eval", *args, "env.backend=navrl-2d", "eval.max_steps=4"])
     err = capsys.readouterr().err
     assert code == 2, err
-    assert "--plot" in err and "env.backend = 'navigation'" in err
+    assert "--plot" in err and "env.backend = 'navrl-2d' cannot record" in err
+    assert "'navigation', can" in err  # which backend can
     assert not out.exists()
 
 

@@ -80,6 +80,7 @@ from navrl_daemon.env.contract import REWARD_KEY as REWARD_KEY
 from navrl_daemon.env.contract import STAT_KEYS as STAT_KEYS
 from navrl_daemon.env.contract import CollectPath as CollectPath
 from navrl_daemon.env.contract import Layout as Layout
+from navrl_daemon.env.contract import Scene, Whereabouts
 from navrl_daemon.env.contract import collect_path as collect_path
 from navrl_daemon.env.navigation.dynamics import point_mass_step
 from navrl_daemon.env.navigation.geometry import world_to_goal, yaw_of
@@ -176,6 +177,8 @@ class NavigationEnv(EnvBase):
         self._dynamic_start = self.dynamic.state_dict()
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
         self.masked_reset = masked_reset(cfg, self.device)
+        self.collect_path = collect_path(cfg, self.device)
+        self.collect_fallback = cfg.collect_path == "auto"
         self._allocate_state()
         self._make_specs()
 
@@ -245,6 +248,20 @@ class NavigationEnv(EnvBase):
         """The generator of every step-time random draw (spawns, obstacle goals and speeds),
         on the env's device; `set_seed` reseeds it."""
         return self._generator
+
+    def whereabouts(self) -> Whereabouts:
+        """`RecordableEnv`: the drones, their goals and map 0's moving obstacles now."""
+        return Whereabouts(drones=self.pos, goals=self.goal, moving=self.dynamic.pos[0])
+
+    def scene(self) -> Scene:
+        """`RecordableEnv`: the maps the drones fly, map 0's obstacles drawn."""
+        return Scene(
+            map_id=self.map_id,
+            moving_size=self.dynamic.size,
+            pillars=self.pillars.boxes(0),
+            field_size=self.cfg.field_size,
+            num_maps=self.num_maps,
+        )
 
     def graph_objects(self) -> tuple[object, ...]:
         """What a captured step holds besides its state tensors: the LiDAR, whose grid
