@@ -458,6 +458,7 @@ def test_a_checkpoint_from_before_the_newer_env_keys_still_restores_the_env(
     for key in (*keys, "reach_hold", "min_level", "safety_weight"):
         del snap["config"]["env"][key]
     del snap["collector"]["env"]["held"]
+    snap["snapshot_version"] = 1  # the format those files are in
     path.write_bytes(
         encode_checkpoint(
             snap,
