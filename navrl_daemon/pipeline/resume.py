@@ -34,7 +34,7 @@ from navrl_daemon.rl.collector import Collector
 from navrl_daemon.rl.learner import Learner
 from navrl_daemon.rl.policy import has_own_critic, make_policy
 from navrl_daemon.rl.ppo import make_optimizers
-from navrl_daemon.rl.run_state import COLLECTOR, FORMAT_VERSION, LEARNER, RunState, migrate
+from navrl_daemon.rl.run_state import COLLECTOR, LEARNER, SNAPSHOT_VERSION, RunState, migrate
 from navrl_daemon.rl.snapshot import saved_optimizer
 from navrl_daemon.storage.checkpoint import (
     REJECTED,
@@ -84,7 +84,7 @@ def static_state(cfg: Config) -> dict[str, Any]:
     """The entries every snapshot of this run carries besides learner and collector."""
     return {
         "kind": FULL,
-        "snapshot_version": FORMAT_VERSION,
+        "snapshot_version": SNAPSHOT_VERSION,
         "config": cfg.model_dump(),
         "versions": library_versions(),
     }

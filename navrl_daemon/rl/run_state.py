@@ -11,8 +11,8 @@ added with a name lands under that name in its half; the learner and the collect
 the halves' own entries (`name=None`), which keeps a half's layout what it was before
 parts had names.
 
-A new stateful piece is one `add` where the run is wired (pipeline/daemon.py). A change
-to what a file holds is one step up of `FORMAT_VERSION` and one migration in
+A new stateful piece is one `add` in `training_state` (which the daemon wires). A change
+to what a file holds is one step up of `SNAPSHOT_VERSION` and one migration in
 `MIGRATIONS`, from the version before.
 """
 
@@ -27,7 +27,9 @@ from navrl_daemon.rl.collector import Collector
 from navrl_daemon.rl.learner import Learner
 from navrl_daemon.rl.stage_switch import CurriculumState
 
-FORMAT_VERSION = 2
+# The layout of the state, a file's `snapshot_version` (the container around it has a
+# version of its own: storage/checkpoint.py).
+SNAPSHOT_VERSION = 2
 
 LEARNER = "learner"
 COLLECTOR = "collector"
@@ -142,12 +144,12 @@ def migrate(state: dict[str, Any], where: object) -> dict[str, Any]:
     """`state` as this version writes it (a new dict; the file's is left alone). DataError
     for a file a newer version wrote: going on from it here could drop what it holds."""
     version = int(state.get("snapshot_version", 1))
-    if version > FORMAT_VERSION:
+    if version > SNAPSHOT_VERSION:
         raise DataError(
             f"checkpoint {where}: written by a newer navrl-daemon (state format {version}; "
-            f"this one reads up to {FORMAT_VERSION}): upgrade to resume it"
+            f"this one reads up to {SNAPSHOT_VERSION}): upgrade to resume it"
         )
-    while version < FORMAT_VERSION:
+    while version < SNAPSHOT_VERSION:
         state = MIGRATIONS[version](state)
         version += 1
     return {**state, "snapshot_version": version}

@@ -21,8 +21,8 @@ from navrl_daemon.rl.collector import Collector
 from navrl_daemon.rl.policy import acting_copy
 from navrl_daemon.rl.run_state import (
     COLLECTOR,
-    FORMAT_VERSION,
     LEARNER,
+    SNAPSHOT_VERSION,
     RunState,
     migrate,
     training_state,
@@ -126,7 +126,7 @@ def test_a_format_1_file_restores_every_part_it_holds(tmp_path: Path) -> None:
     parts = training_state(training.learner, collector, curriculum)
     directory = CheckpointDir(state_dir / "checkpoints", accept=resume.CheckpointFit(cfg))
     found = resume.newest_checkpoint(directory)
-    assert found is not None and found[2]["snapshot_version"] == FORMAT_VERSION
+    assert found is not None and found[2]["snapshot_version"] == SNAPSHOT_VERSION
     resumed = resume.restore(cfg, *found, parts, training.learner, collector, curriculum)
     assert (resumed.iteration, resumed.env_restored, resumed.curriculum_restored) == (4, True, True)
     assert curriculum.state_dict() == saved["collector"]["curriculum"]
@@ -162,7 +162,7 @@ def test_format_1_is_migrated_in_one_place_and_the_file_left_alone() -> None:
     old["collector"]["episodes"] = {"return": torch.zeros(1)}  # held by the earliest files
     before = copy.deepcopy(old)
     state = migrate(old, "old.nrc")
-    assert state["snapshot_version"] == FORMAT_VERSION
+    assert state["snapshot_version"] == SNAPSHOT_VERSION
     env = state["config"]["env"]
     assert (env["reach_hold"], env["min_level"], env["safety_weight"]) == (0, 0, 1.0)
     assert env["map_levels"] == [0, 2, 4]  # what the file says stays
@@ -173,4 +173,4 @@ def test_format_1_is_migrated_in_one_place_and_the_file_left_alone() -> None:
 
 def test_a_file_of_a_newer_format_is_refused_not_guessed() -> None:
     with pytest.raises(DataError, match="newer navrl-daemon"):
-        migrate({"snapshot_version": FORMAT_VERSION + 1}, "new.nrc")
+        migrate({"snapshot_version": SNAPSHOT_VERSION + 1}, "new.nrc")
