@@ -46,7 +46,6 @@ import lz4.frame
 import torch
 
 from navrl_daemon.config import load_config
-from navrl_daemon.rl.snapshot import collector_state, learner_state
 from navrl_daemon.rl.training import Training
 from navrl_daemon.storage.checkpoint import CheckpointDir, encode_checkpoint
 from navrl_daemon.storage.staging import SnapshotStaging
@@ -200,13 +199,13 @@ def main() -> None:
         def navrl_capture(staging: SnapshotStaging) -> Any:
             # The daemon's order: the producer captures the collector right after the
             # rollout, the trainer stages the learner after its update.
-            collected = collector_state(collector)
-            staged = staging.stage({"learner": learner_state(learner)})
+            collected = collector.state_dict()
+            staged = staging.stage({"learner": learner.state_dict()})
             staged.state["collector"] = collected
             return staged
 
         def navrl_full() -> Any:
-            return {"learner": learner_state(learner), "collector": collector_state(collector)}
+            return {"learner": learner.state_dict(), "collector": collector.state_dict()}
 
         results.append(measure("navrl", navrl_capture, navrl_full, args.repeats, tmp, rollout))
         big = synthetic_state(args.synthetic_mb, args.device)

@@ -138,10 +138,14 @@ def navrl_checkpoint() -> Path:
     return NAVRL_CHECKPOINT
 
 
-def trainer_for(training, compute, checkpoints=None, export_path=None, rollback=None, **extra):  # type: ignore[no-untyped-def]
+def trainer_for(
+    training, compute, checkpoints=None, export_path=None, rollback=None, state=None, **extra
+):  # type: ignore[no-untyped-def]
     """A Trainer stage around a `Training`'s learner, driven by calling its methods
-    (`extra`: more TrainerContext fields, e.g. its CUDA stream)."""
+    (`state`: the run's parts, the training's by default; `extra`: more TrainerContext
+    fields, e.g. its CUDA stream)."""
     from navrl_daemon.pipeline.cadence import Cadence
+    from navrl_daemon.rl.run_state import training_state
     from navrl_daemon.runtime.channels import Channel
     from navrl_daemon.runtime.supervisor import Shutdown
     from navrl_daemon.stages.trainer import Trainer, TrainerContext
@@ -154,6 +158,7 @@ def trainer_for(training, compute, checkpoints=None, export_path=None, rollback=
             cadence=Cadence(frames_per_iteration=64, total_frames=0, checkpoint_interval=1),
             shutdown=Shutdown(),
             compute=compute,
+            state=state or training_state(training.learner, training.collector, None),
             export_path=export_path,
             rollback=rollback,
             **extra,

@@ -458,6 +458,7 @@ def test_a_checkpoint_from_before_the_newer_env_keys_still_restores_the_env(
     for key in (*keys, "reach_hold", "min_level", "safety_weight"):
         del snap["config"]["env"][key]
     del snap["collector"]["env"]["held"]
+    snap["snapshot_version"] = 1  # the format those files are in
     path.write_bytes(
         encode_checkpoint(
             snap,
@@ -471,6 +472,22 @@ def test_a_checkpoint_from_before_the_newer_env_keys_still_restores_the_env(
     start = next(e for e in resumed if e["event"] == "resumed from checkpoint")
     assert (start["iteration"], start["env_restored"]) == (1, True)
     assert not [e for e in resumed if "new episodes start" in e["event"]]
+
+
+def test_a_checkpoint_of_state_format_1_resumes_the_run_where_it_was(tmp_path: Path) -> None:
+    """A file the code before named parts wrote (tests/data: curriculum stage 1, density
+    levels) resumes a run of its settings with its episodes and its stage, and trains on."""
+    from tests.rl.test_run_state import FORMAT_1, FORMAT_1_RUN
+
+    state = tmp_path / "state"
+    (state / "checkpoints").mkdir(parents=True)
+    shutil.copy(FORMAT_1, state / "checkpoints" / "ckpt-000000004.nrc")
+    settings = [x for x in FORMAT_1_RUN if x not in TINY]  # run() adds TINY
+    log = run(state, *settings, "eval.interval=0", "run.total_frames=384")
+    start = next(e for e in log if e["event"] == "resumed from checkpoint")
+    assert (start["iteration"], start["env_restored"]) == (4, True)
+    assert next(e for e in log if e["event"] == "curriculum resumed")["stage"] == 1
+    assert [e["iteration"] for e in log if e["event"] == "checkpoint written"] == [6]
 
 
 def test_rerunning_a_finished_run_leaves_its_final_checkpoint_alone(tmp_path: Path) -> None:

@@ -316,6 +316,7 @@ def _run_config_file(policy: Path, state_dir: Path | None) -> Path | None:
 def _embedded_config(path: Path) -> dict[str, Any] | None:
     """The resolved config a `.nrc` checkpoint of a run carries (None for a `.pt` file)."""
     from navrl_daemon.errors import DataError
+    from navrl_daemon.rl.run_state import migrate
     from navrl_daemon.storage.checkpoint import MAGIC, load_checkpoint
 
     try:
@@ -323,6 +324,7 @@ def _embedded_config(path: Path) -> dict[str, Any] | None:
             if f.read(len(MAGIC)) != MAGIC:
                 return None
         _, state = load_checkpoint(path)
+        state = migrate(state, path)  # an older file's config as it ran
     except (OSError, DataError):
         return None  # the policy load that follows says what is wrong with the file
     config = state.get("config")

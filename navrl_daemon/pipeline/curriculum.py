@@ -8,7 +8,8 @@ episodes running in the old env are dropped, their stats never counted). With
 `env.stage_switch = "episodes"` (and stages that differ only in per-episode keys) the
 new env takes over the old one's state instead: the episodes in flight finish, and each
 env starts the new stage's episodes at its next reset. The stage
-travels in the collector state, so a resumed run trains at the stage it stopped at.
+travels in the collector state (rl/stage_switch.py's `CurriculumState`), so a resumed run
+trains at the stage it stopped at.
 Without a curriculum the producer has a `NoCurriculum`, which votes for stage 0 and
 does nothing.
 """
@@ -72,10 +73,6 @@ class CurriculumFollower:
         )
         self.on_stage(stage)
 
-    def state_dict(self) -> dict[str, int] | None:
-        """The curriculum's progress, for the collector state of a checkpoint."""
-        return self.curriculum.state_dict()
-
 
 class NoCurriculum:
     """The follower of a run without a curriculum: one env, stage 0, nothing to keep."""
@@ -87,9 +84,6 @@ class NoCurriculum:
 
     async def before_rollout(self, iteration: int) -> None:
         pass
-
-    def state_dict(self) -> dict[str, int] | None:
-        return None
 
 
 def promote(curriculum: Curriculum, record: Mapping[str, Any]) -> None:

@@ -49,6 +49,7 @@ from navrl_daemon.rl.collector import Collector, rollout_memory
 from navrl_daemon.rl.evaluations import Evaluations
 from navrl_daemon.rl.learner import Learner
 from navrl_daemon.rl.policy import NavRLPolicy, acting_copy, make_policy
+from navrl_daemon.rl.run_state import COLLECTOR, RunState, training_state
 from navrl_daemon.runtime import heap, memory
 from navrl_daemon.runtime.channels import Channel, Overflow, Sender
 from navrl_daemon.runtime.compute import ComputeThreads
@@ -269,8 +270,9 @@ def build_stages(ctx: RunContext) -> list[Stage]:
     with phase("training envs"):
         collector = _collector(ctx, policy, curriculum)
     first = collector.new_buffer()
+    state = training_state(learner, collector, curriculum)
     with phase("resume"):
-        start = _resume(ctx, found, learner, collector, curriculum)
+        start = _resume(ctx, found, state, learner, collector, curriculum)
     ctx.coordinator.share_weights(policy)  # rank 0's weights, whatever happened above
     collector.policy.load_state_dict(policy.state_dict())
     pool = LeasePool([first, *(first.clone() for _ in range(cfg.pipeline.lease_pool - 1))])
@@ -284,7 +286,7 @@ def build_stages(ctx: RunContext) -> list[Stage]:
                 ctx, checkpoints, policy, curriculum, mirror, resumed_from=start.iteration
             )
     stream = TrainerStream.for_device(ctx.device, cfg.pipeline.trainer_stream)
-    core = _Core(learner, collector, start, curriculum, checkpoints, owned, stream)
+    core = _Core(learner, collector, state, start, curriculum, checkpoints, owned, stream)
     rollouts: Channel[Rollout] = Channel("rollouts", cfg.pipeline.lease_pool, Overflow.BLOCK)
     weights: Channel[PolicyWeights] = Channel("weights", 1, Overflow.COALESCE)
     producer = _producer(ctx, core, pool, rollouts, weights)
@@ -344,6 +346,7 @@ class _Core:
 
     learner: Learner
     collector: Collector
+    state: RunState  # their stateful parts, and the curriculum's
     start: Position
     curriculum: Curriculum | None
     checkpoints: CheckpointDir
@@ -369,6 +372,7 @@ def _producer(
             cadence=ctx.cadence,
             start=core.start,
             coordinator=ctx.coordinator,
+            state=core.state,
             curriculum=(
                 CurriculumFollower(
                     curriculum, collector, ctx.threads.producer, on_stage=telemetry.curriculum_stage
@@ -406,6 +410,7 @@ def _trainer(
             cadence=ctx.cadence,
             shutdown=ctx.shutdown,
             compute=ctx.threads.trainer,
+            state=core.state,
             export_path=ctx.state_dir / "export" / "policy.pt" if owned else None,  # rank 0's
             start_frames=core.start.frames,
             rollback=functools.partial(ctx.coordinator.rollback, core.checkpoints),
@@ -424,6 +429,7 @@ def _trainer(
 def _resume(
     ctx: RunContext,
     found: Found | None,
+    state: RunState,
     learner: Learner,
     collector: Collector,
     curriculum: Curriculum | None,
@@ -436,9 +442,9 @@ def _resume(
         if ctx.world.leader:
             ctx.telemetry.run_starts(ctx.state_dir, 0, 0)
         return Position()
-    path, header, state = found
-    state = {**state, "collector": collector_for_rank(state.get("collector"), ctx.world)}
-    resumed = resume.restore(ctx.cfg, path, header, state, learner, collector, curriculum)
+    path, header, saved = found
+    saved = {**saved, COLLECTOR: collector_for_rank(saved.get(COLLECTOR), ctx.world)}
+    resumed = resume.restore(ctx.cfg, path, header, saved, state, learner, collector, curriculum)
     if curriculum is not None and resumed.curriculum_restored:
         resume.replay_evaluations(curriculum, ctx.state_dir / RESULTS_FILE, resumed)
     collector.policy.load_state_dict(learner.policy.state_dict())

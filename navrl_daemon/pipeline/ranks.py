@@ -33,7 +33,6 @@ from navrl_daemon.pipeline import resume
 from navrl_daemon.pipeline.coordinator import Found
 from navrl_daemon.rl.data_parallel import DataParallel
 from navrl_daemon.rl.learner import Learner
-from navrl_daemon.rl.snapshot import learner_state, restore_learner
 from navrl_daemon.runtime.distributed import World
 from navrl_daemon.storage.checkpoint import CheckpointDir
 
@@ -145,10 +144,10 @@ class Ranks:
             except Exception as err:
                 self._share_learner_state(None, str(err))
                 raise
-            self._share_learner_state((str(path), learner_state(learner)), None)
+            self._share_learner_state((str(path), learner.state_dict()), None)
             return path
         path_name, state = self._share_learner_state(None, None)
-        restore_learner(learner, state, counters=False)
+        learner.load_state_dict(state, counters=False)
         return Path(path_name)
 
     def _share_learner_state(self, state: Any, error: str | None) -> Any:

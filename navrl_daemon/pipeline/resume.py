@@ -9,6 +9,8 @@ With a curriculum, the collector state also holds its progress: the training env
 rebuilt at the stage it was saved at before the env state is put back. When the env section
 or the seed changed but the stages up to the one reached still train the same
 (`progress_kept`), the progress is kept: the run goes on at its stage, in new episodes.
+What the parts are and how each is put back is rl/run_state.py's; a file found here is
+migrated to today's state format first.
 """
 
 from __future__ import annotations
@@ -32,13 +34,8 @@ from navrl_daemon.rl.collector import Collector
 from navrl_daemon.rl.learner import Learner
 from navrl_daemon.rl.policy import has_own_critic, make_policy
 from navrl_daemon.rl.ppo import make_optimizers
-from navrl_daemon.rl.snapshot import (
-    SNAPSHOT_VERSION,
-    restore_collector,
-    restore_learner,
-    saved_optimizer,
-)
-from navrl_daemon.rl.stage_switch import use_stage
+from navrl_daemon.rl.run_state import COLLECTOR, LEARNER, SNAPSHOT_VERSION, RunState, migrate
+from navrl_daemon.rl.snapshot import saved_optimizer
 from navrl_daemon.storage.checkpoint import (
     REJECTED,
     CheckpointDir,
@@ -205,7 +202,10 @@ def newest_checkpoint(
             files=[p.name for p, _ in moved],
             to=str(directory.path / REJECTED),
         )
-    return found
+    if found is None:
+        return None
+    path, header, state = found
+    return path, header, migrate(state, path)
 
 
 def take_mirror(
@@ -283,22 +283,6 @@ def newest_header(state_dir: Path) -> CheckpointHeader | None:
     return None
 
 
-# Checkpoints from before env.curriculum / env.reset_mode / env.map_levels /
-# env.crossing_share / env.collect_path / env.reach_hold / env.min_level /
-# env.safety_weight existed lack those keys (they ran what the defaults give on the
-# CPU: no curriculum, indexed resets, no density levels, NavRL's border spawns, steps
-# op by op, reaching never ends an episode, levels all the way down, NavRL's reward).
-ENV_BEFORE: dict[str, Any] = {
-    "curriculum": [],
-    "reset_mode": "auto",
-    "map_levels": [],
-    "crossing_share": 0.0,
-    "collect_path": "auto",
-    "reach_hold": 0,
-    "min_level": 0,
-    "safety_weight": 1.0,
-}
-
 # How a run executes, not what it trains: any resume may change these.
 EXECUTION_KEYS = frozenset(
     {
@@ -315,8 +299,9 @@ EXECUTION_KEYS = frozenset(
 def changed_settings(cfg: Config, state: dict[str, Any]) -> list[str]:
     """The task and algorithm keys (env.*, ppo.*, run.seed) whose values in `cfg` differ
     from those the checkpoint `state` was trained with; a key a checkpoint's config
-    lacks counts at the value it meant then (ENV_BEFORE) or today's default. Empty for
-    a checkpoint that carries no config (a warm start)."""
+    lacks counts at today's default (a migrated state has every key that means
+    something else: rl/run_state.py). Empty for a checkpoint that carries no config (a
+    warm start)."""
     saved = state.get("config")
     if not isinstance(saved, dict):
         return []
@@ -324,8 +309,7 @@ def changed_settings(cfg: Config, state: dict[str, Any]) -> list[str]:
     defaults = type(cfg)().model_dump()
     changed = []
     for section in ("env", "ppo"):
-        before = {**defaults[section], **(ENV_BEFORE if section == "env" else {})}
-        then = {**before, **saved.get(section, {})}
+        then = {**defaults[section], **saved.get(section, {})}
         for key, value in now[section].items():
             name = f"{section}.{key}"
             if name not in EXECUTION_KEYS and then.get(key) != value:
@@ -358,19 +342,22 @@ def restore(
     path: Path,
     header: CheckpointHeader,
     state: dict[str, Any],
+    parts: RunState,
     learner: Learner,
     collector: Collector,
     curriculum: Curriculum | None = None,
 ) -> Resumed:
-    """Put `state` into learner and collector; DataError when it does not fit."""
+    """Put `state` (migrated: `newest_checkpoint`) into the run's parts: the learner's
+    half always (a warm start's policy only), the collector's when env config and seed
+    are the ones it was saved with. DataError when the learner's does not fit."""
     kind = state.get("kind")
     if kind not in (FULL, WARM_START):
         raise DataError(f"checkpoint {path}: unknown kind {kind!r}")
     try:
         if kind == WARM_START:
-            learner.policy.load_state_dict(state["learner"]["policy"])
+            learner.policy.load_state_dict(state[LEARNER]["policy"])
         else:
-            restore_learner(learner, state["learner"])
+            parts.restore(LEARNER, state[LEARNER])
     except (KeyError, RuntimeError, ValueError, TypeError) as err:
         raise DataError(f"checkpoint {path}: does not fit this policy: {err}") from None
     threads = header.meta.get("threads")
@@ -383,8 +370,8 @@ def restore(
         )
     env_restored = False
     saved = state.get("config", {})
-    collected = state.get("collector")
-    saved_env = {**ENV_BEFORE, **saved.get("env", {})}
+    collected = state.get(COLLECTOR)
+    saved_env = dict(saved.get("env", {}))
     env_now = cfg.env.model_dump()
     # How a later promotion treats the episodes in flight: not part of the env's state.
     saved_env.pop("stage_switch", None)
@@ -392,11 +379,7 @@ def restore(
     same_env = saved_env == env_now and (saved.get("run", {}).get("seed") == cfg.run.seed)
     if collected is not None and same_env:
         try:
-            if curriculum is not None and "curriculum" in collected:
-                curriculum.load_state_dict(collected["curriculum"])
-                if curriculum.applied != 0:
-                    use_stage(collector, curriculum, curriculum.applied)
-            restore_collector(collector, collected)
+            parts.restore(COLLECTOR, collected)
             env_restored = True
         except (KeyError, RuntimeError, ValueError) as err:
             log.warning("env state not restored: new episodes start", reason=str(err))
@@ -469,7 +452,7 @@ def load_learner(directory: CheckpointDir, learner: Learner) -> Path:
     path, _, state = found
     if state.get("kind") != FULL:
         raise DataError(f"checkpoint {path}: a warm start holds no optimiser state")
-    restore_learner(learner, state["learner"], counters=False)
+    learner.load_state_dict(migrate(state, path)[LEARNER], counters=False)
     return path
 
 

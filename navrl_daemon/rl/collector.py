@@ -4,8 +4,11 @@ No I/O."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -13,10 +16,11 @@ from torchrl.envs import EnvBase
 
 from navrl_daemon.config import Config
 from navrl_daemon.env import check_backend, make_env
-from navrl_daemon.env.contract import collect_path, step_record_bytes
+from navrl_daemon.env.contract import ResumableEnv, collect_path, step_record_bytes
 from navrl_daemon.rl.captured_rollout import rollout_for
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.rl.rollout import EpisodeStats, Rollout, collect, first_step, make_rollout_buffer
+from navrl_daemon.rl.snapshot import flatten, restore_rng, rng_state
 
 
 def rollout_memory(cfg: Config) -> tuple[int, str]:
@@ -69,6 +73,49 @@ class Collector:
         self.td = self.rollout(self.env, self.policy, self.td, buffer, self.sampler)
         self.episodes.add(buffer)
         return time.perf_counter() - t0
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """The env's `state_dict_env`, the running TensorDict the next rollout starts
+        from, the action generator and the process RNGs: copies on the CPU (collecting
+        goes on into the originals). None for an env backend that cannot save its state
+        (a resume then starts new episodes)."""
+        if not isinstance(self.env, ResumableEnv):
+            return None
+        env_state = self.env.state_dict_env()
+        return {
+            # Already the env's own copies (the contract; conformance's replay-after-load
+            # check fails a backend whose saved tensors change as it steps): host only.
+            "env": {k: v.detach().cpu() for k, v in env_state.items()},
+            "td": flatten(self.td),
+            "sampler": self.sampler.get_state(),
+            "rng": rng_state(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Raises ValueError (leaving the collector as it was) when the env does not match."""
+        env = self.env
+        if not isinstance(env, ResumableEnv):
+            raise ValueError(f"{type(env).__name__} is no ResumableEnv: it cannot load env state")
+        current = self.td
+        stored = state["td"]
+        missing = sorted(set(flatten(current)) - set(stored))
+        if missing:
+            raise ValueError(f"env keys {missing} are not in the saved state")
+        td = TensorDict({}, batch_size=current.batch_size, device=current.device)
+        for key, value in stored.items():
+            path = tuple(key.split("/"))
+            if path in current.keys(include_nested=True) and current.get(path).shape != value.shape:
+                raise ValueError(f"env key {key}: saved shape {tuple(value.shape)} differs")
+            td.set(path, value.to(current.device))
+        env.load_state_dict_env(state["env"])
+        self.td = td
+        # No episode counts: the episodes the checkpoint's rollout ended are in its
+        # iteration's history row, and counting them again would report them twice.
+        restore_rng(state["rng"])
+        # A snapshot of another device kind (a CUDA run resumed on a CPU) cannot set it:
+        # the generator then goes on as built.
+        with contextlib.suppress(RuntimeError):
+            self.sampler.set_state(state["sampler"].cpu())
 
     @property
     def capture_error(self) -> str | None:

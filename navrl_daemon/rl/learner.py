@@ -4,8 +4,9 @@ the policy version; `Learner.update(buffer)` runs the PPO update on one rollout.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from tensordict import TensorDictBase
@@ -14,6 +15,7 @@ from navrl_daemon.config import Config, PPOConfig, UpdatePath
 from navrl_daemon.rl import fast_update, ppo, schedules
 from navrl_daemon.rl.data_parallel import DataParallel
 from navrl_daemon.rl.policy import NavRLPolicy
+from navrl_daemon.rl.snapshot import saved_optimizer
 
 # Frames of the rollout the kl_adaptive schedule measures the KL on after each update.
 KL_SAMPLE_ROWS = 1024
@@ -143,6 +145,42 @@ class Learner:
             coef = schedules.entropy_coef(ppo_cfg, frames, span)
             ppo_cfg = ppo_cfg.model_copy(update={"entropy_coef": coef})
         return ppo_cfg
+
+    def state_dict(self) -> dict[str, Any]:
+        """Policy (with its ValueNorm), every optimiser, the minibatch RNG, the policy
+        version and the non-finite streak. References, not copies: stage them
+        (storage/staging.py) before the next update."""
+        return {
+            "policy": self.policy.state_dict(),
+            "optimizers": {k: opt.state_dict() for k, opt in self.optimizers.items()},
+            "generator": self.generator.get_state(),
+            "version": self.version,
+            "nonfinite_streak": self.nonfinite_streak,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any], *, counters: bool = True) -> None:
+        """Load policy, optimisers and minibatch RNG; `counters=False` keeps the version (a
+        rollback continues numbering versions forward). Learning rates come from the
+        config, not the file: a user who changes `ppo.actor_lr` and restarts gets the new
+        one; except under `ppo.lr_schedule = "kl_adaptive"`, where the adapted rates are
+        the run's state and go on from the file's."""
+        self.policy.load_state_dict(state["policy"])
+        lrs = ppo.learning_rates(self.cfg.ppo)
+        adapted = self.cfg.ppo.lr_schedule == "kl_adaptive"
+        for name, opt in self.optimizers.items():
+            saved = saved_optimizer(state, name)
+            if saved is None:  # a new own critic: fresh moments, at the critic's rate
+                opt.state.clear()  # (a rollback to such a file drops the ones trained since)
+                for group in opt.param_groups:
+                    group["lr"] = self.optimizers["critic"].param_groups[0]["lr"]
+                continue
+            opt.load_state_dict(saved)
+            for group in opt.param_groups if not adapted else ():
+                group["lr"] = lrs[name]
+        self.generator.set_state(state["generator"].cpu())
+        if counters:
+            self.version = int(state["version"])
+        self.nonfinite_streak = 0
 
     def weights(self) -> dict[str, torch.Tensor]:
         """A detached copy of the current weights, safe to hand to another thread."""

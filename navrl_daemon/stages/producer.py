@@ -40,7 +40,7 @@ from navrl_daemon.pipeline.coordinator import Coordinator
 from navrl_daemon.pipeline.curriculum import CurriculumFollower, NoCurriculum
 from navrl_daemon.pipeline.messages import FinalCollectorState, PolicyWeights, Rollout
 from navrl_daemon.rl.collector import Collector
-from navrl_daemon.rl.snapshot import collector_state
+from navrl_daemon.rl.run_state import COLLECTOR, RunState
 from navrl_daemon.runtime.channels import Receiver, Sender
 from navrl_daemon.runtime.compute import ComputeThread
 from navrl_daemon.runtime.leases import Lease, LeasePool
@@ -71,6 +71,8 @@ class ProducerContext:
     curriculum: CurriculumFollower | NoCurriculum
     shutdown: Shutdown
     compute: ComputeThread
+    # The run's stateful parts: the producer captures the collector's half of them.
+    state: RunState
     # The trainer's CUDA stream of its own, if it has one: rollouts are handed over on it.
     trainer_stream: TrainerStream = field(default_factory=TrainerStream)
 
@@ -120,6 +122,7 @@ class RolloutProducer:
         self.final_state = final_state
         self.shutdown = context.shutdown
         self.compute = context.compute
+        self.state = context.state
         # Once a rollout capture failed (`env.collect_path = auto`), every rollout is
         # collected op by op: the same rollouts, several times slower on a GPU.
         self._capture_failure = FirstError(
@@ -209,12 +212,8 @@ class RolloutProducer:
         return stop
 
     def collector_state(self) -> dict[str, Any] | None:
-        """The collector's state for a checkpoint, with the curriculum's progress."""
-        state = collector_state(self.collector)
-        progress = self.curriculum.state_dict()
-        if state is not None and progress is not None:
-            state["curriculum"] = progress
-        return state
+        """The collector's half of the run's state (env, RNGs, curriculum progress)."""
+        return self.state.capture(COLLECTOR)
 
     async def _catch_up(self) -> bool:
         """Load the newest weights; wait while ours are older than the lag allows."""

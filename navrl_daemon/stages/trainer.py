@@ -47,7 +47,7 @@ from navrl_daemon.pipeline.cadence import Cadence
 from navrl_daemon.pipeline.export import export_policy
 from navrl_daemon.pipeline.messages import FinalCollectorState, PolicyWeights, Rollout, Snapshot
 from navrl_daemon.rl.learner import Learner, NonFiniteTraining
-from navrl_daemon.rl.snapshot import learner_state
+from navrl_daemon.rl.run_state import COLLECTOR, LEARNER, RunState
 from navrl_daemon.runtime.channels import Receiver, Sender
 from navrl_daemon.runtime.compute import ComputeThread
 from navrl_daemon.runtime.streams import TrainerStream
@@ -82,6 +82,8 @@ class TrainerContext:
     cadence: Cadence
     shutdown: Shutdown
     compute: ComputeThread
+    # The run's stateful parts: the trainer captures the learner's half of them.
+    state: RunState
     # None: export nothing (a rank other than 0, whose policy is rank 0's).
     export_path: Path | None
     start_frames: int = 0
@@ -134,6 +136,7 @@ class Trainer:
         self.on_iteration = events.on_iteration
         self.shutdown = context.shutdown
         self.compute = context.compute
+        self.state = context.state
         self._rollbacks: dict[Path, int] = {}
         # Held while the weights change, so a flush never reads a half-stepped policy.
         self._weights_lock = threading.Lock()
@@ -182,14 +185,14 @@ class Trainer:
 
         def stage() -> Any:  # on the trainer's stream: ordered before its next update
             with self._weights_lock, self.stream.on():
-                return ckpt.staging.stage({"learner": learner_state(self.learner)})
+                return ckpt.staging.stage({LEARNER: self.state.capture(LEARNER)})
 
         t0 = time.perf_counter()
         staged = await self.compute.run(stage)
         ckpt.on_stall(time.perf_counter() - t0)
         staged.state.update(ckpt.static, frames=self.frames)
         if collected is not None:
-            staged.state["collector"] = collected
+            staged.state[COLLECTOR] = collected
         ckpt.last_version = self.learner.version
         await ckpt.snapshots.send(Snapshot(self.learner.version, self.frames, staged, final))
 

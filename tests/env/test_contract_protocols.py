@@ -29,9 +29,9 @@ from navrl_daemon.env.navigation import NavigationEnv
 from navrl_daemon.errors import UsageError
 from navrl_daemon.pipeline.resume import keep_levels
 from navrl_daemon.rl import captured_rollout, evaluate
+from navrl_daemon.rl.collector import Collector
 from navrl_daemon.rl.graphs import SameObjects
 from navrl_daemon.rl.policy import NavRLPolicy
-from navrl_daemon.rl.snapshot import collector_state, restore_collector
 from navrl_daemon.rl.stage_switch import use_stage
 
 CFG = EnvConfig(
@@ -115,9 +115,9 @@ def test_conformance_skips_what_a_backend_does_not_declare() -> None:
 
 def test_without_resumable_state_a_checkpoint_holds_no_env_and_restores_none() -> None:
     collector = SimpleNamespace(env=Bare(), td=None)
-    assert collector_state(collector) is None  # type: ignore[arg-type]
+    assert Collector.state_dict(collector) is None  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="no ResumableEnv"):
-        restore_collector(collector, {"td": {}, "env": {}})  # type: ignore[arg-type]
+        Collector.load_state_dict(collector, {"td": {}, "env": {}})  # type: ignore[arg-type]
 
 
 def stage_switch(old: EnvBase, new: EnvBase) -> tuple[bool, SimpleNamespace]:

@@ -16,7 +16,6 @@ from navrl_daemon.errors import ConfigError
 from navrl_daemon.rl import ppo, schedules
 from navrl_daemon.rl.learner import Learner
 from navrl_daemon.rl.policy import NavRLPolicy
-from navrl_daemon.rl.snapshot import learner_state, restore_learner
 from tests.conftest import navrl_cli
 from tests.test_resume import exported
 from tests.test_resume import run as run_daemon
@@ -153,10 +152,10 @@ def test_a_learner_restored_from_a_snapshot_continues_the_schedule_exactly(
 ) -> None:
     cfg = config(*LINEAR)
     original = trained(cfg, start, batch, updates=2)
-    saved = copy.deepcopy(learner_state(original))
+    saved = copy.deepcopy(original.state_dict())
 
     resumed = Learner.build(cfg, copy.deepcopy(start), "cpu")
-    restore_learner(resumed, saved)
+    resumed.load_state_dict(saved)
     assert resumed.apply_schedules() == original.apply_schedules()
     assert lrs(resumed) == lrs(original)
     for _ in range(2):
@@ -268,7 +267,7 @@ def test_a_learner_restored_from_a_snapshot_keeps_its_adapted_rates(
     cfg = config(*KL, "ppo.desired_kl=1.0")
     original = trained(cfg, start, batch, updates=2)
     resumed = Learner.build(cfg, copy.deepcopy(start), "cpu")
-    restore_learner(resumed, copy.deepcopy(learner_state(original)))
+    resumed.load_state_dict(copy.deepcopy(original.state_dict()))
     assert lrs(resumed) == lrs(original) != ppo.learning_rates(cfg.ppo)
     for _ in range(2):
         assert original.update(batch) == resumed.update(batch)

@@ -12,14 +12,8 @@ import torch
 
 from navrl_daemon.config import load_config
 from navrl_daemon.rl.learner import NonFiniteTraining
-from navrl_daemon.rl.snapshot import (
-    collector_state,
-    learner_state,
-    restore_collector,
-    restore_learner,
-    restore_rng,
-    rng_state,
-)
+from navrl_daemon.rl.run_state import training_state
+from navrl_daemon.rl.snapshot import restore_rng, rng_state
 from navrl_daemon.rl.training import Training
 from navrl_daemon.storage.staging import SnapshotStaging
 from tests.conftest import TINY, trainer_for
@@ -47,16 +41,16 @@ def test_restored_training_continues_bit_for_bit() -> None:
     a = Training.build(cfg, "cpu")
     for _ in range(2):
         a.step()
-    learner = copy.deepcopy(learner_state(a.learner))  # references → copies, as staging does
-    collector = collector_state(a.collector)  # already copies
+    learner = copy.deepcopy(a.learner.state_dict())  # references → copies, as staging does
+    collector = a.collector.state_dict()  # already copies
     for _ in range(2):
         a.step()
     expected = params(a)
 
     b = Training.build(cfg, "cpu")  # a fresh process would build exactly this
     b.step()  # and has done something else meanwhile
-    restore_learner(b.learner, learner)
-    restore_collector(b.collector, collector)
+    b.learner.load_state_dict(learner)
+    b.collector.load_state_dict(collector)
     assert b.learner.version == 2
     for _ in range(2):
         b.step()
@@ -67,9 +61,9 @@ def test_restored_training_continues_bit_for_bit() -> None:
 def test_restored_learning_rates_come_from_the_config() -> None:
     a = Training.build(tiny(), "cpu")
     a.step()
-    saved = copy.deepcopy(learner_state(a.learner))
+    saved = copy.deepcopy(a.learner.state_dict())
     b = Training.build(tiny("ppo.actor_lr=1e-5"), "cpu")
-    restore_learner(b.learner, saved)
+    b.learner.load_state_dict(saved)
     assert b.learner.optimizers["actor"].param_groups[0]["lr"] == 1e-5
     assert b.learner.optimizers["critic"].param_groups[0]["lr"] == 1e-5
     assert b.learner.optimizers["feature_extractor"].param_groups[0]["lr"] == 5e-4
@@ -77,11 +71,11 @@ def test_restored_learning_rates_come_from_the_config() -> None:
 
 def test_collector_state_of_another_env_layout_is_refused_untouched() -> None:
     a = Training.build(tiny(), "cpu")
-    saved = collector_state(a.collector)
+    saved = a.collector.state_dict()
     b = Training.build(tiny("env.num_envs=4"), "cpu")
     before = b.collector.td.clone()
     with pytest.raises(ValueError, match="shape"):
-        restore_collector(b.collector, saved)
+        b.collector.load_state_dict(saved)
     assert (b.collector.td == before).all()
 
 
@@ -93,11 +87,11 @@ def test_trainer_rolls_back_to_the_checkpoint_and_training_goes_on(tmp_path: Pat
 
     training = Training.build(tiny("ppo.max_nonfinite_updates=0"), "cpu")
     training.step()
-    good = copy.deepcopy(learner_state(training.learner))
+    good = copy.deepcopy(training.learner.state_dict())
     loaded: list[str] = []
 
     def rollback(learner) -> Path:
-        restore_learner(learner, good, counters=False)
+        learner.load_state_dict(good, counters=False)
         loaded.append("ckpt")
         return tmp_path / "ckpt-000000001.nrc"
 
@@ -202,6 +196,7 @@ def test_a_finished_trainer_leaves_no_copier_thread_behind() -> None:
             cadence=Cadence(frames_per_iteration=64, total_frames=0, checkpoint_interval=1),
             shutdown=Shutdown(),
             compute=compute,
+            state=training_state(training.learner, training.collector, None),
             export_path=None,
         ),
         checkpoints=Checkpointing(snapshots.sender(), staging, static={}),

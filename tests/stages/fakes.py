@@ -10,7 +10,10 @@ import torch
 from tensordict import TensorDict
 
 from navrl_daemon.pipeline.coordinator import SingleProcess
+from navrl_daemon.rl.collector import Collector
+from navrl_daemon.rl.learner import Learner
 from navrl_daemon.rl.rollout import EpisodeStats
+from navrl_daemon.rl.run_state import COLLECTOR, LEARNER, RunState
 
 
 class CountingEnv:
@@ -43,11 +46,23 @@ class FakeCollector:
         self.sampler = torch.Generator()  # where actions are drawn from (a checkpoint saves it)
         self.capture_error: str | None = None  # why a captured rollout fell back, if it did
 
+    state_dict = Collector.state_dict  # what the real one saves, of what the fake holds
+
     def collect(self, buffer: TensorDict) -> float:
         self.env.rollouts += 1
         buffer["rollout"].fill_(self.env.rollouts)
         buffer["weight"].fill_(float(self.policy.weight.item()))
         return 0.001
+
+
+def run_state(learner: Any = None, collector: Any = None) -> RunState:
+    """The run's parts as the daemon wires them, of a fake learner and collector."""
+    state = RunState()
+    if learner is not None:
+        state.add(LEARNER, None, learner)
+    if collector is not None:
+        state.add(COLLECTOR, None, collector)
+    return state
 
 
 def rollout_buffer() -> TensorDict:
@@ -69,6 +84,8 @@ class FakeLearner:
         self.update_path = "eager"
         self.ppo_update = type("Eager", (), {"capture_error": None})()
         self.seen: list[float] = []
+
+    state_dict = Learner.state_dict
 
     def update(self, buffer: TensorDict, abort: Any = None, release: Any = None) -> dict:
         first = float(buffer["rollout"][0])

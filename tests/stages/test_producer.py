@@ -25,7 +25,7 @@ from navrl_daemon.runtime.compute import ComputeThread
 from navrl_daemon.runtime.leases import Lease, LeasePool
 from navrl_daemon.runtime.supervisor import Shutdown
 from navrl_daemon.stages.producer import ProducerContext, RolloutProducer
-from tests.stages.fakes import FakeCollector, VotingCoordinator, rollout_buffer
+from tests.stages.fakes import FakeCollector, VotingCoordinator, rollout_buffer, run_state
 
 FRAMES = 32  # per rollout
 
@@ -77,6 +77,7 @@ class Run:
                 curriculum=NoCurriculum(),
                 shutdown=self.shutdown,
                 compute=self.compute,
+                state=run_state(collector=self.collector),
             ),
             archive=self.archive.sender() if self.archive else None,
             final_state=self.final.sender(),

@@ -33,7 +33,7 @@ from navrl_daemon.stages.trainer import (
 )
 from navrl_daemon.storage.checkpoint import CheckpointDir, encode_checkpoint
 from navrl_daemon.storage.staging import SnapshotStaging
-from tests.stages.fakes import FakeLearner, rollout_buffer
+from tests.stages.fakes import FakeLearner, rollout_buffer, run_state
 
 FRAMES = 32
 
@@ -78,6 +78,7 @@ class Run:
                 ),
                 shutdown=Shutdown(),
                 compute=self.compute,
+                state=run_state(learner=self.learner),
                 export_path=self.export,
             ),
             evaluations=self.evaluations.sender(),
