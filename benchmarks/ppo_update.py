@@ -218,7 +218,9 @@ def count_flops(num_envs: int, cfg: PPOConfig, device: torch.device) -> dict[str
     rows = flat.shape[0] // cfg.minibatches
     counter = FlopCounterMode(display=False)
     with counter:
-        ppo.minibatch_step(policy, optimizers, flat[:rows], cfg, cfg.entropy_coef)
+        mb = flat[:rows]
+        losses = ppo.tensor_losses(policy, *ppo.loss_inputs(mb), cfg.entropy_coef, cfg)
+        ppo.minibatch_step(policy, optimizers, mb, cfg, losses)
     step = counter.get_total_flops()
     lidar = observation(flat[:rows])[1]
     if cfg.mirror:
@@ -276,7 +278,8 @@ def step_split(
     cnn_out = torch.randn(lidar.shape[0], 128, device=device)
 
     def whole() -> None:
-        ppo.minibatch_step(policy, optimizers, mb, cfg, cfg.entropy_coef)
+        losses = ppo.tensor_losses(policy, *ppo.loss_inputs(mb), cfg.entropy_coef, cfg)
+        ppo.minibatch_step(policy, optimizers, mb, cfg, losses)
         for opt in optimizers.values():
             opt.step()
 

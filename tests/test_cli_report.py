@@ -198,9 +198,11 @@ def test_report_of_a_real_run_loads_in_chromium(
     page = chromium.open(out / "report.html")
     (tmp_path / "screenshot.png").write_bytes(page["screenshot"])
     assert page["screenshot"].startswith(PNG_SIGNATURE) and len(page["screenshot"]) > 10_000
-    # 4 learning-curve images, the trajectory plot and the episode video (an animated GIF),
-    # every one decoded by the browser.
-    assert len(page["images"]) == 6, page["images"]
+    # 5 learning-curve images (the update's statistics other than losses and gradient norms
+    # in update.png), the trajectory plot and the episode video (an animated GIF), every one
+    # decoded by the browser.
+    assert len(page["images"]) == 7, page["images"]
+    assert str(out / "update.png") in doc["images"]
     assert str(out / "episodes.gif") in doc["images"]
     # The run has moving obstacles (TINY's 8): the captions say what the purple is.
     assert "moving obstacles in purple" in (out / "report.html").read_text()

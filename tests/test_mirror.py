@@ -28,7 +28,7 @@ from tests.test_resume import FRAMES_PER_ITERATION, exported, run
 COMMON = ("eval.interval=2", "checkpoint.interval=3")
 # What an evaluation found and what an update did: no clock in them.
 EVALUATED = ("iteration", "frames", "episodes", "return", "reach_goal", "collision")
-TRAINED = ("iteration", "frames", "actor_loss", "critic_loss", "entropy")
+TRAINED = ("iteration", "frames", "actor_loss", "critic_loss", "entropy_loss")
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from typing import Any
 
 from navrl_daemon.ops.intervals import interval_of, interval_text
 from navrl_daemon.ops.plots import RATIO_YLIM, Panel, Series, curves_plot
+from navrl_daemon.ops.statistics import GRAD_NORM_SUFFIX, LOSS_SUFFIX, update_statistics
 from navrl_daemon.rl.evaluate import eval_rank
 
 
@@ -50,12 +51,18 @@ _EPISODE_KEYS = ("train_reach_goal", "train_collision", "train_return", "train_e
 def learning_curves(
     history: Sequence[dict[str, Any]], evals: Sequence[dict[str, Any]]
 ) -> dict[str, bytes]:
-    """PNG per group, by file name: outcomes, losses, throughput, checkpoints."""
+    """PNG per group, by file name: outcomes, losses, the update's other statistics,
+    throughput, checkpoints."""
     frames = [r.get("frames") for r in history]
     eval_frames = [r.get("frames") for r in evals]
     marks = _resume_marks(history)
     pooled = pool_episodes(history, MIN_EPISODES_PER_POINT)
     pooled_frames = [frames_at for frames_at, _ in pooled]
+    # Every statistic any row holds, in the order the update gave them.
+    named = list(dict.fromkeys(k for row in history for k in update_statistics(row)))
+    losses = [k for k in named if k.endswith(LOSS_SUFFIX)]
+    norms = [k for k in named if k.endswith(GRAD_NORM_SUFFIX)]
+    others = [k for k in named if k not in losses and k not in norms]
 
     def train(key: str, label: str) -> Series:
         return Series(label, frames, [_number(r.get(key)) for r in history])
@@ -96,18 +103,25 @@ def learning_curves(
             ],
             marks=marks,
         ),
+        # What the update reported, by the names it gave (ops/statistics.py).
         "losses.png": curves_plot(
             [
-                Panel("actor loss", [train("actor_loss", "actor")]),
-                Panel("critic loss", [train("critic_loss", "critic")]),
-                Panel("entropy loss (-entropy_coef × entropy)", [train("entropy", "entropy")]),
+                *(
+                    Panel(f"{key.removesuffix(LOSS_SUFFIX)} loss", [train(key, key)])
+                    for key in losses
+                ),
                 Panel(
                     "gradient norm (before clipping)",
-                    [train("actor_grad_norm", "actor"), train("critic_grad_norm", "critic")],
+                    [train(key, key.removesuffix(GRAD_NORM_SUFFIX)) for key in norms],
                     from_zero=True,
                 ),
             ],
             marks=marks,
+        ),
+        **(
+            {"update.png": curves_plot([Panel(k, [train(k, k)]) for k in others], marks=marks)}
+            if others
+            else {}
         ),
         "throughput.png": curves_plot(
             [
@@ -209,7 +223,9 @@ def render_html(records: RunRecords, images: dict[str, bytes]) -> str:
         "outcomes.png": "Training episodes (lines: each point pools consecutive summary "
         f"windows until at least {MIN_EPISODES_PER_POINT} episodes finished, weighted by "
         "episodes) and evaluations (dots) against frames trained; dotted lines mark resumes.",
-        "losses.png": "PPO losses and gradient norms, mean over each summary window.",
+        "losses.png": "The update's loss terms and gradient norms, mean over each summary window.",
+        "update.png": "The update's other statistics (KL, the policy's entropy, the critic's "
+        "fit, learning rate, steps), mean over each summary window.",
         "throughput.png": "Training throughput and the policy lag of the rollouts.",
         "checkpoints.png": "Time training was held up taking checkpoint snapshots, and the "
         "size of the last checkpoint written.",

@@ -21,9 +21,13 @@ from typing import Any
 import structlog
 from tqdm import tqdm
 
+from navrl_daemon.ops.statistics import grad_norms, loss_terms, other_statistics, update_statistics
+
 # Fewer finished episodes than this in a window: its means are flagged as noisy.
 FEW_EPISODES = 10
 WIDTH = 92
+# The update's statistics per line of a summary block (each cell is 16 wide or more).
+CELLS_PER_ROW = 4
 
 
 class BarAwareStderr:
@@ -211,30 +215,16 @@ def progress_table(s: dict[str, Any], earlier: Outcomes | None = None) -> str:
                 f"length {_num(s.get('train_episode_len'))} steps",
             )
         )
-    losses = [
-        f"{label} {_num(s[key])}"
-        for key, label in (
-            ("actor_loss", "actor"),
-            ("critic_loss", "critic"),
-            # ppo's `entropy` is the loss's term, -entropy_coef x the policy's entropy
-            ("entropy", "entropy loss"),
-            ("bc_loss", "bc"),
-        )
-        if key in s
-    ]
-    if losses:
-        lines.append(_row("losses", *losses))
-    grads = [
-        f"{label} {_num(s[key])}"
-        for key, label in (
-            ("actor_grad_norm", "actor"),
-            ("critic_grad_norm", "critic"),
-            ("explained_var", "explained var"),
-        )
-        if key in s
-    ]
-    if grads:
-        lines.append(_row("grad norm", *grads))
+    # What the update reported, by the names it gave (ops/statistics.py).
+    stats = update_statistics(s)
+    for label, group in (
+        ("losses", loss_terms(stats)),
+        ("grad norm", grad_norms(stats)),
+        ("update", other_statistics(stats)),
+    ):
+        cells = [f"{name} {_num(value)}" for name, value in group.items()]
+        for start in range(0, len(cells), CELLS_PER_ROW):
+            lines.append(_row(label if start == 0 else "", *cells[start : start + CELLS_PER_ROW]))
     if s.get("rolled_back"):
         lines.append(_row("ROLLED BACK", "to the newest valid checkpoint (see the log above)"))
     return "\n".join(lines)

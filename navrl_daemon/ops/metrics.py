@@ -6,7 +6,8 @@ build as many as they like and nothing lands in the client's global registry. Se
 dashboard or an alert reads exist from the start (counters at 0, every `term`, `kind` and
 `state`; "last value" gauges read NaN until their first value, never a misleading 0), so
 PromQL has data before the first event. Labels are bounded: stage, phase,
-queue, pool, term, group, kind, state; never an iteration or a path.
+queue, pool, term, group, name (the update's statistics), kind, state; never an iteration
+or a path.
 
 Queue and lease-pool series are read from the registered objects at scrape time, and GPU
 memory from torch.cuda, so the hot paths only ever touch counters and gauges. Scrapes run
@@ -37,6 +38,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from navrl_daemon.ops.intervals import interval_of
+from navrl_daemon.ops.statistics import grad_norms, loss_terms, other_statistics
+from navrl_daemon.rl.ppo import STAT_NAMES
 
 # "finished": run.total_frames reached (the daemon keeps serving for metrics.final_scrape_s
 # so Prometheus sees it, and the down alert can tell a finished run from a crash).
@@ -52,19 +55,12 @@ POLICY_LAG_BUCKETS = (0, 1, 2, 4, 8)
 # export/*.pt.
 WRITTEN_FILES = ("eval_results", "history", "export")
 
-# PPO's loss dict (rl/ppo.py STAT_NAMES) → (metric, label value).
-# "bc": the behaviour-cloning loss of an offline objective (x bc_coef under "ppo+bc").
-_LOSS_TERMS = {
-    "actor_loss": "actor",
-    "critic_loss": "critic",
-    "entropy": "entropy",
-    "bc_loss": "bc",
-}
-_GRAD_GROUPS = {
-    "actor_grad_norm": "actor",
-    "critic_grad_norm": "critic",
-    "feature_extractor_grad_norm": "feature_extractor",
-}
+# The update's statistics exported before the first update (NaN): PPO's, and "bc_loss",
+# the behaviour-cloning loss of an offline objective (x bc_coef under "ppo+bc"). Any other
+# the update returns is exported from its first value on, by its name (ops/statistics.py).
+EXPECTED_STATISTICS = (*STAT_NAMES, "bc_loss")
+# Counted, not gauged: steps the update left out.
+_COUNTED = ("kl_stopped_steps", "nonfinite_updates")
 # Episode stats (env STAT_KEYS) → (training metric, evaluation metric, what it says).
 _EPISODE_STATS = {
     "reach_goal": ("reach_goal_ratio", "reach_goal_ratio", "share that reached the goal"),
@@ -191,6 +187,15 @@ class Metrics:
             "navrl_policy_kl",
             "KL from the rollout's policy, mean over the last update's applied minibatch "
             "steps, each measured before its step; NaN before the first.",
+            registry=r,
+        )
+        # Statistics with a series of their own, kept for the dashboards that read them.
+        self._own_series = {"explained_var": self.explained_variance, "kl": self.policy_kl}
+        self.update_statistic = Gauge(
+            "navrl_update_statistic",
+            "Every other statistic of the last update, by the name the update gives it "
+            "(the policy's entropy, value moves, learning rate, ...); NaN before the first.",
+            ["name"],
             registry=r,
         )
         self.kl_stopped_steps_total = Counter(
@@ -413,13 +418,10 @@ class Metrics:
             *self.episode.values(),
             *self.eval.values(),
             *self.eval_reach_goal_bounds.values(),
-            self.explained_variance,
-            self.policy_kl,
         ]
-        nothing_yet += [self.loss.labels(term=term) for term in _LOSS_TERMS.values()]
-        nothing_yet += [self.grad_norm.labels(group=group) for group in _GRAD_GROUPS.values()]
         for gauge in nothing_yet:
             gauge.set(math.nan)
+        self._update_gauges(dict.fromkeys(EXPECTED_STATISTICS, math.nan))
         for kind in ("raw", "stored"):
             self.checkpoint_bytes.labels(kind=kind)
             self.archive_bytes_total.labels(kind=kind)
@@ -438,22 +440,14 @@ class Metrics:
         losses: dict[str, float],
         now: float | None = None,
     ) -> None:
-        """One completed training iteration; `losses` as returned by `ppo.update` (keys
-        missing from it leave their series as they were). `now` is Unix time."""
+        """One completed training iteration; `losses`: the update's named statistics, as
+        `Learner.update` returns them, each exported by its name (statistics missing from
+        it leave their series as they were). `now` is Unix time."""
         self.iterations_total.inc()
         self.frames_total.inc(frames_delta)
         self.policy_version.set(policy_version)
         self.policy_lag.observe(policy_lag)
-        for key, term in _LOSS_TERMS.items():
-            if key in losses:
-                self.loss.labels(term=term).set(losses[key])
-        for key, group in _GRAD_GROUPS.items():
-            if key in losses:
-                self.grad_norm.labels(group=group).set(losses[key])
-        if "explained_var" in losses:
-            self.explained_variance.set(losses["explained_var"])
-        if "kl" in losses:
-            self.policy_kl.set(losses["kl"])
+        self._update_gauges({k: v for k, v in losses.items() if k not in _COUNTED})
         self.kl_stopped_steps_total.inc(losses.get("kl_stopped_steps", 0))
         self.nonfinite_updates_total.inc(losses.get("nonfinite_updates", 0))
         self.last_iteration_timestamp.set(time.time() if now is None else now)
@@ -465,6 +459,18 @@ class Metrics:
             # Iteration to iteration; the first one also timed start-up, so it sets none.
             self.frames_per_second.set(frames_delta / (at - self._last_iteration_at))
         self._last_iteration_at = at
+
+    def _update_gauges(self, stats: dict[str, float]) -> None:
+        """The update's statistics by name: loss terms as navrl_loss{term}, gradient norms
+        as navrl_grad_norm{group}, the rest under their own series or
+        navrl_update_statistic{name}."""
+        for term, value in loss_terms(stats).items():
+            self.loss.labels(term=term).set(value)
+        for group, value in grad_norms(stats).items():
+            self.grad_norm.labels(group=group).set(value)
+        for name, value in other_statistics(stats).items():
+            own = self._own_series.get(name)
+            (own or self.update_statistic.labels(name=name)).set(value)
 
     def episodes(self, stats: dict[str, float]) -> None:
         """Means of the training episodes finished in a window (`EpisodeStats.take()`);

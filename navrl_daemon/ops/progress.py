@@ -72,6 +72,8 @@ class ProgressLog:
         self.bar: tqdm | None = None  # drawn from `starts_at` (or the first record) on
         self.phase_labels = phase_labels or {}
         self._running: dict[str, float] = {}  # phase -> when it started
+        self._done: dict[str, tuple[int, int]] = {}  # phase -> (steps done, of total)
+        self._noted: dict[str, float] = {}  # phase -> when its progress was last logged
         self._last: dict[str, float] = {}  # phase -> its seconds in the last iteration
         self.starts_at(start_frames)
 
@@ -100,24 +102,46 @@ class ProgressLog:
     def phase(self, name: str, running: bool) -> None:
         """`name` ("collect", "update") starts or ends; from any thread."""
         if running:
-            self._running[name] = time.perf_counter()
+            self._running[name] = self._noted[name] = time.perf_counter()
         else:
             self._running.pop(name, None)
+            self._done.pop(name, None)
+
+    def phase_progress(self, name: str, done: int, total: int) -> None:
+        """`done` of the running phase's `total` steps are done (the update's minibatch
+        steps); from any thread."""
+        self._done[name] = (done, total)
 
     def tick(self) -> None:
-        """Redraw the bar's note: each running phase's time so far beside the last one's
-        (`collecting 128 steps 0:41 of ~1:20`). Nothing off a terminal."""
+        """Redraw the bar's note: each running phase's steps done and time so far beside
+        the last one's (`updating 4×16 minibatches 37/64 0:41 of ~1:20`). Off a terminal,
+        a phase running longer than `summary_seconds` logs its steps done that often."""
+        now = time.perf_counter()
         if not _on_terminal():
+            self._log_long_phases(now)
             return
         if self.bar is None:
             self.bar = self._bar()
-        now = time.perf_counter()
         notes = []
         for name, since in list(self._running.items()):
             last = self._last.get(name)
             of = f" of ~{_clock(last)}" if last else ""
-            notes.append(f"{self.phase_labels.get(name, name)} {_clock(now - since)}{of}")
+            steps = self._done.get(name)  # read once: another thread may end the phase
+            done = f"{steps[0]}/{steps[1]} " if steps else ""
+            label = self.phase_labels.get(name, name)
+            notes.append(f"{label} {done}{_clock(now - since)}{of}")
         self.bar.set_postfix_str(" · ".join(notes), refresh=True)
+
+    def _log_long_phases(self, now: float) -> None:
+        if not self.summary_seconds:
+            return
+        for name, since in list(self._running.items()):
+            steps = self._done.get(name)
+            if steps is None or now - self._noted.get(name, since) < self.summary_seconds:
+                continue
+            self._noted[name] = now
+            done, total = steps
+            log.info(f"{name} in progress", done=done, total=total, seconds=round(now - since))
 
     def summarise(self) -> dict[str, Any] | None:
         if not self.window:

@@ -3,7 +3,8 @@
 The scalars are those of `history.jsonl` (every number of each row, at step = the row's
 frames, with its wall time) and of `eval/results.jsonl` (under `eval/`), so TensorBoard,
 the report and the history never disagree. Tags are grouped the way a reader looks for
-them: `train/`, `loss/`, `throughput/`, `checkpoint/`, `eval/`, `run/`; W&B (ops/wandb_log.py)
+them: `train/`, `loss/` (everything the update reported, by its name), `throughput/`,
+`checkpoint/`, `eval/`, `run/`; W&B (ops/wandb_log.py)
 gets the same tags. With `log.video_interval`, evaluation videos go in as `eval/video`.
 
 A resumed run re-trains the iterations after its checkpoint; the writer is opened with
@@ -22,23 +23,14 @@ from typing import Any
 
 import structlog
 
+from navrl_daemon.ops.statistics import is_row_field
+
 log = structlog.get_logger("tensorboard")
 
 LOG_DIR = "tensorboard"
 FLUSH_S = 30  # the writer thread flushes at least this often; close() flushes the rest
 VIDEO_TAG = "eval/video"  # an evaluation's video (`log.video_interval`), in TensorBoard and W&B
 
-_LOSSES = {
-    "actor_loss",
-    "critic_loss",
-    "entropy",
-    "bc_loss",
-    "explained_var",
-    "actor_grad_norm",
-    "critic_grad_norm",
-    "value_shift",
-    "value_clipped",
-}
 _THROUGHPUT = {"frames_per_second", "policy_lag"}
 _NOT_SCALARS = {"frames", "time"}  # the step and the wall time of every point
 
@@ -49,13 +41,13 @@ def history_tag(key: str) -> str | None:
         return None
     if key.startswith("train_"):
         return f"train/{key.removeprefix('train_')}"
-    if key in _LOSSES:
-        return f"loss/{key}"
     if key in _THROUGHPUT or key.startswith("busy_"):
         return f"throughput/{key}"
     if key.startswith("checkpoint_"):
         return f"checkpoint/{key.removeprefix('checkpoint_')}"
-    return f"run/{key}"
+    if is_row_field(key):
+        return f"run/{key}"
+    return f"loss/{key}"  # what the update reported, whatever its name (ops/statistics.py)
 
 
 def scalars(row: dict[str, Any]) -> dict[str, float]:

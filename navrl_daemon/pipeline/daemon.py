@@ -422,6 +422,7 @@ def _trainer(
             on_iteration=telemetry.iteration,
             on_export_failed=functools.partial(telemetry.metrics.write_failed, "export"),
             on_phase=telemetry.progress.phase,
+            on_phase_progress=telemetry.progress.phase_progress,
         ),
     )
 

@@ -29,17 +29,18 @@ Adam): tests/rl/test_fast_update.py holds them to that on the CPU, and on a GPU 
 is one. Optimiser param_groups keep the eager path's plain values between updates (floats
 for `lr`, `fused`/`capturable` off), so checkpoints are the same whichever path wrote them.
 
-Every path runs the same minibatch step (`ppo.minibatch_step`: the named loss terms,
-an update's extra terms among them, backward and clips); the paths differ in how the
-optimisers step and how the statistics reach the host. The fast paths cover uniform frame
+Every path runs the same losses and minibatch step (`ppo.tensor_losses`, then
+`ppo.minibatch_step`: an update's extra terms, backward and clips); the paths differ in how
+the optimisers step and how the statistics reach the host. The fast paths cover uniform frame
 minibatches in one process, and an extra term (`aux_loss`) everywhere but in a CUDA graph,
 which would not see the data the host hands such a term. `resolve` picks the eager path
 for anything else, and for `auto` on a CPU, where there is no launch overhead to save
 (benchmarks/throughput.py and ppo_update.py measure both; docs/throughput.md). The rule
 itself is `resolve_update_path` (config/update_path.py), the one place that decides whether a path
-can run. `build_update` makes a learner's update once, from the path resolved for what
-the learner is built with: an `EagerUpdate` (ppo.update, which takes a reducer, an extra
-loss term and any minibatch source) or a `FastUpdate`.
+can run. `build_update` makes a learner's fast update once, from the path resolved for
+what the learner is built with: a `FastUpdate`, or None where the path is "eager" (the
+learner then calls ppo.update, which takes a reducer, an extra loss term and any
+minibatch source).
 """
 
 from __future__ import annotations
@@ -91,9 +92,9 @@ def build_update(
     reducer: DataParallel | None = None,
     aux_loss: AuxLoss | None = None,
     minibatches: ppo.MinibatchSource = ppo.frame_minibatches,
-) -> EagerUpdate | FastUpdate:
-    """A learner's update, its path resolved once: ConfigError (exit 78) if
-    `cfg.update_path` cannot run with these."""
+) -> FastUpdate | None:
+    """A learner's fast update, its path resolved once (None: the eager path, ppo.update):
+    ConfigError (exit 78) if `cfg.update_path` cannot run with these."""
     why_not = None
     if reducer is not None:
         why_not = NOT_FAST["reducer"]
@@ -103,7 +104,7 @@ def build_update(
     path = resolve(cfg.update_path, device, why_not=why_not, why_not_graph=why_not_graph)
     check_compile(cfg.compile, path)
     if path == "eager":
-        return EagerUpdate(policy, optimizers, reducer, aux_loss, minibatches)
+        return None
     return FastUpdate(
         policy,
         optimizers,
@@ -115,69 +116,24 @@ def build_update(
     )
 
 
-class EagerUpdate:
-    """NavRL's update, `ppo.update`, with what the learner was built with."""
-
-    path: UpdatePath = "eager"
-    capture_error: str | None = None
-
-    def __init__(
-        self,
-        policy: NavRLPolicy,
-        optimizers: dict[str, torch.optim.Optimizer],
-        reducer: DataParallel | None,
-        aux_loss: AuxLoss | None,
-        minibatches: ppo.MinibatchSource,
-    ) -> None:
-        self.policy = policy
-        self.optimizers = optimizers
-        self.reducer = reducer
-        self.aux_loss = aux_loss
-        self.minibatches = minibatches
-
-    def __call__(
-        self,
-        batch: TensorDictBase,
-        cfg: PPOConfig,
-        generator: torch.Generator | None,
-        abort: threading.Event | None = None,
-        release: Callable[[], None] | None = None,
-    ) -> dict[str, float]:
-        return ppo.update(
-            self.policy,
-            self.optimizers,
-            batch,
-            cfg,
-            generator,
-            abort=abort,
-            reducer=self.reducer,
-            aux_loss=self.aux_loss,
-            minibatches=self.minibatches,
-            release=release,
-        )
-
-    def report(self) -> dict[str, float]:
-        """What the minibatch source reports, if it has a `report()` (compressed rollouts:
-        ratio and seconds spent compressing and decoding)."""
-        report = getattr(self.minibatches, "report", None)
-        return report() if callable(report) else {}
+# The losses of a flat minibatch: `ppo.tensor_losses` of its `loss_inputs`, or the same
+# through torch.compile.
+LossFunction = Callable[[TensorDictBase, PPOConfig, float | torch.Tensor], ppo.Losses]
 
 
-def compiled_losses(policy: NavRLPolicy) -> ppo.LossFunction:
-    """`ppo.minibatch_losses` of `policy` with `ppo.tensor_losses` through torch.compile:
-    one graph (fullgraph), shapes static (a minibatch's size never changes within a run).
-    The PPO constants of `cfg` are guarded on: a config that changes them compiles again."""
+def compiled_losses(policy: NavRLPolicy) -> LossFunction:
+    """`ppo.tensor_losses` of `policy` through torch.compile: one graph (fullgraph), shapes
+    static (a minibatch's size never changes within a run). The PPO constants of `cfg` are
+    guarded on: a config that changes them compiles again."""
 
-    def tensor_losses(
-        *inputs: torch.Tensor | float | PPOConfig,
-    ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+    def tensor_losses(*inputs: torch.Tensor | float | PPOConfig) -> ppo.Losses:
         return ppo.tensor_losses(policy, *inputs)  # type: ignore[arg-type]
 
     compiled = torch.compile(tensor_losses, fullgraph=True, dynamic=False)
 
     def losses(
-        _: NavRLPolicy, mb: TensorDictBase, cfg: PPOConfig, entropy_coef: float | torch.Tensor
-    ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+        mb: TensorDictBase, cfg: PPOConfig, entropy_coef: float | torch.Tensor
+    ) -> ppo.Losses:
         return compiled(*ppo.loss_inputs(mb), entropy_coef, cfg)
 
     return losses
@@ -244,9 +200,11 @@ class FastUpdate:
         generator: torch.Generator | None,
         abort: threading.Event | None = None,
         release: Callable[[], None] | None = None,
+        progress: Callable[[int, int], None] | None = None,
     ) -> dict[str, float]:
         """What ppo.update returns, for the same arguments (no reducer, no aux loss).
-        Reads `batch` to the end: `release` is never called (the caller releases it)."""
+        Reads `batch` to the end: `release` is never called (the caller releases it).
+        `progress(done, total)`: the minibatch steps launched (they run on asynchronously)."""
         advantages, targets = ppo.advantages_and_targets(self.policy, batch, cfg)
         data = ppo.update_data(batch, advantages, targets)
         flat = data.reshape(-1)
@@ -256,7 +214,7 @@ class FastUpdate:
         # The graph and the compiled losses read the coefficient from the device scalar (a
         # float would be baked in); the plain fused step takes the float, as eager does.
         entropy_coef = self.entropy_coef if self._losses is not None else cfg.entropy_coef
-        steps = 0
+        steps, total = 0, cfg.epochs * cfg.minibatches
         with self._fused_optimizers():
             if self.graphs:
                 self._prepare_graph(flat, cfg, rows // cfg.minibatches)
@@ -270,6 +228,8 @@ class FastUpdate:
                 else:
                     self._step(flat[idx], cfg, entropy_coef)
                 steps += 1
+                if progress is not None:
+                    progress(steps, total)
         if self._replay is None:
             self._zero_grad()
         applied = int(self.applied.item())  # the update's one host sync for statistics
@@ -283,9 +243,6 @@ class FastUpdate:
             "kl_stopped_steps": kl_stopped,
         }
 
-    def report(self) -> dict[str, float]:
-        return {}
-
     # ------------------------------------------------------------------------ the step
 
     def _zero_counts(self) -> None:
@@ -298,18 +255,17 @@ class FastUpdate:
     def _step(self, mb: TensorDictBase, cfg: PPOConfig, entropy_coef: float | torch.Tensor) -> None:
         """One minibatch: `ppo.minibatch_step`, a masked Adam step, statistics. Nothing
         here reads a device value on the host, so it can be captured."""
+        if self._losses is not None:
+            losses = self._losses(mb, cfg, entropy_coef)
+        else:
+            losses = ppo.tensor_losses(self.policy, *ppo.loss_inputs(mb), entropy_coef, cfg)
         step = ppo.minibatch_step(
-            self.policy,
-            self.optimizers,
-            mb,
-            cfg,
-            entropy_coef,
-            aux_loss=self.aux_loss,
-            losses=self._losses,
+            self.policy, self.optimizers, mb, cfg, losses, aux_loss=self.aux_loss
         )
         kl_bar = ppo.kl_stop_bar(cfg)
         if kl_bar is not None:  # from this minibatch on, every step is skipped
-            self.kl_halted.copy_(torch.maximum(self.kl_halted, (step.kls[0] > kl_bar).float()))
+            halt = (step.measured[0] > kl_bar).float()
+            self.kl_halted.copy_(torch.maximum(self.kl_halted, halt))
         bad = (~step.finite()).float()
         found_inf = torch.maximum(torch.maximum(bad, self.force_skip), self.kl_halted)
         for opt in self.optimizers.values():

@@ -31,12 +31,15 @@ class Learner:
     policy: NavRLPolicy
     optimizers: dict[str, torch.optim.Optimizer]
     generator: torch.Generator
-    # The PPO update, its path (eager / fused / cuda_graph) resolved once when built
-    # (rl/fast_update.py): ppo.update's options are the update's, not the learner's.
-    ppo_update: fast_update.EagerUpdate | fast_update.FastUpdate = field(repr=False)
+    # The fused or CUDA-graph update, its path resolved once when built (rl/fast_update.py);
+    # None: the eager path, ppo.update with the options below.
+    fast: fast_update.FastUpdate | None = field(repr=False)
     # Data parallelism over torch.distributed ranks (None: this process alone); every
     # `distributed.check_interval` updates the ranks compare parameter checksums.
     reducer: DataParallel | None = None
+    # ppo.update's minibatch source and extra loss terms (offline "ppo+bc").
+    minibatches: ppo.MinibatchSource = field(default=ppo.frame_minibatches, repr=False)
+    aux_loss: ppo.AuxLoss | None = field(default=None, repr=False)
     # Number of updates applied: the version of the weights in `policy`.
     version: int = 0
     nonfinite_streak: int = 0
@@ -60,7 +63,7 @@ class Learner:
         generator = torch.Generator(device=device)
         generator.manual_seed(cfg.run.seed)
         optimizers = ppo.make_optimizers(policy, cfg.ppo)
-        ppo_update = fast_update.build_update(
+        fast = fast_update.build_update(
             cfg.ppo,
             policy,
             optimizers,
@@ -69,27 +72,49 @@ class Learner:
             aux_loss=aux_loss,
             minibatches=minibatches,
         )
-        return cls(cfg, policy, optimizers, generator, ppo_update, reducer)
+        return cls(cfg, policy, optimizers, generator, fast, reducer, minibatches, aux_loss)
 
     @property
     def update_path(self) -> UpdatePath:
-        return self.ppo_update.path
+        return "eager" if self.fast is None else self.fast.path
+
+    @property
+    def capture_error(self) -> str | None:
+        """Why a CUDA graph capture failed, where "auto" went on fused (None otherwise)."""
+        return None if self.fast is None else self.fast.capture_error
 
     def update(
         self,
         buffer: TensorDictBase,
         abort: threading.Event | None = None,
         release: Callable[[], None] | None = None,
+        progress: Callable[[int, int], None] | None = None,
     ) -> dict[str, float]:
         """PPO on one rollout. `abort` set → stop at the next minibatch boundary. `release`
-        is called when `buffer` is no longer read, if that is before the update ends.
+        is called when `buffer` is no longer read, if that is before the update ends;
+        `progress(done, total)` as minibatch steps are done.
 
         The losses carry the actor's `lr` and the `entropy_coef` this update used, and
         what the update reports (compressed rollouts: ratio and seconds spent compressing
         and decoding).
         """
         ppo_cfg = self.apply_schedules()
-        losses = self.ppo_update(buffer, ppo_cfg, self.generator, abort=abort, release=release)
+        if self.fast is not None:
+            losses = self.fast(buffer, ppo_cfg, self.generator, abort, release, progress)
+        else:
+            losses = ppo.update(
+                self.policy,
+                self.optimizers,
+                buffer,
+                ppo_cfg,
+                self.generator,
+                abort=abort,
+                reducer=self.reducer,
+                aux_loss=self.aux_loss,
+                minibatches=self.minibatches,
+                release=release,
+                progress=progress,
+            )
         self._check_finite(losses)
         self.version += 1
         every = self.cfg.distributed.check_interval
@@ -102,8 +127,14 @@ class Learner:
             **losses,
             "lr": lr,
             "entropy_coef": ppo_cfg.entropy_coef,
-            **self.ppo_update.report(),
+            **self._source_report(),
         }
+
+    def _source_report(self) -> dict[str, float]:
+        """What the minibatch source reports, if it has a `report()` (compressed rollouts:
+        ratio and seconds spent compressing and decoding)."""
+        report = getattr(self.minibatches, "report", None)
+        return report() if callable(report) else {}
 
     def _adapt_lr_to_kl(self, buffer: TensorDictBase) -> float:
         """`ppo.lr_schedule = "kl_adaptive"`: measure how far this update moved the policy

@@ -30,7 +30,9 @@ CRITIC_EXTRACTOR_OPT = "critic_extractor"
 
 # The PPO loss terms, by name, summed into each minibatch's loss (`tensor_losses`); an
 # update's extra terms (`AuxLoss`: the BC term of "ppo+bc") join them under their own names.
-LOSS_TERMS = ("actor_loss", "critic_loss", "entropy")
+# Every sink reports what the update returns by name (a `_loss` is a loss term, a
+# `_grad_norm` a gradient norm): a new term here needs no edit elsewhere.
+LOSS_TERMS = ("actor_loss", "critic_loss", "entropy_loss")
 
 # What each applied step reports besides its loss terms (`Step.stats`), in this order.
 STEP_STATS = (
@@ -44,6 +46,9 @@ STEP_STATS = (
     # behaviour log-probs their ratios use: how far from 1 those start (else 0).
     "kl",
     "mirror_kl",
+    # The policy's entropy on the collected rows (the loss's term is -entropy_coef x it,
+    # over the mirrored rows too).
+    "policy_entropy",
     "explained_var",
     # How far the critic has moved from the rollout's values V_old (normalised units):
     # the mean |V - V_old| before each step, and the share of rows beyond ppo.value_clip,
@@ -311,19 +316,6 @@ def approx_kl(policy: NavRLPolicy, batch: TensorDictBase, rows: int) -> torch.Te
 # ---------------------------------------------------------------------------- the update
 
 
-def minibatch_losses(
-    policy: NavRLPolicy,
-    mb: TensorDictBase,
-    cfg: PPOConfig,
-    entropy_coef: float | torch.Tensor,
-    reducer: DataParallel | None = None,
-) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
-    """The LOSS_TERMS of one flat minibatch by name, its values V(s) and its two KLs
-    (`tensor_losses`). `entropy_coef` may be a device scalar (the CUDA-graph path,
-    rl/fast_update.py)."""
-    return tensor_losses(policy, *loss_inputs(mb), entropy_coef, cfg, reducer)
-
-
 def loss_inputs(mb: TensorDictBase) -> tuple[torch.Tensor, ...]:
     """The tensors of a flat minibatch that `tensor_losses` reads, in its order."""
     obs = mb.get(OBS_KEY)
@@ -353,12 +345,16 @@ def tensor_losses(
     cfg: PPOConfig,
     reducer: DataParallel | None = None,
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
-    """`minibatch_losses` on plain tensors (what torch.compile traces: ppo.compile).
+    """The LOSS_TERMS of one flat minibatch (`loss_inputs`) by name, its values V(s) and
+    what it measures of the policy, on plain tensors (what torch.compile traces:
+    ppo.compile). `entropy_coef` may be a device scalar (the CUDA-graph path,
+    rl/fast_update.py).
 
     With `cfg.mirror` the losses are over the B rows and their reflections (rl/mirror.py),
     2B rows that share advantages, targets, old values and behaviour log-probs; the values
-    returned are the B rows' own. The last tensor holds the KL from the rollout's policy
-    over the B rows, then over their reflections (0 without the mirror), detached."""
+    returned are the B rows' own. The last tensor, detached, holds the KL from the
+    rollout's policy over the B rows, then over their reflections (0 without the mirror),
+    then the policy's entropy over the B rows."""
     rows = state.shape[0]
     if cfg.mirror:
         state, lidar, dynamic_obstacle, action, old_log_prob, advantage, old_value, target = (
@@ -370,6 +366,7 @@ def tensor_losses(
     dist = policy.distribution(feature)
     value = policy.value(policy.critic_features(state, lidar, dynamic_obstacle, feature))
     log_prob = dist.log_prob(action)
+    entropy = dist.entropy()
     terms = {
         "actor_loss": actor_loss(
             log_prob, old_log_prob, advantage, cfg.clip_ratio, dual_clip=cfg.dual_clip
@@ -377,24 +374,30 @@ def tensor_losses(
         "critic_loss": critic_loss(
             value, old_value, target, cfg.value_clip, cfg.huber_delta, reducer
         ),
-        "entropy": entropy_loss(dist.entropy(), entropy_coef),
+        "entropy_loss": entropy_loss(entropy, entropy_coef),
     }
     log_ratio = log_prob.detach() - old_log_prob
     own = kl_estimate(log_ratio[:rows])
-    kls = torch.stack((own, kl_estimate(log_ratio[rows:]) if cfg.mirror else torch.zeros_like(own)))
-    return terms, value[:rows], kls
+    mirror = kl_estimate(log_ratio[rows:]) if cfg.mirror else torch.zeros_like(own)
+    return terms, value[:rows], torch.stack((own, mirror, entropy.detach()[:rows].mean()))
+
+
+# What `tensor_losses` returns: the named loss terms, the B rows' values, and what the
+# minibatch measures of the policy (KLs, entropy).
+Losses = tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]
 
 
 @dataclass
 class Step:
     """One minibatch's forward and backward pass (`minibatch_step`): its named loss terms,
-    their sum, the B rows' values, the two KLs and the three gradient norms before their
-    clips. The optimisers have not stepped yet."""
+    their sum, the B rows' values, what it measured (`tensor_losses`: the two KLs, the
+    policy's entropy) and the three gradient norms before their clips. The optimisers have
+    not stepped yet."""
 
     terms: dict[str, torch.Tensor]
     loss: torch.Tensor
     value: torch.Tensor
-    kls: torch.Tensor
+    measured: torch.Tensor
     norms: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
     @property
@@ -408,19 +411,13 @@ class Step:
 
     @torch.no_grad()
     def stats(self, mb: TensorDictBase, cfg: PPOConfig) -> torch.Tensor:
-        """The step's statistics, one per `names`: its loss terms, gradient norms and KLs,
-        then what its values say of the critic (explained variance, value moves)."""
+        """The step's statistics, one per `names`: its loss terms, gradient norms, what it
+        measured of the policy, then what its values say of the critic (explained
+        variance, value moves)."""
         explained_var = explained_variance(self.value, mb.get("target"))
         shift, clipped = value_moves(self.value, mb.get("state_value"), cfg.value_clip)
         terms = (t.detach().to(self.loss.dtype).reshape(()) for t in self.terms.values())
-        return torch.stack((*terms, *self.norms, *self.kls, explained_var, shift, clipped))
-
-
-# The losses of a flat minibatch: `minibatch_losses`, or the same through torch.compile.
-LossFunction = Callable[
-    [NavRLPolicy, TensorDictBase, PPOConfig, float | torch.Tensor],
-    tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor],
-]
+        return torch.stack((*terms, *self.norms, *self.measured, explained_var, shift, clipped))
 
 
 def minibatch_step(
@@ -428,22 +425,18 @@ def minibatch_step(
     optimizers: dict[str, torch.optim.Optimizer],
     mb: TensorDictBase,
     cfg: PPOConfig,
-    entropy_coef: float | torch.Tensor,
+    losses: Losses,
     *,
     aux_loss: AuxLoss | None = None,
     reducer: DataParallel | None = None,
-    losses: LossFunction | None = None,
 ) -> Step:
-    """The minibatch step every update path shares, up to the optimisers' step: PPO's loss
-    terms and any `aux_loss` terms, the gradients of their sum (averaged over ranks with a
-    `reducer`), and the clips. Nothing is read on the host. `losses` replaces
-    `minibatch_losses` (its compiled form: ppo.compile). Gradients start as None."""
+    """The minibatch step every update path shares after its forward pass (`losses`:
+    `tensor_losses` of `mb`, or its compiled form), up to the optimisers' step: any
+    `aux_loss` terms, the gradients of the terms' sum (averaged over ranks with a
+    `reducer`), and the clips. Nothing is read on the host. Gradients start as None."""
     for opt in optimizers.values():
         opt.zero_grad(set_to_none=True)
-    if losses is not None:
-        terms, value, kls = losses(policy, mb, cfg, entropy_coef)
-    else:
-        terms, value, kls = minibatch_losses(policy, mb, cfg, entropy_coef, reducer)
+    terms, value, measured = losses
     if aux_loss is not None:
         extra = aux_loss(policy, mb)
         if clash := set(extra) & set(terms):
@@ -454,7 +447,7 @@ def minibatch_step(
     loss.backward()
     if reducer is not None:
         reducer.average_gradients([p for p in policy.parameters() if p.requires_grad], loss)
-    return Step(terms, loss, value, kls, clip_gradients(policy, cfg))
+    return Step(terms, loss, value, measured, clip_gradients(policy, cfg))
 
 
 def update(
@@ -468,6 +461,7 @@ def update(
     aux_loss: AuxLoss | None = None,
     minibatches: MinibatchSource = frame_minibatches,
     release: Callable[[], None] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, float]:
     """cfg.epochs × cfg.minibatches gradient steps on one [N, T] rollout (NavRL's update:
     the "eager" path; rl/fast_update.py runs the same `minibatch_step` without its host
@@ -485,6 +479,9 @@ def update(
     rollout is its share of one global batch: batch statistics, the critic loss's max and
     the gradients of every minibatch are reduced over ranks, so N ranks compute the update
     one process would compute on all their rollouts.
+
+    `progress(done, total)` is called after each minibatch step (a user watching a long
+    update sees it move).
 
     `abort`, once set (a forced shutdown), ends the update at the next minibatch boundary,
     so the weights are never left half-stepped. With `cfg.target_kl`, a minibatch whose KL
@@ -505,17 +502,21 @@ def update(
     names: tuple[str, ...] = STAT_NAMES
     applied = skipped = kl_stopped = 0
     kl_bar = kl_stop_bar(cfg)
-    for mb in minibatches(data, cfg, generator, advantages.device, release):
+    total = cfg.epochs * cfg.minibatches
+    for done, mb in enumerate(minibatches(data, cfg, generator, advantages.device, release)):
         if abort is not None and abort.is_set():
             break
+        if progress is not None and done:
+            progress(done, total)
+        losses = tensor_losses(policy, *loss_inputs(mb), cfg.entropy_coef, cfg, reducer)
         step = minibatch_step(
-            policy, optimizers, mb, cfg, cfg.entropy_coef, aux_loss=aux_loss, reducer=reducer
+            policy, optimizers, mb, cfg, losses, aux_loss=aux_loss, reducer=reducer
         )
         if kl_bar is not None:  # the collected rows' KL: how far the policy has moved
-            kl = step.kls[0]
+            kl = step.measured[0]
             mean_kl = kl if reducer is None else reducer.mean(kl.reshape(1))[0]
             if float(mean_kl) > kl_bar:  # a host sync, as the finite check below
-                kl_stopped = cfg.epochs * cfg.minibatches - applied - skipped
+                kl_stopped = total - applied - skipped
                 break
         # One host sync per minibatch: a skipped step must not move Adam's moments.
         if not bool(step.finite()):
@@ -535,6 +536,8 @@ def update(
         else:
             sums = sums + stats
 
+    if progress is not None:
+        progress(applied + skipped + kl_stopped, total)
     for opt in optimizers.values():
         opt.zero_grad()
     if reducer is not None and sums is not None:  # applied is the same on every rank

@@ -102,6 +102,8 @@ class TrainerEvents:
     on_export_failed: Callable[[], None] = lambda: None
     # ("update", True) when an update starts, ("update", False) when it ends.
     on_phase: Callable[[str, bool], None] = lambda _name, _running: None
+    # ("update", done, total) as the update's minibatch steps are done (compute thread).
+    on_phase_progress: Callable[[str, int, int], None] = lambda _name, _done, _total: None
 
 
 class Trainer:
@@ -123,6 +125,7 @@ class Trainer:
         self.stream = context.stream
         self.on_export_failed = events.on_export_failed
         self.on_phase = events.on_phase
+        self.on_phase_progress = events.on_phase_progress
         self.rollouts = rollouts
         self.weights = list(weights)
         self.cadence = context.cadence
@@ -152,7 +155,11 @@ class Trainer:
         try:
             async for rollout in self.rollouts:
                 with rollout.lease:
-                    record = await self._train_on(rollout)
+                    t0, lag = time.perf_counter(), self._starting(rollout)
+                    losses = await self.compute.run(
+                        self._update, rollout.lease.buffer, self._releaser(rollout), rollout.ready
+                    )
+                record = self._record(rollout, lag, time.perf_counter() - t0, losses)
                 await self._publish()
                 if ckpt and self.cadence.checkpoints(record.iteration):
                     await self._snapshot(rollout.collector_state, final=False)
@@ -196,27 +203,36 @@ class Trainer:
         ckpt.last_version = self.learner.version
         await ckpt.snapshots.send(Snapshot(self.learner.version, self.frames, staged, final))
 
-    async def _train_on(self, rollout: Rollout) -> IterationRecord:
+    def _starting(self, rollout: Rollout) -> int:
+        """The update on `rollout` starts: its policy lag, logged with the iteration."""
         lag = self.learner.version - rollout.policy_version
         structlog.contextvars.bind_contextvars(  # iteration N makes policy version N
             iteration=rollout.iteration + 1, policy_version=self.learner.version
         )
         log.debug("updating", policy_lag=lag)
-        t0 = time.perf_counter()
+        return lag
+
+    def _releaser(self, rollout: Rollout) -> Callable[[], None]:
+        """Releases the rollout's lease from the compute thread, once the update stops
+        reading it (finished on the GPU too)."""
         token = anyio.lowlevel.current_token()
 
-        def release() -> None:  # on the compute thread, once the update stops reading
-            self.stream.finish()  # ... on the GPU too
+        def release() -> None:
+            self.stream.finish()
             anyio.from_thread.run_sync(rollout.lease.release, token=token)
 
-        losses = await self.compute.run(self._update, rollout.lease.buffer, release, rollout.ready)
+        return release
+
+    def _record(
+        self, rollout: Rollout, lag: int, update_s: float, losses: dict[str, float]
+    ) -> IterationRecord:
         self.frames += self.cadence.frames_per_iteration
         return IterationRecord(
             iteration=self.learner.version,
             frames=self.frames,
             policy_lag=lag,
             collect_s=rollout.collect_s,
-            update_s=time.perf_counter() - t0,
+            update_s=update_s,
             losses=losses,
             episodes=rollout.episodes,
             rolled_back=bool(losses.get("rolled_back")),
@@ -241,8 +257,9 @@ class Trainer:
                     buffer,  # type: ignore[arg-type]
                     abort=self.shutdown.abort,
                     release=release,
+                    progress=lambda done, total: self.on_phase_progress("update", done, total),
                 )
-                self._capture_failure.check(self.learner.ppo_update.capture_error)
+                self._capture_failure.check(self.learner.capture_error)
                 return losses
             except NonFiniteTraining as err:
                 rollback = self.rollback

@@ -110,5 +110,5 @@ def test_two_ranks_compute_the_one_process_update(tmp_path: Path, monkeypatch) -
     assert moved > len(expected) // 2
     for got, want in zip(ranks[0]["stats"], expected_stats, strict=True):
         assert got["minibatch_updates"] == want["minibatch_updates"] == 8
-        for name in ("actor_loss", "critic_loss", "entropy", "actor_grad_norm"):
+        for name in ("actor_loss", "critic_loss", "entropy_loss", "actor_grad_norm"):
             assert got[name] == pytest.approx(want[name], rel=1e-4, abs=1e-6), name

@@ -42,6 +42,7 @@ METRICS: dict[str, str] = {
     "navrl_grad_norm": GAUGE,
     "navrl_explained_variance": GAUGE,
     "navrl_policy_kl": GAUGE,
+    "navrl_update_statistic": GAUGE,
     "navrl_kl_stopped_steps_total": COUNTER,
     "navrl_last_iteration_timestamp_seconds": GAUGE,
     "navrl_last_iteration_age_seconds": GAUGE,

@@ -208,10 +208,13 @@ def test_table_counts_episodes_and_flags_few() -> None:
         "train_episode_len": 200.0,
         "actor_loss": -0.01,
         "critic_loss": 0.5,
-        "entropy": -2.3,
+        "entropy_loss": -2.3,
+        "policy_entropy": 2.3e3,
     }
     table = progress_table(summary)
-    assert "entropy loss -2.3" in table  # the loss's term, not the policy's entropy
+    # The loss's term among the losses, the policy's entropy among the statistics.
+    assert re.search(r"losses +actor -0.01 +critic 0.5 +entropy -2.3\n", table), table
+    assert "policy_entropy 2,300" in table
     assert "1 finished (few: noisy means)" in table
     assert "reached 1.000" in table and "timed out 0.000" in table  # not "truncated 1.0"
     assert "0:12:30" in table and "2,612 frames/s" in table and "(2.0 %)" in table

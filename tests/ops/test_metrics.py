@@ -24,7 +24,8 @@ STAGE_PHASES = [("producer", "collect"), ("trainer", "update")]
 LOSSES = {
     "actor_loss": -0.02,
     "critic_loss": 0.5,
-    "entropy": -0.001,
+    "entropy_loss": -0.001,
+    "policy_entropy": 1.0,
     "actor_grad_norm": 1.5,
     "critic_grad_norm": 3.0,
     "feature_extractor_grad_norm": 0.75,
@@ -82,6 +83,7 @@ def test_dashboard_series_exist_before_the_first_event() -> None:
     for group in ("actor", "critic", "feature_extractor"):
         assert math.isnan(value(m, "navrl_grad_norm", group=group))
     assert math.isnan(value(m, "navrl_policy_kl"))
+    assert math.isnan(value(m, "navrl_update_statistic", name="policy_entropy"))
     assert value(m, "navrl_kl_stopped_steps_total") == 0
     for kind in ("raw", "stored"):
         assert value(m, "navrl_checkpoint_bytes", kind=kind) == 0
@@ -120,7 +122,9 @@ def test_iteration_moves_counters_gauges_and_the_lag_histogram() -> None:
     assert value(m, "navrl_nonfinite_updates_total") == 2
     assert value(m, "navrl_loss", term="actor") == LOSSES["actor_loss"]
     assert value(m, "navrl_loss", term="critic") == LOSSES["critic_loss"]
-    assert value(m, "navrl_loss", term="entropy") == LOSSES["entropy"]
+    assert value(m, "navrl_loss", term="entropy") == LOSSES["entropy_loss"]
+    assert value(m, "navrl_update_statistic", name="policy_entropy") == 1.0
+    assert value(m, "navrl_update_statistic", name="minibatch_updates") == 12
     assert value(m, "navrl_grad_norm", group="actor") == LOSSES["actor_grad_norm"]
     assert value(m, "navrl_grad_norm", group="critic") == LOSSES["critic_grad_norm"]
     assert value(m, "navrl_grad_norm", group="feature_extractor") == 0.75

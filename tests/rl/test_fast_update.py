@@ -16,7 +16,7 @@ from torch._dynamo.utils import counters as dynamo_counters
 from navrl_daemon.config import Config, PPOConfig, resolve_update_path
 from navrl_daemon.errors import ConfigError
 from navrl_daemon.rl import fast_update, ppo
-from navrl_daemon.rl.fast_update import EagerUpdate, FastUpdate, resolve
+from navrl_daemon.rl.fast_update import FastUpdate, resolve
 from navrl_daemon.rl.learner import Learner
 from navrl_daemon.rl.policy import NavRLPolicy
 from tests.host_reads import CountHostReads
@@ -208,7 +208,7 @@ def _follow_schedules(make_batch, device: str, graphs: bool, compile: bool) -> N
         compiles.append(dynamo_counters["stats"]["unique_graphs"])
         _assert_close_stats(stats, eager)
         _assert_close_weights(fast_policy, eager_policy)
-        assert stats["entropy"] == pytest.approx(eager["entropy"], rel=1e-4, abs=1e-7), i
+        assert stats["entropy_loss"] == pytest.approx(eager["entropy_loss"], rel=1e-4, abs=1e-7), i
     assert fast.captures == (1 if graphs else 0)
     if compile:  # compiled once: a new entropy coefficient or lr compiles nothing again
         assert compiles[0] >= 1 and compiles[1:] == [compiles[0]] * 2, compiles
@@ -390,13 +390,13 @@ def test_learner_resolves_its_path_once_from_config_and_what_it_is_built_with():
     cfg = Config.model_validate({"ppo": {"update_path": "fused"}})
     learner = Learner.build(cfg, NavRLPolicy(), "cpu")
     assert learner.update_path == "fused"
-    assert isinstance(learner.ppo_update, FastUpdate) and not learner.ppo_update.graphs
+    assert isinstance(learner.fast, FastUpdate) and not learner.fast.graphs
 
     with pytest.raises(ConfigError, match=r"pipeline\.compress_rollouts"):
         Learner.build(cfg, NavRLPolicy(), "cpu", minibatches=ppo.env_minibatches)
 
     learner = Learner.build(Config(), NavRLPolicy(), "cpu")
-    assert learner.update_path == "eager" and isinstance(learner.ppo_update, EagerUpdate)
+    assert learner.update_path == "eager" and learner.fast is None
 
     # run.device "auto": the config cannot tell; the learner refuses on its CPU.
     with pytest.raises(ConfigError, match=r"ppo\.compile"):
@@ -413,7 +413,8 @@ def test_a_learner_with_an_extra_loss_term_runs_fused_but_never_in_a_graph():
         Learner.build(cfg, NavRLPolicy(), "cpu", aux_loss=term)
     fused = Config.model_validate({"ppo": {"update_path": "fused"}})
     learner = Learner.build(fused, NavRLPolicy(), "cpu", aux_loss=term)
-    assert learner.update_path == "fused" and learner.ppo_update.aux_loss is term
+    assert learner.update_path == "fused" and learner.fast is not None
+    assert learner.fast.aux_loss is term
     assert resolve_update_path("auto", "cuda", why_not_graph="x") == "fused"
     assert resolve_update_path("auto", "cpu", why_not_graph="x") == "eager"
 
@@ -488,13 +489,13 @@ def test_an_extra_loss_term_is_trained_and_reported_on_every_path(make_batch, pa
     def update(on: str, term) -> tuple[NavRLPolicy, dict[str, float]]:
         policy = copy.deepcopy(base)
         opts = ppo.make_optimizers(policy, cfg)
+        generator = torch.Generator().manual_seed(0)
         if on == "eager":
-            step = EagerUpdate(policy, opts, None, term, ppo.frame_minibatches)
-        else:
-            graphs = on == "cuda_graph"
-            step = FastUpdate(policy, opts, torch.device("cpu"), graphs, compile=compile,
-                              aux_loss=term)  # fmt: skip
-        return policy, step(batch, cfg, torch.Generator().manual_seed(0))
+            return policy, ppo.update(policy, opts, batch, cfg, generator, aux_loss=term)
+        graphs = on == "cuda_graph"
+        step = FastUpdate(policy, opts, torch.device("cpu"), graphs, compile=compile,
+                          aux_loss=term)  # fmt: skip
+        return policy, step(batch, cfg, generator)
 
     plain, plain_stats = update(path, None)
     pulled, stats = update(path, pull)

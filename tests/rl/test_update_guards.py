@@ -32,7 +32,7 @@ def _with_grads(make_batch) -> tuple[NavRLPolicy, list[torch.Tensor]]:
     batch = make_batch(policy, num_envs=4, steps=6)
     advantages, targets = ppo.advantages_and_targets(copy.deepcopy(policy), batch, SMALL)
     mb = ppo.update_data(batch, advantages, targets).reshape(-1)
-    terms, _, _ = ppo.minibatch_losses(policy, mb, SMALL, 1e-3)
+    terms, _, _ = ppo.tensor_losses(policy, *ppo.loss_inputs(mb), 1e-3, SMALL)
     sum(terms.values()).backward()
     return policy, [p.grad.clone() for p in policy.feature_extractor.parameters()]
 

@@ -82,12 +82,14 @@ class FakeLearner:
         self.version = 0
         self.nonfinite_streak = 0
         self.update_path = "eager"
-        self.ppo_update = type("Eager", (), {"capture_error": None})()
+        self.capture_error: str | None = None
         self.seen: list[float] = []
 
     state_dict = Learner.state_dict
 
-    def update(self, buffer: TensorDict, abort: Any = None, release: Any = None) -> dict:
+    def update(
+        self, buffer: TensorDict, abort: Any = None, release: Any = None, progress: Any = None
+    ) -> dict:
         first = float(buffer["rollout"][0])
         self.seen.append(first)
         with torch.no_grad():

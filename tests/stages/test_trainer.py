@@ -205,7 +205,7 @@ def test_a_failed_update_capture_is_logged_once_as_an_error(tmp_path) -> None:
     """The captured update fell back to `fused` at the first update: one error says so,
     not one per update."""
     run = Run(3, checkpoint=0, evaluate=0, tmp=tmp_path)
-    run.learner.ppo_update.capture_error = "RuntimeError: operation not permitted"
+    run.learner.capture_error = "RuntimeError: operation not permitted"
     with structlog.testing.capture_logs() as logs:
         run.go()
     errors = [e for e in logs if e["log_level"] == "error"]
