@@ -80,8 +80,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.conftest import TINY  # noqa: E402
-from tests.small_disk import fill  # noqa: E402
+from navrl_daemon.testing import TINY  # noqa: E402
+from navrl_daemon.testing.full_disk import fill  # noqa: E402
 
 BASE = [
     "--config",
@@ -761,8 +761,13 @@ class Crafted:
 def crafted_config_cases(tmp: Path, state: Path) -> list[Crafted]:
     """Configs: TOML 500 inline tables or arrays deep, in a file and in an override; a
     checkpoint, and a copy of the trained state dir, whose stored config names a module
-    as `env.backend` (tests/crafted_config.py)."""
-    from tests.crafted_config import BACKEND, checkpoint_naming, nested_toml, run_config_naming
+    as `env.backend` (navrl_daemon/testing/crafted_config.py)."""
+    from navrl_daemon.testing.crafted_config import (
+        BACKEND,
+        checkpoint_naming,
+        nested_toml,
+        run_config_naming,
+    )
 
     deep = tmp / "deep.toml"
     deep.write_text(f"[env]\noptions = {{x = {nested_toml('table', 500)}}}\n")
@@ -795,7 +800,7 @@ def navrl(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.Comple
 
 def security(tmp: Path) -> dict[str, Any]:
     from navrl_daemon.storage.checkpoint import CheckpointDir, read_header, verify
-    from tests.crafted_config import plant_module
+    from navrl_daemon.testing.crafted_config import plant_module
 
     state = tmp / "state"
     marker = plant_module(tmp)
