@@ -71,7 +71,6 @@ import time
 import traceback
 import urllib.error
 import urllib.request
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -581,31 +580,16 @@ def misnamed_checkpoint(tmp: Path) -> dict[str, Any]:
 
 def oversize_claim_file(iteration: int) -> bytes:
     """A checkpoint of under 300 bytes for `iteration`, its checksum right, whose one LZ4
-    frame claims 2**60 decoded bytes (the file of issue #69; the container is the format's,
-    written out here so that nothing in the writer refuses it)."""
+    frame claims 2**60 decoded bytes (the container is the corpus's, so that nothing in the
+    writer refuses it)."""
     import lz4.frame
 
-    from navrl_daemon.storage.checkpoint import CODEC, FORMAT_VERSION, MAGIC
+    from navrl_daemon.testing.crafted_files import nrc_container
 
     raw = b"x" * 200
     frame = lz4.frame.LZ4FrameCompressor(auto_flush=True)
     payload = frame.begin(source_size=2**60) + frame.compress(raw) + b"\\0\\0\\0\\0"
-    header = {
-        "format_version": FORMAT_VERSION,
-        "iteration": iteration,
-        "frames": iteration,
-        "policy_version": iteration,
-        "created": 0.0,
-        "codec": CODEC,
-        "level": 0,
-        "raw_bytes": len(raw),
-        "stored_bytes": len(payload),
-        "checksum": f"crc32:{zlib.crc32(payload):08x}",
-        "chunks": [len(payload)],
-        "meta": {},
-    }
-    head = json.dumps(header).encode()
-    return MAGIC + struct.pack("<I", len(head)) + head + payload
+    return nrc_container(raw, iteration, payload=payload)
 
 
 def verify_cli(*args: str) -> dict[str, Any]:
