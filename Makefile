@@ -38,7 +38,7 @@ lint: $(STAMP)
 
 # Two workers, the CI machine's two cores; an idle worker takes tests from a busy one
 # (worksteal), so no long file holds one worker to the end. The CLI runs in the worker and
-# daemon processes are forks of one pre-imported interpreter (tests/forked.py). The
+# daemon processes are forks of one pre-imported interpreter (navrl_daemon/testing/forked.py). The
 # `slow`-marked checks (a learning run) run on their own in `test-slow`; .ci/run runs both.
 # One OpenMP thread per process: two workers with torch's default of one thread per core
 # oversubscribe the two cores (the suite took 392 s so, 293 s with one thread each).

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 import traceback
 import warnings
@@ -39,11 +38,9 @@ from navrl_daemon.config import load_config
 from navrl_daemon.env.contract import CapturableEnv
 from navrl_daemon.rl.collector import Collector
 from navrl_daemon.rl.policy import make_policy
+from navrl_daemon.testing.host_reads import CountHostReads
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from tests.host_reads import CountHostReads  # noqa: E402
 
 PATHS = {
     "eager_indexed": ["env.collect_path=eager", "env.reset_mode=indexed"],

@@ -1,7 +1,7 @@
 """Crafted input files through the commands that read them, each a process of its own. JSON out.
 
-The corpus is generated here (tests/crafted_files.py writes the files): policy files
-(`.pt`), checkpoints (`.nrc`), HDF5 datasets and rollout archives, each with the reason
+The corpus is generated here (navrl_daemon/testing/crafted_files.py writes the files):
+policy files (`.pt`), checkpoints (`.nrc`), HDF5 datasets and rollout archives, each with the reason
 its refusal must give. Every file goes through the commands that read it, in a state dir
 a short run trained (its newest checkpoint: iteration 2):
 
@@ -17,10 +17,11 @@ Each case passes when its exit code is the one expected (65), stderr holds no tr
 and names the file and the reason. Afterwards: no payload pickle wrote its marker file,
 and `run` resumes the state dir from its newest valid checkpoint and trains on (exit 0).
 
-`--small` (the CI size, tests/test_crafted_files.py): one file of each kind of fault, each
-through one command; no offline runs, no planted checkpoints. `--fresh`: each command in a
-fresh interpreter (`python -m navrl_daemon`) instead of a fork of one that has imported
-torch (tests/forked.py: the same `cli.main`, without ~5 s of imports per case).
+`--small` (the CI size, benchmarks/tests/test_crafted_files.py): one file of each kind of
+fault, each through one command; no offline runs, no planted checkpoints. `--fresh`: each
+command in a fresh interpreter (`python -m navrl_daemon`) instead of a fork of one that has
+imported torch (navrl_daemon/testing/forked.py: the same `cli.main`, without ~5 s of
+imports per case).
 
 Run: `.venv/bin/python benchmarks/crafted_files.py [--small] [--fresh]`
 """
@@ -44,8 +45,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests import crafted_files as corpus  # noqa: E402
-from tests.conftest import NAVRL_CHECKPOINT, TINY  # noqa: E402
+from navrl_daemon.testing import TINY  # noqa: E402
+from navrl_daemon.testing import crafted_files as corpus  # noqa: E402
+
+NAVRL_CHECKPOINT = REPO / "tests" / "data" / "navrl_checkpoint.pt"
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
 REFUSED = 65
@@ -176,7 +179,7 @@ FAMILIES: dict[str, Callable[[Setting], list[Case]]] = {
 
 
 def forked_runner() -> Runner:
-    from tests import forked
+    from navrl_daemon.testing import forked
 
     return lambda args: forked.run(args, timeout=CASE_TIMEOUT_S)
 

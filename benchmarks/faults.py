@@ -71,7 +71,6 @@ import time
 import traceback
 import urllib.error
 import urllib.request
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,8 +79,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.conftest import TINY  # noqa: E402
-from tests.small_disk import fill  # noqa: E402
+from navrl_daemon.testing import TINY  # noqa: E402
+from navrl_daemon.testing.full_disk import fill  # noqa: E402
 
 BASE = [
     "--config",
@@ -581,31 +580,16 @@ def misnamed_checkpoint(tmp: Path) -> dict[str, Any]:
 
 def oversize_claim_file(iteration: int) -> bytes:
     """A checkpoint of under 300 bytes for `iteration`, its checksum right, whose one LZ4
-    frame claims 2**60 decoded bytes (the file of issue #69; the container is the format's,
-    written out here so that nothing in the writer refuses it)."""
+    frame claims 2**60 decoded bytes (the container is the corpus's, so that nothing in the
+    writer refuses it)."""
     import lz4.frame
 
-    from navrl_daemon.storage.checkpoint import CODEC, FORMAT_VERSION, MAGIC
+    from navrl_daemon.testing.crafted_files import nrc_container
 
     raw = b"x" * 200
     frame = lz4.frame.LZ4FrameCompressor(auto_flush=True)
     payload = frame.begin(source_size=2**60) + frame.compress(raw) + b"\\0\\0\\0\\0"
-    header = {
-        "format_version": FORMAT_VERSION,
-        "iteration": iteration,
-        "frames": iteration,
-        "policy_version": iteration,
-        "created": 0.0,
-        "codec": CODEC,
-        "level": 0,
-        "raw_bytes": len(raw),
-        "stored_bytes": len(payload),
-        "checksum": f"crc32:{zlib.crc32(payload):08x}",
-        "chunks": [len(payload)],
-        "meta": {},
-    }
-    head = json.dumps(header).encode()
-    return MAGIC + struct.pack("<I", len(head)) + head + payload
+    return nrc_container(raw, iteration, payload=payload)
 
 
 def verify_cli(*args: str) -> dict[str, Any]:
@@ -761,8 +745,13 @@ class Crafted:
 def crafted_config_cases(tmp: Path, state: Path) -> list[Crafted]:
     """Configs: TOML 500 inline tables or arrays deep, in a file and in an override; a
     checkpoint, and a copy of the trained state dir, whose stored config names a module
-    as `env.backend` (tests/crafted_config.py)."""
-    from tests.crafted_config import BACKEND, checkpoint_naming, nested_toml, run_config_naming
+    as `env.backend` (navrl_daemon/testing/crafted_config.py)."""
+    from navrl_daemon.testing.crafted_config import (
+        BACKEND,
+        checkpoint_naming,
+        nested_toml,
+        run_config_naming,
+    )
 
     deep = tmp / "deep.toml"
     deep.write_text(f"[env]\noptions = {{x = {nested_toml('table', 500)}}}\n")
@@ -795,7 +784,7 @@ def navrl(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.Comple
 
 def security(tmp: Path) -> dict[str, Any]:
     from navrl_daemon.storage.checkpoint import CheckpointDir, read_header, verify
-    from tests.crafted_config import plant_module
+    from navrl_daemon.testing.crafted_config import plant_module
 
     state = tmp / "state"
     marker = plant_module(tmp)

@@ -4,13 +4,15 @@ The same loop as tests/test_resume.py (10 trials there), at a scale that finds r
 each trial starts `run` on one state dir (checkpoint.interval = 1 and archive.interval = 1,
 so a checkpoint and an archive write are in flight much of the time), kills it with
 SIGKILL after a random delay — one in five during start-up (after the imports: each
-start is a fork of a pre-imported interpreter, tests/forked.py), the others while training —
+start is a fork of a pre-imported interpreter, navrl_daemon/testing/forked.py), the others
+while training —
 and checks that the next start resumed from the newest valid checkpoint there was (never
 a temp file, never an older one), removed and logged the temp files left behind, that
 iterations only went forward (a start never resumes from an older checkpoint than the
 start before it, the newest checkpoint on disk never goes back), and after every kill
 that each checkpoint file is valid, the archive verifies (index rows and blobs, as
-`archive verify`) and no (iteration, env) is archived twice (tests/daemon_process.py).
+`archive verify`) and no (iteration, env) is archived twice
+(navrl_daemon/testing/daemon_process.py).
 
 Run: `.venv/bin/python benchmarks/kill9_resume.py [--trials 100] [--seed 0]`
 """
@@ -29,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.daemon_process import crash_and_resume  # noqa: E402
+from navrl_daemon.testing.daemon_process import crash_and_resume  # noqa: E402
 
 
 def main() -> None:

@@ -3,7 +3,7 @@
 Builds the daemon's Collector (env + acting policy) once per mode from the same config,
 warms each up, then times rollouts with the modes taking turns (so drift in the machine's
 load hits both), and counts in one rollout per mode the ops that hand a value to the host
-(`tests/host_reads.py`: on CUDA each one waits for the GPU). Episodes are shortened
+(`navrl_daemon/testing/host_reads.py`: on CUDA each one waits for the GPU). Episodes are shortened
 with `--episode-lengths` so that resets happen inside the timed rollouts; several lengths
 give one result each (NavRL's 2200-step episodes end at about half the steps at 1024
 envs once training runs, and the indexed mode does no reset work on the others; an
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -31,11 +30,9 @@ from machine import device_fields  # benchmarks/machine.py, beside this script
 from navrl_daemon.config import load_config
 from navrl_daemon.rl.collector import Collector
 from navrl_daemon.rl.policy import make_policy
+from navrl_daemon.testing.host_reads import CountHostReads
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from tests.host_reads import CountHostReads  # noqa: E402
 
 MODES = ("indexed", "masked")
 

@@ -4,7 +4,7 @@ A CPU `Tensor.clone()` or `.to("cpu", copy=True)` runs torch's copy kernel, whic
 busy machine can cost ~1 ms per call even for a few bytes (its OpenMP team waits for
 descheduled threads), and from a thread other than the compute thread it starts a second
 team that slows the trainer's update. numpy's copy is a plain memcpy that releases the
-GIL: measured ~5 µs per small tensor on the same loaded 2-core machine, against ~1 ms.
+GIL and starts no thread team (docs/checkpoints.md).
 """
 
 from __future__ import annotations

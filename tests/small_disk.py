@@ -2,13 +2,11 @@
 read-only bind mount of a directory (root ignores permission bits; a mount it cannot).
 
 Mounting needs root (CI runs as root); where it is not permitted the test is skipped with
-the reason. `fill` takes every free byte with a filler file, as another process would.
+the reason. `navrl_daemon.testing.full_disk.fill` then takes every free byte of one.
 """
 
 from __future__ import annotations
 
-import errno
-import os
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -60,25 +58,3 @@ def read_only(tmp_path: Path) -> Iterator[Callable[[Path], Path]]:
     yield mount
     for point in reversed(mounted):
         subprocess.run(["umount", "-l", str(point)], check=False)
-
-
-def free_bytes(path: Path) -> int:
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
-
-
-def fill(disk: Path, leave: int = 0, name: str = "filler") -> Path:
-    """Write a filler file until only about `leave` bytes are free (0: completely full)."""
-    path = disk / name
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        while (room := free_bytes(disk) - leave) > 0:
-            try:
-                os.write(fd, b"\0" * min(room, 1 << 20))
-            except OSError as err:
-                if err.errno != errno.ENOSPC:
-                    raise
-                break
-    finally:
-        os.close(fd)
-    return path

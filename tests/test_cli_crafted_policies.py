@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from navrl_daemon.storage.checkpoint import encode_checkpoint, load_checkpoint
-from tests.conftest import NAVRL_CHECKPOINT, navrl_cli
-from tests.crafted_files import (
+from navrl_daemon.testing.crafted_files import (
     Crafted,
     accepted_policy_files,
     checkpoint_files,
     policy_files,
     valid_checkpoint,
 )
+from tests.conftest import NAVRL_CHECKPOINT, navrl_cli
 
 VALID = torch.load(NAVRL_CHECKPOINT, weights_only=True, map_location="cpu")
 

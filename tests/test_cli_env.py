@@ -30,7 +30,7 @@ def cli(capsys: pytest.CaptureFixture[str]) -> Iterator[Callable[..., tuple[int,
 
 
 def test_env_check_example_backend_in_a_fresh_process() -> None:
-    # A process that has looked up no backend yet (tests/forked.py) finds "navrl-2d"
+    # A process that has looked up no backend yet (navrl_daemon/testing/forked.py) finds "navrl-2d"
     # through the installed entry point, not through anything registered in this one.
     proc = navrl_cli(
         "env", "check", "--backend", "navrl-2d", "--json", "--steps", "10", *TINY, process=True

@@ -11,8 +11,8 @@ from pathlib import Path
 from navrl_daemon.commands.run_summary import render, run_summary
 from navrl_daemon.config import load_config
 from navrl_daemon.storage.history import HISTORY_FILE
+from navrl_daemon.testing.daemon_process import Daemon
 from tests.conftest import TINY, navrl_cli
-from tests.daemon_process import Daemon
 
 
 def test_every_line_of_a_stop_names_the_same_last_iteration(tmp_path: Path) -> None:

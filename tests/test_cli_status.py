@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from navrl_daemon.cli import main
-from tests.daemon_process import Daemon
+from navrl_daemon.testing.daemon_process import Daemon
 
 
 def status(capsys: pytest.CaptureFixture[str], state: Path, *flags: str) -> tuple[int, str]:

@@ -13,8 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from navrl_daemon.testing.crafted_config import (
+    BACKEND,
+    checkpoint_naming,
+    plant_module,
+    run_config_naming,
+)
 from tests.conftest import navrl_cli
-from tests.crafted_config import BACKEND, checkpoint_naming, plant_module, run_config_naming
 
 
 def assert_refused(proc, marker: Path, source: str) -> None:  # type: ignore[no-untyped-def]

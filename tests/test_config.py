@@ -9,8 +9,8 @@ import pytest
 from navrl_daemon.config import Config, load_config, parse_override, to_toml, validate
 from navrl_daemon.config.loader import MAX_DEPTH
 from navrl_daemon.errors import ConfigError
+from navrl_daemon.testing.crafted_config import nested_toml
 from tests.conftest import REPO, navrl_cli
-from tests.crafted_config import nested_toml
 
 
 def test_defaults_are_navrl_numbers() -> None:

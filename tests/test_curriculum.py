@@ -10,8 +10,8 @@ from pathlib import Path
 
 from navrl_daemon.ops.metrics import Metrics
 from navrl_daemon.storage.checkpoint import CheckpointDir
+from navrl_daemon.testing.daemon_process import Daemon
 from tests.conftest import TINY, navrl_cli
-from tests.daemon_process import Daemon
 
 FRAMES_PER_ITERATION = 64  # TINY: 8 envs x 8 steps
 OPEN = "name = 'open', num_obstacles = 0, num_dynamic_obstacles = 0"

@@ -7,7 +7,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from tests import forked
+from navrl_daemon.testing import forked
 
 M = 1_000_000
 

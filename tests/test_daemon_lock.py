@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from navrl_daemon.storage.checkpoint import verify
+from navrl_daemon.testing.daemon_process import Daemon
 from tests.conftest import TINY, navrl_cli
-from tests.daemon_process import Daemon
 
 RELOCKED = "lock file was deleted or replaced: re-created and locked again"
 LONG = ("run.total_frames=100000000", "checkpoint.interval=2", "log.level=info")

@@ -14,7 +14,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.daemon_process import Daemon
+from navrl_daemon.testing.daemon_process import Daemon
 
 FD_LIMIT = 256  # the daemon's RLIMIT_NOFILE: far fewer than the connections below
 CONNECTIONS = 1000

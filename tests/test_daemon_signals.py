@@ -13,9 +13,9 @@ import pytest
 
 from navrl_daemon import cli
 from navrl_daemon.stages.trainer import Trainer
-from tests import forked
+from navrl_daemon.testing import forked
+from navrl_daemon.testing.daemon_process import Daemon
 from tests.conftest import TINY, navrl_cli
-from tests.daemon_process import Daemon
 
 # Collection dominates: 200 env steps per rollout, one tiny update.
 LONG_COLLECT = ["ppo.rollout_length=200", "ppo.epochs=1", "ppo.minibatches=1"]

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from navrl_daemon.storage.checkpoint import CheckpointDir, read_header, verify
 from navrl_daemon.storage.history import read_jsonl
+from navrl_daemon.testing.daemon_process import Daemon, last_trained_is_kept
+from navrl_daemon.testing.full_disk import fill
 from tests.conftest import TINY, navrl_cli
-from tests.daemon_process import Daemon, last_trained_is_kept
-from tests.small_disk import fill
 
 
 def events(stderr: str) -> list[dict]:

@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 
 from navrl_daemon.storage.checkpoint import read_header
-from tests import forked
+from navrl_daemon.testing import forked
+from navrl_daemon.testing.daemon_process import last_trained_is_kept
 from tests.conftest import TINY
-from tests.daemon_process import last_trained_is_kept
 
 ARGS = [*TINY, "eval.interval=0", "run.total_frames=100000000", "checkpoint.interval=1000"]
 LOST = "log stream lost: stderr takes no more lines; the log goes on here"

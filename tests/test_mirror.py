@@ -2,9 +2,9 @@
 point in a second place, and a run whose state dir is empty or behind goes on from it,
 exactly where it stopped.
 
-Real daemons (tests/forked.py), a real SIGTERM, real files, a real git repository. The
-run is deterministic: resumed from its mirror it evaluates and trains as it would have
-resumed from its own state dir, bit for bit.
+Real daemons (navrl_daemon/testing/forked.py), a real SIGTERM, real files, a real git
+repository. The run is deterministic: resumed from its mirror it evaluates and trains as it
+would have resumed from its own state dir, bit for bit.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from navrl_daemon.storage.run_mirror import POINTER
+from navrl_daemon.testing.daemon_process import Daemon
 from tests.conftest import TINY, navrl_cli
-from tests.daemon_process import Daemon
 from tests.storage.test_run_mirror import kill_mid_write
 from tests.test_resume import FRAMES_PER_ITERATION, exported, run
 

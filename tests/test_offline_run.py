@@ -31,7 +31,7 @@ from navrl_daemon.pipeline.telemetry import Telemetry
 from navrl_daemon.rl.training import Training
 from navrl_daemon.storage.archive import archive_name
 from navrl_daemon.storage.checkpoint import load_checkpoint
-from tests import forked
+from navrl_daemon.testing import forked
 from tests.conftest import TINY
 from tests.offline.test_prefetcher import archive_rollouts
 
@@ -56,8 +56,8 @@ def offline_args(data: Path | str, *extra: str) -> list[str]:
 
 
 class Run:
-    """A `navrl-daemon run` process (tests/forked.py), tagged so that every process it
-    starts (prefetch workers, resource tracker) can be found afterwards by the tag in its
+    """A `navrl-daemon run` process (navrl_daemon/testing/forked.py), tagged so that every
+    process it starts (prefetch workers, resource tracker) can be found afterwards by the tag in its
     environment."""
 
     def __init__(self, state: Path, *args: str) -> None:

@@ -1,7 +1,7 @@
 """Stop, crash and continue: `run` resumes from the newest valid checkpoint, exactly.
 
-Real processes (tests/forked.py), real signals, real files. The kill -9 loop here runs 10
-trials; the benchmark `benchmarks/kill9_resume.py` runs the same loop 100+ times.
+Real processes (navrl_daemon/testing/forked.py), real signals, real files. The kill -9 loop
+here runs 10 trials; the benchmark `benchmarks/kill9_resume.py` runs the same loop 100+ times.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from navrl_daemon.storage.checkpoint import CheckpointDir, encode_checkpoint, load_checkpoint
-from tests import forked
+from navrl_daemon.testing import forked
+from navrl_daemon.testing.daemon_process import Daemon, crash_and_resume, last_trained_is_kept
 from tests.conftest import TINY, navrl_cli
-from tests.daemon_process import Daemon, crash_and_resume, last_trained_is_kept
 from tests.storage.test_checkpoint_file import nrc
 
 FRAMES_PER_ITERATION = 64  # TINY: 8 envs x 8 steps

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from navrl_daemon.testing.daemon_process import Daemon
 from tests.conftest import REPO, SUBPROCESS_ENV, TINY
-from tests.daemon_process import Daemon
 
 STOPS = [signal.SIGTERM, signal.SIGINT, signal.SIGHUP]
 

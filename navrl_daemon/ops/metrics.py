@@ -44,8 +44,8 @@ from navrl_daemon.rl.ppo import STAT_NAMES
 # "finished": run.total_frames reached (the daemon keeps serving for metrics.final_scrape_s
 # so Prometheus sees it, and the down alert can tell a finished run from a crash).
 STATES = ("starting", "running", "draining", "stopped", "finished")
-# Durations from 1 ms (a channel hop) to 20 min: a NavRL-scale update takes ~100 s on a
-# 2-core CPU, and a quantile can only read up to the largest bucket.
+# Durations from 1 ms (a channel hop) to 20 min: a NavRL-scale update on a small CPU takes
+# minutes, and a quantile can only read up to the largest bucket.
 SECONDS_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300,
     600, 1200,

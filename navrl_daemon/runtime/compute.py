@@ -1,9 +1,9 @@
 """A long-lived worker thread for heavy compute, awaited from the event loop.
 
 Why not `anyio.to_thread.run_sync`: it may run each call on a different pool thread, and
-every OS thread that runs torch CPU kernels gets its own OpenMP team. Measured here
-(2 cores, torch 2.13 CPU): once a second team exists, the same PPO update runs ~1.9x
-slower (0.61 s → 1.18 s) and a rollout ~1.6x slower. So on CPU all torch work of the
+every OS thread that runs torch CPU kernels gets its own OpenMP team, and once a second
+team exists the teams wait on each other: the same PPO update ran ~1.9x slower and a
+rollout ~1.6x (docs/design.md, docs/checkpoints.md). So on CPU all torch work of the
 pipeline goes through one `ComputeThread`; on CUDA each stage may have its own, since its
 work there is mostly kernel launches.
 

@@ -440,7 +440,8 @@ def _diagnose(checkpoint: Path, tmp_path: Path, options: list[str], overrides: l
 
 
 def _script(name: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """benchmarks/NAME run as a user runs it, from the repository root (tests/forked.py)."""
-    from tests import forked
+    """benchmarks/NAME run as a user runs it, from the repository root
+    (navrl_daemon/testing/forked.py)."""
+    from navrl_daemon.testing import forked
 
     return forked.run_script(f"benchmarks/{name}", list(args), timeout=300)

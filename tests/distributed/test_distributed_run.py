@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from navrl_daemon.storage.checkpoint import CheckpointDir
-from tests import forked
+from navrl_daemon.testing import forked
 from tests.conftest import REPO, SUBPROCESS_ENV, TINY, navrl_cli
 from tests.distributed.ranks import free_port, rank_env
 

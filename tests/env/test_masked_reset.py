@@ -12,7 +12,7 @@ from navrl_daemon.env.conformance import run_conformance
 from navrl_daemon.env.navigation import masked_reset
 from navrl_daemon.rl import rollout
 from navrl_daemon.rl.policy import NavRLPolicy
-from tests.host_reads import CountHostReads
+from navrl_daemon.testing.host_reads import CountHostReads
 
 ACTION = ("agents", "action")
 DEVICES = [

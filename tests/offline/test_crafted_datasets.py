@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from navrl_daemon.testing.crafted_files import Crafted, dataset_files
 from tests.conftest import navrl_cli
-from tests.crafted_files import Crafted, dataset_files
 
 
 @pytest.fixture(scope="module")

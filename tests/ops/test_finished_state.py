@@ -11,7 +11,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tests import forked
+from navrl_daemon.testing import forked
 from tests.conftest import TINY
 
 

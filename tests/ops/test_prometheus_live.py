@@ -16,7 +16,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -61,10 +62,43 @@ MAY_BE_EMPTY = {
 }
 
 
-def test_every_dashboard_and_alert_expression_returns_data(tmp_path: Path) -> None:
-    prometheus = require_tool("prometheus")
+@dataclass(frozen=True)
+class LivePrometheus:
+    proc: subprocess.Popen
+    api: PrometheusAPI
+    log: Path
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path) -> Iterator[Callable[[int], LivePrometheus]]:
+    """`prometheus(metrics_port)`: a real Prometheus that scrapes the daemon on that port
+    every second and evaluates the alert rules, stopped when the test ends."""
+    binary = require_tool("prometheus")
+    with ExitStack() as running:
+
+        def start(metrics_port: int) -> LivePrometheus:
+            port = free_port()
+            config = tmp_path / "prometheus.yml"
+            config.write_text(json.dumps(prometheus_config(metrics_port)))  # JSON is YAML
+            log = tmp_path / "prometheus.log"
+            command = [
+                binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+            ]
+            proc = running.enter_context(started(command, log))
+            return LivePrometheus(proc, PrometheusAPI(f"http://127.0.0.1:{port}"), log)
+
+        yield start
+
+
+def test_every_dashboard_and_alert_expression_returns_data(
+    tmp_path: Path, prometheus: Callable[[int], LivePrometheus]
+) -> None:
     deadline = time.monotonic() + BUDGET_S
-    metrics_port, prometheus_port = free_port(), free_port()
+    metrics_port = free_port()
 
     daemon_log = tmp_path / "daemon.log"
     daemon_cmd = [
@@ -96,41 +130,31 @@ def test_every_dashboard_and_alert_expression_returns_data(tmp_path: Path) -> No
             daemon_diagnosis,
         )
 
-        config = tmp_path / "prometheus.yml"
-        config.write_text(json.dumps(prometheus_config(metrics_port)))  # JSON is YAML
-        prometheus_log = tmp_path / "prometheus.log"
-        prometheus_cmd = [
-            prometheus,
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{prometheus_port}",
-            "--log.level=warn",
-        ]
-        with started(prometheus_cmd, prometheus_log) as prom:
-            api = PrometheusAPI(f"http://127.0.0.1:{prometheus_port}")
+        live = prometheus(metrics_port)
+        prom, api = live.proc, live.api
 
-            def diagnosis() -> str:
-                return f"{daemon_diagnosis()}\nprometheus log tail:\n{tail(prometheus_log)}"
+        def diagnosis() -> str:
+            return f"{daemon_diagnosis()}\nprometheus log tail:\n{tail(live.log)}"
 
-            # Scraped, trained a while, evaluated once, and enough samples for every rate().
-            for what, expr in [
-                ("the daemon scraped", f'up{{job="{JOB}"}} == 1'),
-                ("10 iterations", "navrl_iterations_total >= 10"),
-                ("an evaluation", "navrl_evaluations_total >= 1"),
-                ("5 scrapes", f'count_over_time(up{{job="{JOB}"}}[{RATE_INTERVAL}]) >= 5'),
-            ]:
-                wait_until(what, lambda e=expr: api.has_data(e), deadline, prom, diagnosis)
-            rules = wait_until(
-                "every rule evaluated",
-                lambda: api.rules_if_all_evaluated(),
-                deadline,
-                prom,
-                diagnosis,
-            )
+        # Scraped, trained a while, evaluated once, and enough samples for every rate().
+        for what, expr in [
+            ("the daemon scraped", f'up{{job="{JOB}"}} == 1'),
+            ("10 iterations", "navrl_iterations_total >= 10"),
+            ("an evaluation", "navrl_evaluations_total >= 1"),
+            ("5 scrapes", f'count_over_time(up{{job="{JOB}"}}[{RATE_INTERVAL}]) >= 5'),
+        ]:
+            wait_until(what, lambda e=expr: api.has_data(e), deadline, prom, diagnosis)
+        rules = wait_until(
+            "every rule evaluated",
+            lambda: api.rules_if_all_evaluated(),
+            deadline,
+            prom,
+            diagnosis,
+        )
 
-            problems = check_rules(rules) + check_dashboard(api) + check_alerts(api, rules)
-            if problems:
-                pytest.fail("\n".join(problems) + f"\n{diagnosis()}")
+        problems = check_rules(rules) + check_dashboard(api) + check_alerts(api, rules)
+        if problems:
+            pytest.fail("\n".join(problems) + f"\n{diagnosis()}")
 
         daemon.send_signal(signal.SIGTERM)
         code = daemon.wait(timeout=STOP_S)
@@ -304,13 +328,12 @@ WHOLLY_FINITE = ("navrl_checkpoint_bytes", "navrl_frames_per_second")
 
 
 def test_after_a_resume_every_panel_reads_finite_numbers_and_a_stop_reads_stopped(
-    tmp_path: Path,
+    tmp_path: Path, prometheus: Callable[[int], LivePrometheus]
 ) -> None:
     """A resumed daemon that has not written a checkpoint yet: the dashboard's panels
     are not NaN (the compression ratio reads the checkpoint it resumed from), frames/s
     moves; then a SIGTERM: its last scrape says "stopped", so NavrlDaemonStopped fires
     and NavrlDaemonDown does not (the state dir's run went on, nothing crashed)."""
-    prometheus = require_tool("prometheus")
     state = tmp_path / "state"
     same = [*TINY, "env.map_levels=[0, 4]", "eval.interval=2", "metrics.port=0"]
     same.append(f"checkpoint.mirror={tmp_path / 'mirror'}")  # the mirror's panels too
@@ -326,30 +349,18 @@ def test_after_a_resume_every_panel_reads_finite_numbers_and_a_stop_reads_stoppe
     assert first.returncode == 0, first.stderr[-2000:]
 
     deadline = time.monotonic() + 2 * BUDGET_S
-    metrics_port, prometheus_port = free_port(), free_port()
+    metrics_port = free_port()
     daemon_log = tmp_path / "daemon.log"
     daemon_cmd = [*run_cmd, "run.total_frames=100000000", "checkpoint.interval=100000"]
     daemon_cmd += [f"metrics.port={metrics_port}", "metrics.final_scrape_s=5"]
-    config = tmp_path / "prometheus.yml"
-    config.write_text(json.dumps(prometheus_config(metrics_port)))
-    prometheus_log = tmp_path / "prometheus.log"
-    prometheus_cmd = [
-        prometheus,
-        f"--config.file={config}",
-        f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-        f"--web.listen-address=127.0.0.1:{prometheus_port}",
-        "--log.level=warn",
-    ]
-    with (
-        started(daemon_cmd, daemon_log, cwd=REPO) as daemon,
-        started(prometheus_cmd, prometheus_log) as prom,
-    ):
-        api = PrometheusAPI(f"http://127.0.0.1:{prometheus_port}")
+    with started(daemon_cmd, daemon_log, cwd=REPO) as daemon:
+        live = prometheus(metrics_port)
+        prom, api = live.proc, live.api
 
         def diagnosis() -> str:
             return (
                 f"daemon exit code {daemon.poll()}; log tail:\n{tail(daemon_log)}\n"
-                f"prometheus log tail:\n{tail(prometheus_log)}"
+                f"prometheus log tail:\n{tail(live.log)}"
             )
 
         for what, expr in [

@@ -22,7 +22,7 @@ from navrl_daemon.rl.collector import Collector
 from navrl_daemon.rl.graphs import cuda_capture, traced_capture
 from navrl_daemon.rl.policy import NavRLPolicy, make_policy, sample_beta
 from navrl_daemon.rl.rollout import collect
-from tests.host_reads import CountHostReads, HostData
+from navrl_daemon.testing.host_reads import CountHostReads, HostData
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
 

@@ -12,7 +12,7 @@ from navrl_daemon.rl.evaluate import Evaluation, evaluate, evaluate_outcomes, ev
 from navrl_daemon.rl.evaluations import make_eval_env
 from navrl_daemon.rl.graphs import traced_capture
 from navrl_daemon.rl.policy import make_policy
-from tests.host_reads import HostData
+from navrl_daemon.testing.host_reads import HostData
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
 

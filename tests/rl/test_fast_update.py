@@ -19,7 +19,7 @@ from navrl_daemon.rl import fast_update, ppo
 from navrl_daemon.rl.fast_update import FastUpdate, resolve
 from navrl_daemon.rl.learner import Learner
 from navrl_daemon.rl.policy import NavRLPolicy
-from tests.host_reads import CountHostReads
+from navrl_daemon.testing.host_reads import CountHostReads
 
 SMALL = PPOConfig(epochs=2, minibatches=4)
 CUDA = torch.cuda.is_available()

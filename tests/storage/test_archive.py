@@ -33,8 +33,8 @@ from navrl_daemon.storage.archive import (
 )
 from navrl_daemon.storage.episode_store import ArchiveReader, rollout_arrays
 from navrl_daemon.storage.segment_index import SegmentIndex
+from navrl_daemon.testing.crafted_files import archive_files as archive_files_crafted
 from tests.conftest import REPO, TINY
-from tests.crafted_files import archive_files as archive_files_crafted
 
 # TINY with pillars, so the LiDAR sees something.
 OBSTACLES = [*TINY, "env.num_obstacles=30", "env.field_size=12.0"]

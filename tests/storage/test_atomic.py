@@ -12,7 +12,7 @@ import pytest
 from navrl_daemon.storage import atomic
 from navrl_daemon.storage.atomic import append_line
 from navrl_daemon.storage.history import JsonLinesFile, read_jsonl
-from tests.small_disk import fill
+from navrl_daemon.testing.full_disk import fill
 
 
 def row(i: int) -> str:

@@ -27,7 +27,7 @@ from navrl_daemon.storage.checkpoint import (
     read_header,
     verify,
 )
-from tests.small_disk import fill
+from navrl_daemon.testing.full_disk import fill
 
 
 def realistic_state() -> dict:

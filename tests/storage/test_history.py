@@ -8,7 +8,7 @@ import signal
 from pathlib import Path
 
 from navrl_daemon.storage.history import HistoryFile, cut_rows, read_jsonl
-from tests.daemon_process import Daemon
+from navrl_daemon.testing.daemon_process import Daemon
 
 
 def rows_text(*iterations: int) -> str:

@@ -750,8 +750,8 @@ class NavigationEnv(EnvBase):
 def masked_reset(cfg: EnvConfig, device: torch.device | str) -> bool:
     """Whether the env resets with masks (`env.reset_mode`). "auto" is masked when the
     steps are captured (`collect_path`), indexed otherwise: run op by op, the masked reset
-    measured 0.55-0.65x the speed of the indexed one at NavRL's scale on an H100 and 0.61x
-    on a CPU (docs/throughput.md), while a graph cannot hold the indexed reset at all."""
+    is slower than the indexed one at NavRL's scale, on a GPU and on a CPU alike (measured
+    in docs/throughput.md), while a graph cannot hold the indexed reset at all."""
     if cfg.reset_mode == "auto":
         return collect_path(cfg, device) == "cuda_graph"
     return cfg.reset_mode == "masked"

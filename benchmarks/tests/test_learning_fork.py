@@ -10,10 +10,11 @@ import shutil
 import sys
 from pathlib import Path
 
+import learning
 import pytest
 
-from tests.conftest import TINY, navrl_cli
-from tests.test_learning_stop import learning
+from navrl_daemon.testing import TINY
+from navrl_daemon.testing.command_line import navrl_cli
 
 
 @pytest.fixture(scope="module")

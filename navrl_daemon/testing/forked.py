@@ -1,14 +1,14 @@
 """Real `navrl-daemon` processes without paying the imports for each: forks of one
-pre-imported interpreter per test worker (tests/fork_server.py).
+pre-imported interpreter per test worker (fork_server.py).
 
 Each `start` is a process of its own (its own pid, signals, exit status, kill -9, file
 descriptors and lock), running `cli.main` from argument parsing to the interpreter's
 exit, as `python -m navrl_daemon` does once torch, tensordict and torchrl are imported
-(~5 s of CPU per start on the 2-core machine, most of a short test's time). What only a
-fresh interpreter shows (a signal during those imports, a torch that fails to import,
-torchrun's ranks) is tested with `subprocess` instead; backends and their entry points are
-looked up at run time, in the child, as in a fresh process. `run_script` runs a
-benchmarks/ script the same way, as `python SCRIPT ARGS` would.
+(~5 s of CPU per start, most of a short test's time). What only a fresh interpreter shows
+(a signal during those imports, a torch that fails to import, torchrun's ranks) is tested
+with `subprocess` instead; backends and their entry points are looked up at run time, in
+the child, as in a fresh process. `run_script` runs a benchmarks/ script the same way, as
+`python SCRIPT ARGS` would.
 
 An `env` that changes what is read while importing (OMP_*, TORCH*, CUDA*, PYTHON*, ...)
 gets a fresh interpreter too: `start` falls back to `subprocess.Popen`.
@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from tests.conftest import REPO, SUBPROCESS_ENV
+from navrl_daemon.testing import CHECKOUT, SUBPROCESS_ENV
 
 # Read while importing: a request that changes one of these runs in a fresh interpreter.
 IMPORT_TIME_ENV = ("OMP_", "MKL_", "KMP_", "TORCH", "PYTORCH", "CUDA", "PYTHON", "LD_")
@@ -51,8 +51,8 @@ def _server_path() -> str:
         return _path
     _path = os.path.join(tempfile.mkdtemp(prefix="navrl-fork-"), "server.sock")
     _server = subprocess.Popen(
-        [sys.executable, "-m", "tests.fork_server", _path],
-        cwd=REPO,
+        [sys.executable, "-m", "navrl_daemon.testing.fork_server", _path],
+        cwd=CHECKOUT,
         env=SUBPROCESS_ENV,
         stdout=subprocess.PIPE,
         text=True,
@@ -218,9 +218,9 @@ def start(
         script = popen.pop("script", None)
         command = ["-m", "navrl_daemon"] if script is None else [script]
         return subprocess.Popen(
-            [sys.executable, *command, *args], env=full_env, cwd=cwd or REPO, **popen
+            [sys.executable, *command, *args], env=full_env, cwd=cwd or CHECKOUT, **popen
         )
-    return Forked(args, env=full_env, cwd=cwd or REPO, **popen)
+    return Forked(args, env=full_env, cwd=cwd or CHECKOUT, **popen)
 
 
 def run(

@@ -6,20 +6,10 @@ resumes from its newest valid checkpoint afterwards."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
-from tests.conftest import REPO
-
-_spec = importlib.util.spec_from_file_location(
-    "crafted_files_bench", REPO / "benchmarks" / "crafted_files.py"
-)
-assert _spec is not None and _spec.loader is not None
-bench = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = bench  # its dataclasses look their module up there
-_spec.loader.exec_module(bench)
+import crafted_files as bench
 
 
 def test_every_crafted_file_is_refused_and_the_state_dir_resumes(tmp_path: Path) -> None:

@@ -7,18 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import faults
 import pytest
-
-from tests.conftest import REPO
 
 
 @pytest.mark.slow
-def test_crafted_inputs_get_their_exit_codes_and_run_no_code(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    import faults
-
+def test_crafted_inputs_get_their_exit_codes_and_run_no_code(tmp_path: Path) -> None:
     result = faults.security(tmp_path)
     bad = [c for c in result["cases"] if c["exit_code"] != c["expected"] or c["traceback"]]
     assert not bad, bad

@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-
+import learning
 import torch
 
 from navrl_daemon.config import Config, load_config
 from navrl_daemon.rl.evaluations import make_eval_env
-from tests.conftest import REPO, TINY
-
-_spec = importlib.util.spec_from_file_location("learning_bench", REPO / "benchmarks/learning.py")
-assert _spec is not None and _spec.loader is not None
-learning = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(learning)
+from navrl_daemon.testing import TINY
 
 NAVRL = {"reach_goal": 0.5625, "collision": 0.4375}
 

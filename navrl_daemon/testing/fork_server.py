@@ -1,7 +1,7 @@
-"""The server side of tests/forked.py: an interpreter with the daemon's modules imported that
+"""The server side of forked.py: an interpreter with the daemon's modules imported that
 forks one child per `navrl-daemon` a test starts.
 
-Run by tests/forked.py as `python -m tests.fork_server SOCKET`. Each request is one
+Run by forked.py as `python -m navrl_daemon.testing.fork_server SOCKET`. Each request is one
 SOCK_SEQPACKET message on a new connection: JSON {args, script, env, cwd, new_session,
 rlimits} with the child's stdin, stdout and stderr as SCM_RIGHTS file descriptors. The
 server forks; the child takes those descriptors, the environment and the working

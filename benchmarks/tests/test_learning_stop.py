@@ -6,7 +6,6 @@ status says the run failed. Before, the whole sitting's report was lost."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -16,17 +15,15 @@ import threading
 import time
 from pathlib import Path
 
+import learning
 import pytest
 import torch
 
 from navrl_daemon.config import load_config
 from navrl_daemon.storage.policy_file import load_any_policy_state
-from tests.conftest import REPO, navrl_cli
+from navrl_daemon.testing.command_line import navrl_cli
 
-_spec = importlib.util.spec_from_file_location("learning_bench", REPO / "benchmarks/learning.py")
-assert _spec is not None and _spec.loader is not None
-learning = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(learning)
+REPO = Path(__file__).resolve().parents[2]
 
 NAVRL_FILE = REPO / "tests" / "data" / "navrl_checkpoint.pt"
 ROW = {"iteration": 50, "frames": 409600, "reach_goal": 0.25, "collision": 0.75, "return": -9.0}

@@ -18,30 +18,24 @@ from __future__ import annotations
 
 import collections
 import gc
-import importlib.util
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+import soak
 import torch
 
 from navrl_daemon.config import load_config
 from navrl_daemon.ops.progress import IterationRecord
 from navrl_daemon.pipeline.daemon import serve
 from navrl_daemon.storage.checkpoint import CheckpointDir, encode_checkpoint
-from tests import forked
-from tests.conftest import REPO, TINY
+from navrl_daemon.testing import TINY, forked
 
-_spec = importlib.util.spec_from_file_location("soak_bench", REPO / "benchmarks/soak.py")
-assert _spec is not None and _spec.loader is not None
-soak = importlib.util.module_from_spec(_spec)
-sys.modules["soak_bench"] = soak  # its dataclasses look their module up
-_spec.loader.exec_module(soak)
+REPO = Path(__file__).resolve().parents[2]
 
 # Every stage busy on the tiny config; the archive cap is reached within a few rollouts.
 BUSY = [

@@ -9,17 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pipeline_overhead
 import pytest
-
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+import throughput
 
 
 @pytest.fixture
-def bench(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    import pipeline_overhead
-    import throughput
-
+def bench():
     return pipeline_overhead, throughput
 
 

@@ -5,17 +5,8 @@ from __future__ import annotations
 
 import signal
 
+import faults
 import pytest
-
-from tests.conftest import REPO
-
-
-@pytest.fixture
-def faults(monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    import faults
-
-    return faults
 
 
 @pytest.mark.parametrize(
@@ -31,5 +22,5 @@ def faults(monkeypatch):
         (None, False, False),  # never exited
     ],
 )
-def test_a_stop_signals_exit_is_judged_as_documented(faults, code, printed, documented) -> None:
+def test_a_stop_signals_exit_is_judged_as_documented(code, printed, documented) -> None:
     assert faults.documented_stop(code, printed) is documented

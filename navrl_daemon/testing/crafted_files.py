@@ -2,9 +2,10 @@
 (exit 65): policy files (`.pt`), checkpoints (`.nrc`) and HDF5 datasets.
 
 Written by the tests (tests/test_cli_crafted_policies.py, tests/offline/test_crafted_datasets.py)
-and by benchmarks/crafted_files.py, which runs every one through its commands. A payload
-pickle runs `touch MARKER` if anything unpickles it without `weights_only`: the marker
-file must never appear.
+and by benchmarks/crafted_files.py, which runs every one through its commands;
+benchmarks/faults.py builds its lying checkpoint on `nrc_container`. A payload pickle runs
+`touch MARKER` if anything unpickles it without `weights_only`: the marker file must never
+appear.
 """
 
 from __future__ import annotations
@@ -54,10 +55,11 @@ def torch_bytes(obj: object, *, zip_format: bool = True) -> bytes:
     return buf.getvalue()
 
 
-def nrc_container(raw: bytes, iteration: int = 1) -> bytes:
+def nrc_container(raw: bytes, iteration: int = 1, payload: bytes | None = None) -> bytes:
     """A `.nrc` around any `torch.save` bytes, its checksum right: the format's container
-    written out here so that nothing in the project's writer refuses the contents."""
-    payload = lz4.frame.compress(raw)
+    written out here so that nothing in the project's writer refuses the contents.
+    `payload`: the stored bytes, where they are not `raw` compressed (a frame that lies)."""
+    payload = lz4.frame.compress(raw) if payload is None else payload
     header = {
         "format_version": FORMAT_VERSION,
         "iteration": iteration,

@@ -1,4 +1,4 @@
-"""A real `navrl-daemon run` process (tests/forked.py) whose JSON log lines are read as they
+"""A real `navrl-daemon run` process (forked.py) whose JSON log lines are read as they
 come."""
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests import forked
-from tests.conftest import TINY
+from navrl_daemon.testing import TINY, forked
 
 
 class Daemon:
@@ -123,7 +122,7 @@ def crash_and_resume(
         with log_path.open("w") as log:
             proc = forked.start([*args, *overrides], stderr=log, stdout=subprocess.DEVNULL)
             # One kill in five lands during start-up (config, lock, resume: the imports are
-            # done in a fork, tests/forked.py); the others while training and writing.
+            # done in a fork, forked.py); the others while training and writing.
             if rng.random() < 0.2:
                 time.sleep(rng.uniform(0.1, 3.0))
             else:
