@@ -1,16 +1,21 @@
 """The execution plan (config/execution_plan.py): every mode a run executes in, chosen once
 from its config and device, and the same choice for every config and device as the rules
 it gathers made where they were applied (the learner, the env, the trainer's stream, the
-LiDAR CNN). Devices are names: no GPU is needed to compute what one would run."""
+LiDAR CNN), logged once at start. Devices are names: no GPU is needed to compute what one
+would run."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
-from navrl_daemon.config import Config, ConfigError
+from navrl_daemon.config import Config, ConfigError, ExecutionPlan
+from navrl_daemon.testing import TINY
+from navrl_daemon.testing.command_line import navrl_cli
 
 # (name, overrides, ranks, device, expected): expected is the plan's choices, or the start
 # of a ConfigError's message, "load: ..." where the config itself does not load.
@@ -122,7 +127,7 @@ CASES: list[tuple[str, dict[str, Any], int, str, Any]] = [
         {"env.collect_path": "cuda_graph", "env.reset_mode": "indexed"},
         1,
         "cuda",
-        'load: collect_path: "cuda_graph" cannot hold the indexed reset',
+        "load: env.collect_path = 'cuda_graph' cannot hold the indexed reset",
     ),
     (
         "other backend",
@@ -165,40 +170,16 @@ def outcome(choose: Any, overrides: dict[str, Any], ranks: int, device: str) -> 
         return str(err)
 
 
-def todays_rules(cfg: Config, ranks: int, device: str) -> tuple[Any, ...]:
-    """What the code chose before the plan, each mode where it was applied: the learner's
-    update path (rl/fast_update.py) with what the daemon builds it with, the env's collect
-    path and reset (env/), the trainer's stream (runtime/streams.py) and the LiDAR CNN's
-    lowering (rl/lidar_cnn.py), the last two read off their code (one needs a GPU)."""
-    import torch
-
-    from navrl_daemon.config import NOT_FAST, NOT_GRAPH, check_compile
-    from navrl_daemon.env.contract import collect_path
-    from navrl_daemon.env.navigation.env import masked_reset
-    from navrl_daemon.rl.fast_update import resolve
-
-    why_not = None
-    if ranks > 1:
-        why_not = NOT_FAST["reducer"]
-    elif cfg.pipeline.compress_rollouts:
-        why_not = NOT_FAST["env_groups"]
-    why_not_graph = NOT_GRAPH["aux_loss"] if cfg.offline.objective == "ppo+bc" else None
-    path = resolve(
-        cfg.ppo.update_path, torch.device(device), why_not=why_not, why_not_graph=why_not_graph
-    )
-    check_compile(cfg.ppo.compile, path)
-    cuda = torch.device(device).type == "cuda"
-    lidar = cfg.ppo.lidar_conv
-    if lidar == "auto":
-        lidar = "native" if cuda else "matmul"
+def planned(cfg: Config, ranks: int, device: str) -> tuple[Any, ...]:
+    plan = ExecutionPlan.of(cfg, device, ranks=ranks)
     return (
-        path,
-        cfg.ppo.compile,
-        collect_path(cfg.env, device),
-        "masked" if masked_reset(cfg.env, device) else "indexed",
-        cfg.pipeline.trainer_stream and cuda,
-        cfg.pipeline.compress_rollouts,
-        lidar,
+        plan.update_path.value,
+        plan.compile.value,
+        plan.collect_path.value,
+        plan.reset.value,
+        plan.trainer_stream.value,
+        plan.compressed_rollouts.value,
+        plan.lidar_conv.value,
     )
 
 
@@ -209,8 +190,58 @@ def matches(got: Any, expected: Any) -> bool:
 
 
 @pytest.mark.parametrize(("name", "overrides", "ranks", "device", "expected"), CASES, ids=IDS)
-def test_the_table_is_what_todays_rules_choose(
+def test_the_plan_chooses_what_the_rules_chose_where_they_were_applied(
     name: str, overrides: dict[str, Any], ranks: int, device: str, expected: Any
 ) -> None:
-    got = outcome(todays_rules, overrides, ranks, device)
+    """The table was first held to the rules where they were applied (the learner's
+    update path with what the daemon builds it with, the env's collect path and reset,
+    the trainer's stream, the LiDAR CNN's lowering); the plan makes the same choices."""
+    got = outcome(planned, overrides, ranks, device)
     assert matches(got, expected), got
+
+
+def test_every_choice_says_which_rule_made_it() -> None:
+    plan = ExecutionPlan.of(load({"ppo.update_path": "fused"}), "cuda")
+    fields = plan.fields()
+    assert set(fields["why"]) == set(plan.choices) == set(fields) - {"device", "why"}
+    assert fields["why"]["update_path"] == "ppo.update_path = 'fused'"
+    assert fields["why"]["collect_path"] == "auto: the embedded env's step captured on CUDA"
+    assert fields["why"]["reset"] == "auto: masked, the steps are captured"
+    assert json.loads(json.dumps(fields)) == fields  # one JSON log line
+
+
+def test_what_is_built_on_the_cpu_follows_the_plan() -> None:
+    """The learner, the env and the policy apply the plan's rules to what they are built
+    with: on this CPU, what they run is what the plan says."""
+    from navrl_daemon.env import make_env
+    from navrl_daemon.rl.learner import Learner
+    from navrl_daemon.rl.policy import make_policy
+
+    small = {"env.num_envs": 4, "env.num_obstacles": 4, "env.num_dynamic_obstacles": 8}
+    for overrides in (
+        {},
+        {"ppo.update_path": "fused", "env.reset_mode": "masked"},
+        {"ppo.lidar_conv": "native"},
+    ):
+        cfg = load({**small, **overrides})
+        plan = ExecutionPlan.of(cfg, "cpu")
+        policy = make_policy(cfg, "cpu")
+        assert Learner.build(cfg, policy, "cpu").update_path == plan.update_path.value
+        env = make_env(cfg.env, device="cpu", seed=0)
+        assert env.collect_path == plan.collect_path.value
+        assert env.masked_reset == (plan.reset.value == "masked")
+        assert policy.feature_extractor.module[0].module.lowering == plan.lidar_conv.value
+
+
+def test_a_run_logs_its_plan_once_at_start(tmp_path: Path) -> None:
+    proc = navrl_cli("run", "--state-dir", str(tmp_path / "s"), *TINY, "run.total_frames=128")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = [json.loads(x) for x in proc.stderr.splitlines() if x.startswith("{")]
+    plans = [e for e in log if e["event"] == "execution plan"]
+    assert len(plans) == 1, plans
+    plan = plans[0]
+    assert (plan["device"], plan["update_path"], plan["reset"]) == ("cpu", "eager", "indexed")
+    assert plan["why"]["update_path"] == "auto: eager off CUDA, where no launch overhead is saved"
+    assert plan["why"]["lidar_conv"] == "auto: matmul on the CPU"
+    events = [e["event"] for e in log]
+    assert events.index("execution plan") < events.index("progress")  # before training
