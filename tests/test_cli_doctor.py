@@ -106,6 +106,10 @@ def test_json_holds_the_same(doctor: Callable[..., str]) -> None:
     # --config: the device that config's run would train on
     doc = json.loads(doctor("--json", "--config", str(REPO / "config" / "default.toml")))
     assert doc["device"] == {"run.device": "cpu", "resolved": "cpu"}
+    # and the execution plan its run would log at start there
+    plan = doc["plan"]
+    assert (plan["device"], plan["update_path"], plan["collect_path"]) == ("cpu", "eager", "eager")
+    assert plan["why"]["reset"] == "auto: indexed, the faster one op by op"
 
 
 def test_the_gpus_torch_sees(doctor: Callable[..., str], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -121,6 +125,8 @@ def test_the_gpus_torch_sees(doctor: Callable[..., str], monkeypatch: pytest.Mon
     assert got["torch"].endswith("(CUDA 13.0 build)")
     assert got["GPU"] == "cuda:0  NVIDIA H100 80GB HBM3, 79.2 GiB, compute capability 9.0"
     assert got["device"].startswith("cuda ")
+    # the plan a run would make there, resolved without a GPU
+    assert got["plan"].startswith("update_path = cuda_graph  (auto: the fused step captured")
     doc = json.loads(doctor("--json"))
     assert doc["gpus"] == [
         {

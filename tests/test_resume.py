@@ -78,8 +78,8 @@ def test_resume_from_an_interval_checkpoint_after_kill9_is_also_exact(
         f"env.reset_mode={reset_mode}",
     )
     log = run(tmp_path / "a", *common, "run.total_frames=640")  # checkpoints 2, 4, ..., 10
-    assert [e["path"] for e in log if e["event"] == "ppo update path"] == [update_path]
-    assert [e["mode"] for e in log if e["event"] == "env reset mode"] == [reset_mode]
+    plans = [e for e in log if e["event"] == "execution plan"]
+    assert [(e["update_path"], e["reset"]) for e in plans] == [(update_path, reset_mode)]
     (tmp_path / "a" / "checkpoints" / "ckpt-000000010.nrc").unlink()  # as if killed at 9
     resumed = run(tmp_path / "a", *common, "run.total_frames=960")
     start = next(e for e in resumed if e["event"] == "resumed from checkpoint")

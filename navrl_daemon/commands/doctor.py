@@ -2,7 +2,9 @@
 
 Python, navrl-daemon, torch and the CUDA it was built for, the GPUs it sees, the device the
 config resolves to, the libraries the daemon runs on and which optional extras are
-installed (pyproject.toml's `[project.optional-dependencies]`). Versions come from the
+installed (pyproject.toml's `[project.optional-dependencies]`), and the execution plan a
+run of the config would log at start on that device, one process (config/execution_plan.py:
+update, collect and reset paths, compile, streams, and why). Versions come from the
 installed distributions' metadata; torch is imported for its CUDA and GPUs, and reported
 with its error when that import fails. Always exits 0.
 """
@@ -18,7 +20,7 @@ from typing import Any
 
 from navrl_daemon import __version__
 from navrl_daemon.commands.common import config_args, json_arg, print_json
-from navrl_daemon.config import Config, resolve_device
+from navrl_daemon.config import Config, ConfigError, ExecutionPlan, resolve_device
 
 # The libraries every run uses (pyproject.toml's dependencies), by distribution name.
 LIBRARIES = (
@@ -93,6 +95,7 @@ def diagnose(cfg: Config) -> dict[str, Any]:
     working = "error" not in torch
     if working and not torch["cuda"]:
         torch["cuda_install"] = CUDA_TORCH.format(python=sys.executable)
+    device = resolve_device(cfg) if working else None
     return {
         "python": {"version": platform.python_version(), "executable": sys.executable},
         "navrl_daemon": __version__,
@@ -100,11 +103,23 @@ def diagnose(cfg: Config) -> dict[str, Any]:
         "gpus": gpus() if working else [],
         "device": {
             "run.device": cfg.run.device,
-            "resolved": resolve_device(cfg) if working else None,
+            "resolved": device,
         },
+        "plan": execution_plan(cfg, device),
         "libraries": {name: installed(name) for name in LIBRARIES},
         "extras": {extra.name: extra_status(extra, working) for extra in EXTRAS},
     }
+
+
+def execution_plan(cfg: Config, device: str | None) -> dict[str, Any] | None:
+    """The plan's fields on `device` (None where torch does not import), or the
+    ConfigError a run would exit 78 with."""
+    if device is None:
+        return None
+    try:
+        return ExecutionPlan.of(cfg, device).fields()
+    except ConfigError as err:
+        return {"error": str(err)}
 
 
 def torch_status() -> dict[str, Any]:
@@ -196,6 +211,12 @@ def print_text(doc: dict[str, Any]) -> None:
     device = doc["device"]
     setting = f'run.device = "{device["run.device"]}"'
     print(f"{'device':<{LABEL}}{device['resolved'] or 'unknown'}  ({setting})")
+    plan = doc["plan"]
+    if plan is not None and "error" in plan:
+        print(f"{'plan':<{LABEL}}cannot run: {plan['error']}")
+    elif plan is not None:
+        for n, (mode, why) in enumerate(plan["why"].items()):
+            print(f"{'plan' if n == 0 else '':<{LABEL}}{mode} = {plan[mode]}  ({why})")
     libraries = [f"{name} {v or 'MISSING'}" for name, v in doc["libraries"].items()]
     for n, line in enumerate(_wrap_items(libraries, width=100 - LABEL)):
         print(f"{'libraries' if n == 0 else '':<{LABEL}}{line}")

@@ -2,11 +2,20 @@
 
 - `sections.py`: one pydantic model per TOML table, and `Config`, the whole;
 - `loader.py`: reading a config (file, environment, overrides) and writing one as TOML;
-- `update_path.py`: the one rule for which PPO update path a run can take.
+- `execution_plan.py`: the rules for how a run executes (update, collect and reset paths,
+  compile, streams), and the plan they make of a config and a device.
 
 Import from here: `from navrl_daemon.config import Config, load_config`.
 """
 
+from navrl_daemon.config.execution_plan import (
+    NOT_FAST,
+    NOT_GRAPH,
+    Choice,
+    CollectPath,
+    ExecutionPlan,
+    UpdatePath,
+)
 from navrl_daemon.config.loader import (
     load_config,
     parse_override,
@@ -34,13 +43,6 @@ from navrl_daemon.config.sections import (
     resolve_device,
     state_dir_problem,
 )
-from navrl_daemon.config.update_path import (
-    NOT_FAST,
-    NOT_GRAPH,
-    UpdatePath,
-    check_compile,
-    resolve_update_path,
-)
 from navrl_daemon.errors import ConfigError
 
 __all__ = [
@@ -48,12 +50,15 @@ __all__ = [
     "NOT_GRAPH",
     "ArchiveConfig",
     "CheckpointConfig",
+    "Choice",
+    "CollectPath",
     "Config",
     "ConfigError",
     "CurriculumStage",
     "DistributedConfig",
     "EnvConfig",
     "EvalConfig",
+    "ExecutionPlan",
     "LogConfig",
     "MetricsConfig",
     "OfflineConfig",
@@ -64,11 +69,9 @@ __all__ = [
     "RunConfig",
     "Section",
     "UpdatePath",
-    "check_compile",
     "load_config",
     "parse_override",
     "resolve_device",
-    "resolve_update_path",
     "set_dotted",
     "state_dir_problem",
     "to_toml",

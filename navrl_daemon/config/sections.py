@@ -25,11 +25,12 @@ from pydantic import (
     model_validator,
 )
 
-from navrl_daemon.config.update_path import (
+from navrl_daemon.config.execution_plan import (
     NOT_FAST,
     NOT_GRAPH,
-    check_compile,
-    resolve_update_path,
+    collect_path,
+    compile_step,
+    update_path,
 )
 from navrl_daemon.errors import ConfigError
 
@@ -261,18 +262,10 @@ class EnvConfig(Section):
 
     @model_validator(mode="after")
     def _capturable(self) -> EnvConfig:
-        if self.collect_path != "cuda_graph":
-            return self
-        if self.backend != "navigation":
-            raise ValueError(
-                'collect_path: "cuda_graph" captures the embedded env\'s step; '
-                f'backend "{self.backend}" needs "eager" or "auto"'
-            )
-        if self.reset_mode == "indexed":
-            raise ValueError(
-                'collect_path: "cuda_graph" cannot hold the indexed reset\'s host reads; '
-                'reset_mode "indexed" needs "eager" or "auto"'
-            )
+        try:  # what this section alone says; the device is checked with the run's
+            collect_path(self, None)
+        except ConfigError as err:
+            raise ValueError(str(err)) from None
         return self
 
     @field_validator("num_dynamic_obstacles")
@@ -722,11 +715,11 @@ class Config(Section):
         why_not_graph = NOT_GRAPH["aux_loss"] if self.offline.objective == "ppo+bc" else None
         device = None if self.run.device == "auto" else self.run.device.split(":")[0]
         try:
-            path = resolve_update_path(
+            path = update_path(
                 self.ppo.update_path, device, why_not=why_not, why_not_graph=why_not_graph
             )
             if device is not None or self.ppo.update_path == "eager":  # else: the learner
-                check_compile(self.ppo.compile, path)
+                compile_step(self.ppo.compile, path.value)
         except ConfigError as err:
             raise ValueError(str(err)) from None
         return self
@@ -769,10 +762,11 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _collect_path(self) -> Config:
-        if self.env.collect_path == "cuda_graph" and self.run.device == "cpu":
-            raise ValueError(
-                'env.collect_path: "cuda_graph" needs a CUDA device; run.device is "cpu"'
-            )
+        device = None if self.run.device == "auto" else self.run.device
+        try:
+            collect_path(self.env, device)
+        except ConfigError as err:
+            raise ValueError(str(err)) from None
         return self
 
     @property

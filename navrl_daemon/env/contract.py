@@ -48,14 +48,11 @@ import torch
 from torch import Tensor
 from torchrl.envs import EnvBase
 
-from navrl_daemon.config import EnvConfig
-from navrl_daemon.errors import ConfigError
+from navrl_daemon.config import CollectPath, EnvConfig
 
 NestedKey = tuple[str, ...]
 # "train": the training spawn rule; "navrl": NavRL's deterministic eval crossing.
 Layout = Literal["train", "navrl"]
-# How rollout steps run (`env.collect_path`): op by op, or replays of a captured step.
-CollectPath = Literal["eager", "cuda_graph"]
 
 OBS = ("agents", "observation")
 ACTION_KEY = ("agents", "action")
@@ -275,25 +272,6 @@ def check_output(
                 )
             )
     return failures
-
-
-def collect_path(cfg: EnvConfig, device: torch.device | str) -> CollectPath:
-    """How this env's rollout steps run (`env.collect_path`): "cuda_graph", replays of a
-    captured step (rl/captured_rollout.py), or "eager". "auto" captures the embedded env on
-    CUDA unless `env.reset_mode` asks for the indexed reset, whose host reads a graph cannot
-    hold; an explicit "cuda_graph" that cannot run is a ConfigError (exit 78)."""
-    requested, device = cfg.collect_path, torch.device(device)
-    capturable = cfg.backend == "navigation" and cfg.reset_mode != "indexed"
-    if requested == "auto":
-        return "cuda_graph" if device.type == "cuda" and capturable else "eager"
-    if requested == "cuda_graph" and device.type != "cuda":
-        raise ConfigError(f"env.collect_path = 'cuda_graph' needs a CUDA device; this is {device}")
-    if requested == "cuda_graph" and not capturable:
-        raise ConfigError(
-            "env.collect_path = 'cuda_graph' captures the embedded env's masked reset: "
-            f"env.backend = {cfg.backend!r}, env.reset_mode = {cfg.reset_mode!r}"
-        )
-    return requested
 
 
 def _same_device(a: torch.device | str, b: torch.device | str) -> bool:

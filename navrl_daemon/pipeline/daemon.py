@@ -30,8 +30,8 @@ import structlog
 import torch
 
 from navrl_daemon import __version__
-from navrl_daemon.config import Config, resolve_device
-from navrl_daemon.env.contract import CapturableEnv, DensityLevels
+from navrl_daemon.config import Config, ExecutionPlan, resolve_device
+from navrl_daemon.env.contract import DensityLevels
 from navrl_daemon.env.curriculum import Curriculum
 from navrl_daemon.errors import ConfigError, StageFailed
 from navrl_daemon.ops.logging import bind_process_fields
@@ -44,7 +44,6 @@ from navrl_daemon.pipeline.messages import FinalCollectorState, PolicyWeights, R
 from navrl_daemon.pipeline.ranks import Ranks
 from navrl_daemon.pipeline.telemetry import Telemetry
 from navrl_daemon.rl import ppo
-from navrl_daemon.rl.captured_rollout import CapturedRollout
 from navrl_daemon.rl.collector import Collector, rollout_memory
 from navrl_daemon.rl.evaluations import Evaluations
 from navrl_daemon.rl.learner import Learner
@@ -259,6 +258,9 @@ def build_stages(ctx: RunContext) -> list[Stage]:
         return []
     if found is not None:
         resume.check_settings(cfg, found[0], found[2])  # before anything is built
+    # Every mode this run executes in, and why: ConfigError (78) where one cannot run here.
+    plan = ExecutionPlan.of(cfg, ctx.device, ranks=world.world_size)
+    log.info("execution plan", **plan.fields())
     torch.manual_seed(cfg.run.seed)  # the same initial weights on every rank
     with phase("policy and update"):
         policy = make_policy(cfg, ctx.device)
@@ -285,7 +287,7 @@ def build_stages(ctx: RunContext) -> list[Stage]:
             owned = _state_dir_stages(
                 ctx, checkpoints, policy, curriculum, mirror, resumed_from=start.iteration
             )
-    stream = TrainerStream.for_device(ctx.device, cfg.pipeline.trainer_stream)
+    stream = TrainerStream.for_device(ctx.device, plan.trainer_stream.value)
     core = _Core(learner, collector, state, start, curriculum, checkpoints, owned, stream)
     rollouts: Channel[Rollout] = Channel("rollouts", cfg.pipeline.lease_pool, Overflow.BLOCK)
     weights: Channel[PolicyWeights] = Channel("weights", 1, Overflow.COALESCE)
@@ -327,17 +329,7 @@ def _collector(ctx: RunContext, policy: NavRLPolicy, curriculum: Curriculum | No
     `policy`."""
     cfg = ctx.cfg
     train_cfg = cfg.model_copy(update={"env": curriculum.env_config(0)}) if curriculum else cfg
-    collector = Collector.build(_rank_config(train_cfg, ctx.world), acting_copy(policy), ctx.device)
-    # the embedded env's choice
-    masked = collector.env.masked_reset if isinstance(collector.env, CapturableEnv) else None
-    if masked is not None:
-        captured = isinstance(collector.rollout, CapturedRollout)
-        log.info(
-            "env reset mode",
-            mode="masked" if masked else "indexed",
-            collect_path="cuda_graph" if captured else "eager",
-        )
-    return collector
+    return Collector.build(_rank_config(train_cfg, ctx.world), acting_copy(policy), ctx.device)
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,9 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.envs import EnvBase
 
 from navrl_daemon.config import Config
+from navrl_daemon.config.execution_plan import collect_path
 from navrl_daemon.env import check_backend, make_env
-from navrl_daemon.env.contract import ResumableEnv, collect_path, step_record_bytes
+from navrl_daemon.env.contract import ResumableEnv, step_record_bytes
 from navrl_daemon.rl.captured_rollout import rollout_for
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.rl.rollout import EpisodeStats, Rollout, collect, first_step, make_rollout_buffer
@@ -57,7 +58,7 @@ class Collector:
         # The start-up gate: a backend that breaks the env contract is a ConfigError (78).
         check_backend(cfg.env, device=device, seed=cfg.run.seed)
         env = make_env(cfg.env, device=device, seed=cfg.run.seed)
-        path = collect_path(cfg.env, device)
+        path = collect_path(cfg.env, device).value
         rollout = rollout_for(path, device, fallback=cfg.env.collect_path == "auto")
         return cls(cfg, env, policy, env.reset(), EpisodeStats(device), sampler(device), rollout)
 

@@ -33,11 +33,11 @@ Every path runs the same losses and minibatch step (`ppo.tensor_losses`, then
 `ppo.minibatch_step`: an update's extra terms, backward and clips); the paths differ in how
 the optimisers step and how the statistics reach the host. The fast paths cover uniform frame
 minibatches in one process, and an extra term (`aux_loss`) everywhere but in a CUDA graph,
-which would not see the data the host hands such a term. `resolve` picks the eager path
+which would not see the data the host hands such a term. The rule picks the eager path
 for anything else, and for `auto` on a CPU, where there is no launch overhead to save
 (benchmarks/throughput.py and ppo_update.py measure both; docs/throughput.md). The rule
-itself is `resolve_update_path` (config/update_path.py), the one place that decides whether a path
-can run. `build_update` makes a learner's fast update once, from the path resolved for
+itself is `update_path` of config/execution_plan.py, the one place that decides whether a
+path can run. `build_update` makes a learner's fast update once, from the path resolved for
 what the learner is built with: a `FastUpdate`, or None where the path is "eager" (the
 learner then calls ppo.update, which takes a reducer, an extra loss term and any
 minibatch source).
@@ -52,14 +52,8 @@ from contextlib import contextmanager
 import torch
 from tensordict import TensorDictBase
 
-from navrl_daemon.config import (
-    NOT_FAST,
-    NOT_GRAPH,
-    PPOConfig,
-    UpdatePath,
-    check_compile,
-    resolve_update_path,
-)
+from navrl_daemon.config import NOT_FAST, NOT_GRAPH, PPOConfig, UpdatePath
+from navrl_daemon.config.execution_plan import compile_step, update_path
 from navrl_daemon.rl import ppo
 from navrl_daemon.rl.data_parallel import DataParallel
 from navrl_daemon.rl.graphs import capture_graph
@@ -70,17 +64,6 @@ AuxLoss = ppo.AuxLoss
 # Warm-up steps on a side stream before capture (CUDA's lazy initialisation: cuBLAS
 # workspaces, autograd's stream bookkeeping); each is a skipped Adam step, maths-neutral.
 _WARMUP_STEPS = 3
-
-
-def resolve(
-    requested: str,
-    device: torch.device,
-    *,
-    why_not: str | None = None,
-    why_not_graph: str | None = None,
-) -> UpdatePath:
-    """The path an update runs on for this device (config.resolve_update_path's rule)."""
-    return resolve_update_path(requested, device.type, why_not=why_not, why_not_graph=why_not_graph)
 
 
 def build_update(
@@ -101,8 +84,8 @@ def build_update(
     elif minibatches is not ppo.frame_minibatches:
         why_not = NOT_FAST["env_groups"]
     why_not_graph = NOT_GRAPH["aux_loss"] if aux_loss is not None else None
-    path = resolve(cfg.update_path, device, why_not=why_not, why_not_graph=why_not_graph)
-    check_compile(cfg.compile, path)
+    path = update_path(cfg.update_path, device, why_not=why_not, why_not_graph=why_not_graph).value
+    compile_step(cfg.compile, path)
     if path == "eager":
         return None
     return FastUpdate(

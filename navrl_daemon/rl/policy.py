@@ -22,6 +22,7 @@ from torch import nn
 from torch.distributions import Beta, Independent
 
 from navrl_daemon.config import Config
+from navrl_daemon.config.execution_plan import lidar_lowering
 from navrl_daemon.rl.gae import GAE
 from navrl_daemon.rl.lidar_cnn import LidarCNN, Lowering
 from navrl_daemon.rl.value_norm import ValueNorm
@@ -290,13 +291,16 @@ def sample_beta(dist: Independent, generator: torch.Generator | None) -> torch.T
 def make_policy(
     cfg: Config, device: torch.device | str, lidar_conv: Lowering | None = None
 ) -> NavRLPolicy:
-    """The run's policy; `lidar_conv` overrides ppo.lidar_conv (export: "native")."""
+    """The run's policy; `lidar_conv` overrides ppo.lidar_conv (export: "native"), which
+    is resolved for `device` (config/execution_plan.py)."""
+    if lidar_conv is None:
+        lidar_conv = lidar_lowering(cfg.ppo.lidar_conv, device).value
     return NavRLPolicy(
         action_limit=cfg.env.action_limit,
         gamma=cfg.ppo.gamma,
         lmbda=cfg.ppo.lmbda,
         separate_critic=cfg.ppo.separate_critic,
-        lidar_conv=cfg.ppo.lidar_conv if lidar_conv is None else lidar_conv,
+        lidar_conv=lidar_conv,
     ).to(device)
 
 

@@ -20,6 +20,8 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
+from navrl_daemon.config.execution_plan import trainer_stream
+
 
 class TrainerStream:
     def __init__(self, stream: torch.cuda.Stream | None = None) -> None:
@@ -28,7 +30,8 @@ class TrainerStream:
     @classmethod
     def for_device(cls, device: torch.device, enabled: bool) -> TrainerStream:
         """A stream of its own when `enabled` on a CUDA device; else the shared one."""
-        return cls(torch.cuda.Stream(device) if enabled and device.type == "cuda" else None)
+        own = trainer_stream(enabled, device).value
+        return cls(torch.cuda.Stream(device) if own else None)
 
     @property
     def active(self) -> bool:

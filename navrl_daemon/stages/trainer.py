@@ -148,7 +148,6 @@ class Trainer:
             "CUDA graph capture failed: the PPO update goes on as ppo.update_path = "
             "'fused' (the same maths, launched step by step)",
         )
-        self._path_logged = False
 
     async def run(self) -> None:
         ckpt = self.checkpoints
@@ -248,9 +247,6 @@ class Trainer:
             self.stream.wait_for(ready)  # the rollout's kernels, and nothing queued after
             if self.checkpoints is not None:
                 self.checkpoints.staging.fence()  # a snapshot still reading the weights
-            if not self._path_logged:  # at the first update: every stage has wired it
-                self._path_logged = True
-                log.info("ppo update path", path=self.learner.update_path)
             self.on_phase("update", True)
             try:
                 losses = self.learner.update(

@@ -7,9 +7,9 @@ import torch
 from tensordict import TensorDict
 
 from navrl_daemon.config import EnvConfig
+from navrl_daemon.config.execution_plan import reset_mode
 from navrl_daemon.env import NavigationEnv, make_env
 from navrl_daemon.env.conformance import run_conformance
-from navrl_daemon.env.navigation import masked_reset
 from navrl_daemon.rl import rollout
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.testing.host_reads import CountHostReads
@@ -43,6 +43,10 @@ def play(env: NavigationEnv, steps: int, seed: int = 0) -> tuple[list[TensorDict
         record, td = env.step_and_maybe_reset(td)
         records.append(record.clone())
     return records, td
+
+
+def masked_reset(cfg: EnvConfig, device: torch.device | str) -> bool:
+    return reset_mode(cfg, device).value == "masked"
 
 
 def test_auto_is_masked_only_where_the_step_is_captured():

@@ -13,10 +13,11 @@ import pytest
 import torch
 from torch._dynamo.utils import counters as dynamo_counters
 
-from navrl_daemon.config import Config, PPOConfig, resolve_update_path
+from navrl_daemon.config import Config, PPOConfig
+from navrl_daemon.config.execution_plan import update_path
 from navrl_daemon.errors import ConfigError
 from navrl_daemon.rl import fast_update, ppo
-from navrl_daemon.rl.fast_update import FastUpdate, resolve
+from navrl_daemon.rl.fast_update import FastUpdate
 from navrl_daemon.rl.learner import Learner
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.testing.host_reads import CountHostReads
@@ -371,6 +372,10 @@ def test_the_captured_step_reads_nothing_on_the_host(make_batch, mirror, guards)
 # ---------------------------------------------------------------------------- choosing
 
 
+def resolve(requested: str, device: torch.device, **why: str) -> str:
+    return update_path(requested, device, **why).value
+
+
 def test_auto_is_eager_on_cpu_and_graphs_on_cuda():
     assert resolve("auto", torch.device("cpu")) == "eager"
     assert resolve("auto", torch.device("cuda")) == "cuda_graph"
@@ -415,8 +420,8 @@ def test_a_learner_with_an_extra_loss_term_runs_fused_but_never_in_a_graph():
     learner = Learner.build(fused, NavRLPolicy(), "cpu", aux_loss=term)
     assert learner.update_path == "fused" and learner.fast is not None
     assert learner.fast.aux_loss is term
-    assert resolve_update_path("auto", "cuda", why_not_graph="x") == "fused"
-    assert resolve_update_path("auto", "cpu", why_not_graph="x") == "eager"
+    assert update_path("auto", "cuda", why_not_graph="x").value == "fused"
+    assert update_path("auto", "cpu", why_not_graph="x").value == "eager"
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,6 @@ from navrl_daemon.env.navigation.env import (
     Z_MAX,
     Z_MIN,
     NavigationEnv,
-    masked_reset,
 )
 
-__all__ = ["COLLISION_DISTANCE", "REACH_RADIUS", "Z_MAX", "Z_MIN", "NavigationEnv", "masked_reset"]
+__all__ = ["COLLISION_DISTANCE", "REACH_RADIUS", "Z_MAX", "Z_MIN", "NavigationEnv"]

@@ -71,17 +71,15 @@ from torch import Tensor
 from torchrl.data import Bounded, Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase
 
-from navrl_daemon.config import EnvConfig
+from navrl_daemon.config import EnvConfig, execution_plan
 
 # The contract's keys and literals, also importable from here as before.
 from navrl_daemon.env.contract import ACTION_KEY as ACTION_KEY
 from navrl_daemon.env.contract import OBS as OBS
 from navrl_daemon.env.contract import REWARD_KEY as REWARD_KEY
 from navrl_daemon.env.contract import STAT_KEYS as STAT_KEYS
-from navrl_daemon.env.contract import CollectPath as CollectPath
 from navrl_daemon.env.contract import Layout as Layout
 from navrl_daemon.env.contract import Scene, Whereabouts
-from navrl_daemon.env.contract import collect_path as collect_path
 from navrl_daemon.env.navigation.dynamics import point_mass_step
 from navrl_daemon.env.navigation.geometry import world_to_goal, yaw_of
 from navrl_daemon.env.navigation.lidar import (
@@ -176,8 +174,8 @@ class NavigationEnv(EnvBase):
         # Reseeding restores this: the same seed then replays the same obstacle motion.
         self._dynamic_start = self.dynamic.state_dict()
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
-        self.masked_reset = masked_reset(cfg, self.device)
-        self.collect_path = collect_path(cfg, self.device)
+        self.masked_reset = execution_plan.reset_mode(cfg, self.device).value == "masked"
+        self.collect_path = execution_plan.collect_path(cfg, self.device).value
         self.collect_fallback = cfg.collect_path == "auto"
         self._allocate_state()
         self._make_specs()
@@ -745,16 +743,6 @@ class NavigationEnv(EnvBase):
             shape=(n,),
             device=dev,
         )
-
-
-def masked_reset(cfg: EnvConfig, device: torch.device | str) -> bool:
-    """Whether the env resets with masks (`env.reset_mode`). "auto" is masked when the
-    steps are captured (`collect_path`), indexed otherwise: run op by op, the masked reset
-    is slower than the indexed one at NavRL's scale, on a GPU and on a CPU alike (measured
-    in docs/throughput.md), while a graph cannot hold the indexed reset at all."""
-    if cfg.reset_mode == "auto":
-        return collect_path(cfg, device) == "cuda_graph"
-    return cfg.reset_mode == "masked"
 
 
 # Per-env state tensors saved by `state_dict_env` (besides stats, dynamic obstacles, RNG).
