@@ -270,6 +270,11 @@ class StageEvaluation:
         stage, evaluations = self._at_stage()
         return {**evaluations(policy, progress=progress), "curriculum_stage": stage}
 
+    @property
+    def recordable(self) -> bool:
+        """Whether `recorded` can run: asked once, at wiring, with `log.video_interval`."""
+        return self._at_stage()[1].recordable
+
     def recorded(
         self, policy: NavRLPolicy, *, progress: evaluate.Progress | None = None
     ) -> tuple[dict[str, Any], evaluate.Trajectories]:

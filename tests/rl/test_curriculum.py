@@ -371,3 +371,13 @@ def test_a_carried_switch_lets_the_episodes_in_flight_finish_then_spawns_the_new
         assert restarted.all(), "an episode of the old stage never ended"
         on_border = new.start[:, :2].abs().amax(-1) >= half
         assert on_border.all(), new.start
+
+
+def test_a_stage_evaluation_says_whether_it_can_be_recorded() -> None:
+    """`log.video_interval` asks the evaluation whether its env records the drones' paths
+    (stages/evaluator.py: `RecordedEvaluate`); at a stage, the stage's eval env answers."""
+    from navrl_daemon.rl.curriculum import StageEvaluation
+
+    stages = 'env.curriculum=[{name = "a", promote = {reach_goal = 0.5}}, {}]'
+    cfg = config(stages, "eval.num_envs=4")
+    assert StageEvaluation(cfg, Curriculum(cfg.env), "cpu").recordable
