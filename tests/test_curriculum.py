@@ -207,7 +207,7 @@ def test_the_stage_is_a_prometheus_gauge() -> None:
 
 
 def test_progress_is_kept_while_the_stages_reached_train_the_same() -> None:
-    from navrl_daemon.pipeline.resume import progress_kept
+    from navrl_daemon.rl.curriculum import progress_kept
 
     rule = {"reach_goal": 0.5, "collision": 1.0, "evals": 2}
     saved = [

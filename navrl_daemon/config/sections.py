@@ -228,14 +228,14 @@ class EnvConfig(Section):
     # CUDA graph and replayed (embedded env); "auto" cuda_graph on CUDA for the embedded
     # env unless reset_mode = "indexed", else eager.
     collect_path: Literal["auto", "eager", "cuda_graph"] = "auto"
-    # Training stages, easiest first, promoted on evaluations (env/curriculum.py); empty:
+    # Training stages, easiest first, promoted on evaluations (rl/curriculum.py); empty:
     # train on this section as it is.
     curriculum: list[CurriculumStage] = []
     # What a promotion does to the episodes in flight (ours): "reset" every env starts a
     # new episode of the new stage at once; "episodes" each env finishes the episode it is
     # flying and starts the new stage's at its next reset, so the stage's starts come in
     # as episodes end instead of all in one rollout. Only where the two stages differ in
-    # keys that take effect at an episode's start or end (env/curriculum.py: spawns,
+    # keys that take effect at an episode's start or end (rl/curriculum.py: spawns,
     # goal distance, episode length, reach hold, safety weight); a stage that changes the
     # world (obstacles, min_level) resets, as with "reset".
     stage_switch: Literal["reset", "episodes"] = "reset"

@@ -32,25 +32,30 @@ import torch
 from navrl_daemon import __version__
 from navrl_daemon.config import Config, ExecutionPlan, resolve_device
 from navrl_daemon.env.contract import DensityLevels
-from navrl_daemon.env.curriculum import Curriculum
 from navrl_daemon.errors import ConfigError, StageFailed
 from navrl_daemon.ops.logging import bind_process_fields
 from navrl_daemon.pipeline import resume
 from navrl_daemon.pipeline.cadence import Cadence, Position
 from navrl_daemon.pipeline.context import OfflineObjectives, RunContext
 from navrl_daemon.pipeline.coordinator import Coordinator, Found, SingleProcess, collector_for_rank
-from navrl_daemon.pipeline.curriculum import CurriculumFollower, NoCurriculum, promote
-from navrl_daemon.pipeline.messages import FinalCollectorState, PolicyWeights, Rollout, Snapshot
+from navrl_daemon.pipeline.messages import (
+    CurriculumProgress,
+    FinalCollectorState,
+    PolicyWeights,
+    Rollout,
+    Snapshot,
+)
 from navrl_daemon.pipeline.ranks import Ranks
 from navrl_daemon.pipeline.telemetry import Telemetry
 from navrl_daemon.rl import ppo
 from navrl_daemon.rl.collector import Collector, rollout_memory
+from navrl_daemon.rl.curriculum import Curriculum, StageEvaluation
 from navrl_daemon.rl.evaluations import Evaluations
 from navrl_daemon.rl.learner import Learner
 from navrl_daemon.rl.policy import NavRLPolicy, acting_copy, make_policy
 from navrl_daemon.rl.run_state import COLLECTOR, RunState, training_state
 from navrl_daemon.runtime import heap, memory
-from navrl_daemon.runtime.channels import Channel, Overflow, Sender
+from navrl_daemon.runtime.channels import Channel, Overflow, Receiver, Sender
 from navrl_daemon.runtime.compute import ComputeThreads
 from navrl_daemon.runtime.distributed import World
 from navrl_daemon.runtime.leases import Lease, LeasePool
@@ -62,15 +67,21 @@ from navrl_daemon.stages.archiver import ArchiverEvents, RolloutArchiver, archiv
 from navrl_daemon.stages.checkpoint_writer import CheckpointWriter
 from navrl_daemon.stages.evaluator import (
     BestPolicy,
+    CurriculumDecisions,
     EvaluationVideos,
     Evaluator,
     EvaluatorContext,
     EvaluatorEvents,
     RecordedEvaluate,
-    StageEvaluation,
 )
 from navrl_daemon.stages.mirror_writer import MirrorEvents, MirrorRequests, MirrorWriter
-from navrl_daemon.stages.producer import ProducerContext, ProducerEvents, RolloutProducer
+from navrl_daemon.stages.producer import (
+    CurriculumFollower,
+    NoCurriculum,
+    ProducerContext,
+    ProducerEvents,
+    RolloutProducer,
+)
 from navrl_daemon.stages.trainer import (
     Checkpointing,
     IterationRecord,
@@ -268,6 +279,7 @@ def build_stages(ctx: RunContext) -> list[Stage]:
         learner = _learner(ctx, policy, bc.term if bc is not None else None)
     if world.distributed:
         torch.manual_seed(cfg.run.seed + world.rank)  # each rank samples its own actions
+    # The producer's curriculum (the checkpointed one); the evaluator owns a copy.
     curriculum = Curriculum(cfg.env) if cfg.env.curriculum else None
     with phase("training envs"):
         collector = _collector(ctx, policy, curriculum)
@@ -367,7 +379,11 @@ def _producer(
             state=core.state,
             curriculum=(
                 CurriculumFollower(
-                    curriculum, collector, ctx.threads.producer, on_stage=telemetry.curriculum_stage
+                    curriculum,
+                    collector,
+                    ctx.threads.producer,
+                    decisions=owned.curriculum if owned else None,
+                    on_stage=telemetry.curriculum_stage,
                 )
                 if curriculum is not None
                 else NoCurriculum()
@@ -471,6 +487,8 @@ class StateDirStages:
     # stopped together.
     final_state: Sender[FinalCollectorState]
     mirror: MirrorWriter | None  # checkpoint.mirror's copier
+    # With a curriculum: the evaluator's decisions, which the producer applies.
+    curriculum: Receiver[CurriculumProgress] | None = None
 
 
 def _state_dir_stages(
@@ -523,17 +541,21 @@ def _state_dir_stages(
     )
 
     def on_eval(record: dict[str, Any]) -> None:
-        if curriculum is not None:
-            promote(curriculum, record)  # the producer applies it between rollouts
         telemetry.evaluation(record)
         writer.record_eval(record["iteration"], record["reach_goal"])
 
-    eval_sender = None
+    eval_sender, decisions, to_producer = None, None, None
     if cfg.eval.interval:
         to_eval: Channel[PolicyWeights] = Channel("evaluations", 1, Overflow.COALESCE)
         eval_sender = to_eval.sender()
         channels.append(to_eval)
-        stages.append(_evaluator(ctx, to_eval, policy, curriculum, on_eval))
+        if curriculum is not None:
+            # The newest progress is the whole of it: an older one waiting is replaced.
+            progress: Channel[CurriculumProgress] = Channel("curriculum", 1, Overflow.COALESCE)
+            channels.append(progress)
+            decisions = CurriculumDecisions(curriculum.copy(), progress.sender())
+            to_producer = progress.receiver()
+        stages.append(_evaluator(ctx, to_eval, policy, decisions, on_eval))
 
     final_state: Channel[FinalCollectorState] = Channel("final collector state", 1)
     checkpointing = Checkpointing(
@@ -553,6 +575,7 @@ def _state_dir_stages(
         checkpointing,
         final_state.sender(),
         mirror_writer,
+        to_producer,
     )
 
 
@@ -577,17 +600,17 @@ def _evaluator(
     ctx: RunContext,
     to_eval: Channel[PolicyWeights],
     policy: NavRLPolicy,
-    curriculum: Curriculum | None,
+    decisions: CurriculumDecisions | None,
     on_result: Callable[[dict[str, Any]], None],
 ) -> Evaluator:
-    """Evaluations of the weights sent to `to_eval`, at the curriculum's current stage
-    when there is one."""
+    """Evaluations of the weights sent to `to_eval`, at the stage of the evaluator's
+    curriculum when there is one."""
     cfg, telemetry = ctx.cfg, ctx.telemetry
     evaluation: Evaluations | StageEvaluation
-    if curriculum is None:
+    if decisions is None:
         evaluation = Evaluations(cfg, ctx.device)
     else:
-        evaluation = StageEvaluation(cfg, curriculum, ctx.device)
+        evaluation = StageEvaluation(cfg, decisions.curriculum, ctx.device)
     return Evaluator(
         acting_copy(policy),
         evaluation,
@@ -602,6 +625,7 @@ def _evaluator(
             on_result=on_result,
             on_write_failed=functools.partial(telemetry.metrics.write_failed, "eval_results"),
         ),
+        curriculum=decisions,
     )
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
+from navrl_daemon.rl.curriculum import Progress
 from navrl_daemon.runtime.leases import Lease
 from navrl_daemon.storage.staging import StagedState
 
@@ -58,3 +59,11 @@ class FinalCollectorState:
     snapshot: the collector's state after the last rollout (every rank's, on rank 0)."""
 
     state: dict[str, Any] | None  # None: the env cannot save its state
+
+
+@dataclass(frozen=True)
+class CurriculumProgress:
+    """What the evaluator's curriculum decided after an evaluation, for the producer to
+    apply between rollouts: the stage training should be at, and the passes in a row."""
+
+    progress: Progress

@@ -8,7 +8,8 @@ env config and seed are the ones it was saved with; otherwise new episodes start
 With a curriculum, the collector state also holds its progress: the training env is
 rebuilt at the stage it was saved at before the env state is put back. When the env section
 or the seed changed but the stages up to the one reached still train the same
-(`progress_kept`), the progress is kept: the run goes on at its stage, in new episodes.
+(rl/curriculum.py: `progress_kept`), the progress is kept: the run goes on at its stage,
+in new episodes.
 What the parts are and how each is put back is rl/run_state.py's; a file found here is
 migrated to today's state format first.
 """
@@ -28,9 +29,9 @@ import torch
 from navrl_daemon import __version__
 from navrl_daemon.config import Config
 from navrl_daemon.env.contract import DensityLevels
-from navrl_daemon.env.curriculum import Curriculum
 from navrl_daemon.errors import ConfigError, DataError
 from navrl_daemon.rl.collector import Collector
+from navrl_daemon.rl.curriculum import Curriculum, progress_kept
 from navrl_daemon.rl.learner import Learner
 from navrl_daemon.rl.policy import has_own_critic, make_policy
 from navrl_daemon.rl.ppo import make_optimizers
@@ -422,26 +423,6 @@ def keep_levels(
     collector.td = env.reset()  # the first episodes fly the kept levels too
     shares = torch.bincount(here.cpu(), minlength=len(now)) / here.numel()
     log.info("density levels kept", level_shares=[round(x, 4) for x in shares.tolist()])
-
-
-def progress_kept(
-    saved: list[dict[str, Any]], now: list[dict[str, Any]], progress: dict[str, int]
-) -> dict[str, int] | None:
-    """A checkpoint's curriculum progress for a run whose env section changed: kept when
-    the stages up to the one reached still train the same (names and promotion rules
-    aside), so other env keys, later stages or the current stage's rule may change; the
-    streak restarts when that rule changed. None (stage 0 anew) when a stage the run went
-    through, or the one it is at, trains differently now."""
-    stage = int(progress["stage"])
-    if stage >= len(now) or _training(saved[: stage + 1]) != _training(now[: stage + 1]):
-        return None
-    same_rule = saved[stage].get("promote") == now[stage].get("promote")
-    return {**progress, "streak": int(progress["streak"]) if same_rule else 0, "applied": 0}
-
-
-def _training(stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """What each stage trains on: its env keys, without its name and promotion rule."""
-    return [{k: v for k, v in s.items() if k not in ("name", "promote")} for s in stages]
 
 
 def load_learner(directory: CheckpointDir, learner: Learner) -> Path:

@@ -21,11 +21,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
-from navrl_daemon.env.curriculum import Curriculum
 from navrl_daemon.errors import DataError
 from navrl_daemon.rl.collector import Collector
+from navrl_daemon.rl.curriculum import Curriculum, CurriculumState
 from navrl_daemon.rl.learner import Learner
-from navrl_daemon.rl.stage_switch import CurriculumState
 
 # The layout of the state, a file's `snapshot_version` (the container around it has a
 # version of its own: storage/checkpoint.py).

@@ -19,11 +19,11 @@ it are flown recorded (the same numbers) and drawn as a GIF in a worker thread, 
 telemetry (TensorBoard, W&B); the next evaluation waits for it (the newest weights then),
 and a stop skips a video not yet drawn.
 
-With a curriculum (env/curriculum.py) it evaluates at the curriculum's current stage
-(`StageEvaluation` rebuilds the eval env when the stage changes; `eval.layout` still
-chooses the spawn rule), and its `on_result` feeds every result to the curriculum
-(pipeline/curriculum.py: `promote`), which decides promotions; the producer applies them
-between rollouts.
+With a curriculum (rl/curriculum.py) the evaluator owns the curriculum's decisions: it
+evaluates at its curriculum's current stage (`StageEvaluation` rebuilds the eval env when
+the stage changes; `eval.layout` still chooses the spawn rule), counts every result
+against the stage's rule, and sends the producer its progress (`CurriculumProgress`),
+which the producer applies between rollouts.
 """
 
 from __future__ import annotations
@@ -39,11 +39,9 @@ from typing import Any, Protocol
 import anyio
 import structlog
 
-from navrl_daemon.config import Config
-from navrl_daemon.env.curriculum import Curriculum
-from navrl_daemon.pipeline.messages import PolicyWeights
+from navrl_daemon.pipeline.messages import CurriculumProgress, PolicyWeights
+from navrl_daemon.rl.curriculum import Curriculum
 from navrl_daemon.rl.evaluate import Progress, Trajectories, eval_rank
-from navrl_daemon.rl.evaluations import Evaluations
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.runtime.channels import Receiver, Sender
 from navrl_daemon.runtime.compute import ComputeThread
@@ -53,6 +51,7 @@ from navrl_daemon.storage.history import JsonLinesFile
 from navrl_daemon.storage.policy_file import save_policy_state
 
 log = structlog.get_logger("evaluator")
+curriculum_log = structlog.get_logger("curriculum")
 
 # Frames of a logged evaluation video (4 s at ops/video.py's 15 frames/s): drawing one
 # costs 0.1-0.3 s of a CPU core (`eval --video` draws up to twice as many).
@@ -112,10 +111,35 @@ class EvaluatorContext:
 
 @dataclass(frozen=True)
 class EvaluatorEvents:
-    """What the evaluator reports as it goes (telemetry, the curriculum, keep-best)."""
+    """What the evaluator reports as it goes (telemetry, keep-best)."""
 
     on_result: Callable[[dict[str, Any]], None] = lambda _: None
     on_write_failed: Callable[[], None] = lambda: None
+
+
+@dataclass(frozen=True)
+class CurriculumDecisions:
+    """With a curriculum: the evaluator's own, which its evaluation is at and every result
+    counts against, and where its progress goes after each result (the producer)."""
+
+    curriculum: Curriculum
+    to_producer: Sender[CurriculumProgress]
+
+    def observe(self, record: dict[str, Any]) -> None:
+        """Count `record`; send the producer the progress (a promotion is logged)."""
+        curriculum = self.curriculum
+        promotion = curriculum.observe(record)
+        if promotion is not None:
+            rule = curriculum.stages[promotion.from_stage].promote
+            curriculum_log.info(
+                "curriculum promotion",
+                from_stage=promotion.from_stage,
+                to_stage=promotion.to_stage,
+                name=curriculum.name(promotion.to_stage),
+                rule=rule.model_dump() if rule else None,
+                **promotion.result,
+            )
+        self.to_producer.send_nowait(CurriculumProgress(curriculum.progress))
 
 
 class Evaluator:
@@ -132,8 +156,10 @@ class Evaluator:
         best: BestPolicy | None = None,
         videos: EvaluationVideos | None = None,
         events: EvaluatorEvents | None = None,
+        curriculum: CurriculumDecisions | None = None,
     ) -> None:
         events = events or EvaluatorEvents()
+        self.curriculum = curriculum
         self.policy = policy
         self.videos = videos
         self.best = best
@@ -164,6 +190,8 @@ class Evaluator:
                     continue
                 await self._write(record)
                 log.info("evaluation", **record)
+                if self.curriculum is not None:
+                    self.curriculum.observe(record)
                 self.on_result(record)
                 if self.best is not None:
                     await anyio.to_thread.run_sync(self.best.offer, record, weights.state)
@@ -174,6 +202,8 @@ class Evaluator:
         finally:
             if self.results is not None:
                 self.results.close()
+            if self.curriculum is not None:
+                self.curriculum.to_producer.close()
 
     async def _write(self, record: dict[str, Any] | None) -> None:
         """Append `record` (None: only what is waiting); a failure is logged and counted,
@@ -279,33 +309,3 @@ class BestPolicy:
             collision=record.get("collision"),
         )
         return True
-
-
-class StageEvaluation:
-    """`evaluate` at the curriculum's current stage, on an eval env rebuilt when the stage
-    changes; the result says which stage it was (`curriculum_stage`)."""
-
-    def __init__(self, cfg: Config, curriculum: Curriculum, device: Any) -> None:
-        self.cfg = cfg
-        self.curriculum = curriculum
-        self.device = device
-        self._evaluations: tuple[int, Evaluations] | None = None  # stage, its evaluations
-
-    def __call__(self, policy: NavRLPolicy, *, progress: Progress | None = None) -> dict[str, Any]:
-        stage, evaluations = self._at_stage()
-        return {**evaluations(policy, progress=progress), "curriculum_stage": stage}
-
-    def recorded(
-        self, policy: NavRLPolicy, *, progress: Progress | None = None
-    ) -> tuple[dict[str, Any], Trajectories]:
-        stage, evaluations = self._at_stage()
-        results, traj = evaluations.recorded(policy, progress=progress)
-        return {**results, "curriculum_stage": stage}, traj
-
-    def _at_stage(self) -> tuple[int, Evaluations]:
-        """The curriculum's stage and its evaluations (built anew when it changed)."""
-        stage = self.curriculum.stage
-        if self._evaluations is None or self._evaluations[0] != stage:
-            cfg = self.cfg.model_copy(update={"env": self.curriculum.env_config(stage)})
-            self._evaluations = (stage, Evaluations(cfg, self.device))
-        return self._evaluations

@@ -14,9 +14,12 @@ and only here is that moment known. When it stops, it sends the collector's fina
 to the trainer (`FinalCollectorState`) for the final checkpoint.
 
 Before each rollout the ranks agree (pipeline/coordinator.py; alone, the process agrees
-with itself) whether to stop and at which curriculum stage to train, which the
-curriculum follower applies (pipeline/curriculum.py), so every rank stops after the same
-rollout and changes stage at the same one.
+with itself) whether to stop and at which curriculum stage to train, so every rank stops
+after the same rollout and changes stage at the same one. The stage this process votes
+for is its evaluator's newest decision, which reaches the producer only as a message
+(`CurriculumProgress`, taken between rollouts); `CurriculumFollower` puts the training
+env at the agreed stage (rl/curriculum.py: `use_stage`). Without a curriculum the
+producer has a `NoCurriculum`, which votes for stage 0 and does nothing.
 
 With `pipeline.trainer_stream` (CUDA) the trainer runs on a stream of its own: the
 producer then marks each rollout's end with an event on its stream (`Rollout.ready`) for
@@ -37,9 +40,14 @@ import torch
 from navrl_daemon.ops.logging import FirstError
 from navrl_daemon.pipeline.cadence import Cadence, Position
 from navrl_daemon.pipeline.coordinator import Coordinator
-from navrl_daemon.pipeline.curriculum import CurriculumFollower, NoCurriculum
-from navrl_daemon.pipeline.messages import FinalCollectorState, PolicyWeights, Rollout
+from navrl_daemon.pipeline.messages import (
+    CurriculumProgress,
+    FinalCollectorState,
+    PolicyWeights,
+    Rollout,
+)
 from navrl_daemon.rl.collector import Collector
+from navrl_daemon.rl.curriculum import Curriculum, use_stage
 from navrl_daemon.rl.run_state import COLLECTOR, RunState
 from navrl_daemon.runtime.channels import Receiver, Sender
 from navrl_daemon.runtime.compute import ComputeThread
@@ -48,6 +56,7 @@ from navrl_daemon.runtime.streams import TrainerStream
 from navrl_daemon.runtime.supervisor import Shutdown
 
 log = structlog.get_logger("producer")
+curriculum_log = structlog.get_logger("curriculum")
 
 
 class Collected(NamedTuple):
@@ -144,6 +153,7 @@ class RolloutProducer:
                     break
                 await self._collect_and_send(lease)
             # Every rank ends here together: out of frames, or one of them voted so.
+            self.curriculum.take_decisions()  # the final state counts every one so far
             state = await self.compute.run(self.collector_state)
             gathered = await self.coordinator.gather_collectors(state)
             if self.final_state is not None:
@@ -164,6 +174,8 @@ class RolloutProducer:
         )
         log.debug("collecting")
         checkpointed = self.cadence.checkpoints(self.iteration + 1)
+        if checkpointed:  # the state captured after it counts every decision so far
+            self.curriculum.take_decisions()
         try:
             collected = await self.compute.run(self._collect, lease.buffer, checkpointed)
         except BaseException:
@@ -207,7 +219,8 @@ class RolloutProducer:
     async def _agree_to_stop(self) -> bool:
         """Whether to stop before this rollout: whether any rank wants to, so every rank
         stops after the same rollout; the ranks also agree on the curriculum stage."""
-        stop, stage = await self.coordinator.agree(self.shutdown.stopping, self.curriculum.stage)
+        wanted = self.curriculum.wanted()
+        stop, stage = await self.coordinator.agree(self.shutdown.stopping, wanted)
         self.curriculum.agreed(stage)
         return stop
 
@@ -244,3 +257,85 @@ class RolloutProducer:
 
     async def flush(self, deadline: float) -> None:
         """Nothing of its own to persist: rollouts in flight belong to their consumers."""
+
+
+class CurriculumFollower:
+    """The producer's curriculum: it takes the evaluator's decisions from their channel
+    (none on a rank without an evaluator), and before each rollout puts the collector on
+    the stage the ranks agreed on, if it is not on it already. A new stage's env starts
+    fresh episodes (those in flight are dropped, their stats never counted); with
+    `env.stage_switch = "episodes"` (and stages that differ only in per-episode keys) it
+    takes over the old env's state instead, and the episodes in flight finish."""
+
+    def __init__(
+        self,
+        curriculum: Curriculum,
+        collector: Collector,
+        compute: ComputeThread,
+        decisions: Receiver[CurriculumProgress] | None = None,
+        on_stage: Callable[[int], None] = lambda _: None,
+    ) -> None:
+        self.curriculum = curriculum
+        self.collector = collector
+        self.compute = compute
+        self.decisions = decisions
+        self.on_stage = on_stage  # the training env is now at this stage
+        self._agreed: int | None = None
+
+    def wanted(self) -> int:
+        """The stage this process wants training at: its evaluator's newest decision."""
+        self.take_decisions()
+        return self.curriculum.stage
+
+    def take_decisions(self) -> None:
+        """Take the evaluator's newest progress, if one is waiting."""
+        while self.decisions is not None:
+            try:
+                message = self.decisions.receive_nowait()
+            except anyio.WouldBlock:
+                break
+            except anyio.EndOfStream:  # the evaluator has stopped: no more decisions
+                self.decisions = None
+                break
+            self.curriculum.received(message.progress)
+
+    def agreed(self, stage: int) -> None:
+        """The ranks agreed to train at `stage` from the next rollout on (never back)."""
+        self.curriculum.follow(stage)
+        self._agreed = stage
+
+    async def before_rollout(self, iteration: int) -> None:
+        """Put the collector on the agreed stage's env, if it is not on it already."""
+        curriculum = self.curriculum
+        # Every rank applies the stage they voted for at this rollout, not its own newest
+        # (rank 0's evaluator may have promoted since the vote).
+        stage = curriculum.stage if self._agreed is None else self._agreed
+        if stage == curriculum.applied:
+            return
+        carry = curriculum.carries_episodes(curriculum.applied, stage)
+        carried = await self.compute.run(use_stage, self.collector, curriculum, stage, carry)
+        curriculum_log.info(
+            "curriculum stage applied",
+            iteration=iteration,  # the first rollout at the new stage
+            stage=stage,
+            name=curriculum.name(stage),
+            env=curriculum.stages[stage].env_overrides(),
+            episodes="carried" if carried else "reset",
+        )
+        self.on_stage(stage)
+
+
+class NoCurriculum:
+    """The follower of a run without a curriculum: one env, stage 0, nothing to keep."""
+
+    def wanted(self) -> int:
+        return 0
+
+    def take_decisions(self) -> None:
+        pass
+
+    def agreed(self, stage: int) -> None:
+        pass
+
+    async def before_rollout(self, iteration: int) -> None:
+        pass

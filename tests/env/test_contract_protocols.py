@@ -30,9 +30,9 @@ from navrl_daemon.errors import UsageError
 from navrl_daemon.pipeline.resume import keep_levels
 from navrl_daemon.rl import captured_rollout, evaluate
 from navrl_daemon.rl.collector import Collector
+from navrl_daemon.rl.curriculum import use_stage
 from navrl_daemon.rl.graphs import SameObjects
 from navrl_daemon.rl.policy import NavRLPolicy
-from navrl_daemon.rl.stage_switch import use_stage
 
 CFG = EnvConfig(
     num_envs=4,

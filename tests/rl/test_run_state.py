@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from navrl_daemon.config import load_config
-from navrl_daemon.env.curriculum import Curriculum
 from navrl_daemon.errors import DataError
 from navrl_daemon.pipeline import resume
 from navrl_daemon.rl.collector import Collector
+from navrl_daemon.rl.curriculum import Curriculum
 from navrl_daemon.rl.policy import acting_copy
 from navrl_daemon.rl.run_state import (
     COLLECTOR,

@@ -18,13 +18,12 @@ import torch
 
 from navrl_daemon.pipeline.cadence import Cadence, Position
 from navrl_daemon.pipeline.coordinator import Coordinator, SingleProcess
-from navrl_daemon.pipeline.curriculum import NoCurriculum
 from navrl_daemon.pipeline.messages import FinalCollectorState, PolicyWeights, Rollout
 from navrl_daemon.runtime.channels import Channel, Overflow
 from navrl_daemon.runtime.compute import ComputeThread
 from navrl_daemon.runtime.leases import Lease, LeasePool
 from navrl_daemon.runtime.supervisor import Shutdown
-from navrl_daemon.stages.producer import ProducerContext, RolloutProducer
+from navrl_daemon.stages.producer import NoCurriculum, ProducerContext, RolloutProducer
 from tests.stages.fakes import FakeCollector, VotingCoordinator, rollout_buffer, run_state
 
 FRAMES = 32  # per rollout

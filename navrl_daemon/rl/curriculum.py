@@ -1,18 +1,22 @@
-"""The training curriculum (`env.curriculum`): env stages, easiest first, each
-left for the next once enough evaluations in a row pass its promotion rule.
+"""The training curriculum (`env.curriculum`) in one place: its rules, its state, the
+switch of the training env to another stage, its part of a checkpoint, and evaluation at
+a stage. Env stages, easiest first, each left for the next once enough evaluations in a
+row pass its promotion rule.
 
 A stage is the env section with a few keys replaced (obstacle counts, dynamic obstacle
-speeds, goal distance, spawn rule, episode length: `config.CurriculumStage`). One
-`Curriculum` object is shared by two stages of the pipeline, each writing its own half:
+speeds, goal distance, spawn rule, episode length: `config.CurriculumStage`). Two stages
+of the pipeline each own a `Curriculum` and never touch the other's:
 
-- the evaluator feeds it every evaluation result (`observe`), which decides the stage
-  training should be at (`stage`) and counts the passes in a row (`streak`);
-- the producer, between two rollouts, sees `stage != applied`, builds the env of the new
-  stage, resets it and sets `applied`.
+- the evaluator's counts every evaluation result (`observe`), decides the stage training
+  should be at and counts the passes in a row (`progress`), and evaluates at that stage
+  (`StageEvaluation`); after each result it sends its `progress` to the producer, a typed
+  message (pipeline/messages.py: `CurriculumProgress`);
+- the producer's takes the newest message between two rollouts (`received`), and when
+  its stage is not the one the training env is built at (`applied`), switches the env
+  (`use_stage`). Its state is the one a checkpoint keeps (`CurriculumState`).
 
-Both run on the event loop thread, so nothing here needs a lock; `progress` is replaced
-whole, never mutated, so a snapshot taken from a worker thread reads a consistent one.
-No I/O, no asyncio.
+`progress` is replaced whole, never mutated, so a snapshot taken from a worker thread
+reads a consistent one. No I/O, no asyncio.
 """
 
 from __future__ import annotations
@@ -24,9 +28,13 @@ from typing import Any
 import torch
 from torchrl.envs import EnvBase
 
-from navrl_daemon.config import EnvConfig, PromotionRule
+from navrl_daemon.config import Config, EnvConfig, PromotionRule
 from navrl_daemon.env import make_env
-from navrl_daemon.env.contract import DensityLevels
+from navrl_daemon.env.contract import DensityLevels, ResumableEnv
+from navrl_daemon.rl import evaluate
+from navrl_daemon.rl.collector import Collector
+from navrl_daemon.rl.evaluations import Evaluations
+from navrl_daemon.rl.policy import NavRLPolicy
 
 # Stage keys that act only where an episode starts (spawns) or on how it is scored and
 # ended, never on the world a running episode flies in: with `env.stage_switch =
@@ -150,6 +158,10 @@ class Curriculum:
         scores = {k: float(result[k]) for k in ("reach_goal", "collision")}
         return Promotion(iteration, p.stage, p.stage + 1, scores)
 
+    def received(self, progress: Progress) -> None:
+        """The evaluator's newest decision, as its message carried it (the producer's)."""
+        self.progress = progress
+
     def follow(self, stage: int) -> None:
         """Training moves to `stage` because another rank's evaluator promoted it (a
         distributed run: rank 0 alone evaluates). Never backwards."""
@@ -167,6 +179,12 @@ class Curriculum:
         promotions = [self.observe(newest[i]) for i in sorted(newest)]
         return [p for p in promotions if p is not None]
 
+    def copy(self) -> Curriculum:
+        """The same rules at the same progress, for another stage to own."""
+        twin = Curriculum(self.env)
+        twin.load_state_dict(self.state_dict())
+        return twin
+
     def state_dict(self) -> dict[str, int]:
         """What a checkpoint keeps: the progress and the stage the training env was at."""
         return {**asdict(self.progress), "applied": self.applied}
@@ -177,3 +195,97 @@ class Curriculum:
         streak = int(state["streak"]) if stage == int(state["stage"]) else 0
         self.progress = Progress(stage, streak, int(state["last_eval"]))
         self.applied = min(int(state["applied"]), self.last)
+
+
+def progress_kept(
+    saved: list[dict[str, Any]], now: list[dict[str, Any]], progress: dict[str, int]
+) -> dict[str, int] | None:
+    """A checkpoint's curriculum progress for a run whose env section changed: kept when
+    the stages up to the one reached still train the same (names and promotion rules
+    aside), so other env keys, later stages or the current stage's rule may change; the
+    streak restarts when that rule changed. None (stage 0 anew) when a stage the run went
+    through, or the one it is at, trains differently now."""
+    stage = int(progress["stage"])
+    if stage >= len(now) or _training(saved[: stage + 1]) != _training(now[: stage + 1]):
+        return None
+    same_rule = saved[stage].get("promote") == now[stage].get("promote")
+    return {**progress, "streak": int(progress["streak"]) if same_rule else 0, "applied": 0}
+
+
+def _training(stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What each stage trains on: its env keys, without its name and promotion rule."""
+    return [{k: v for k, v in s.items() if k not in ("name", "promote")} for s in stages]
+
+
+def use_stage(
+    collector: Collector, curriculum: Curriculum, stage: int, carry: bool = False
+) -> bool:
+    """Put the collector on a fresh env of curriculum `stage`: reset, or with `carry`
+    holding the episodes in flight (the old env's whole state copied in, the running td
+    kept), which then end by the new stage's rules and start its episodes at their next
+    reset. A backend that is no `ResumableEnv` resets. Returns whether episodes carried."""
+    old = collector.env
+    env = curriculum.build_env(stage, device=old.device, seed=collector.cfg.run.seed, previous=old)
+    carried = False
+    if carry and isinstance(old, ResumableEnv) and isinstance(env, ResumableEnv):
+        env.load_state_dict_env(old.state_dict_env())
+        collector.env, carried = env, True
+    else:
+        collector.env, collector.td = env, env.reset()
+    curriculum.applied = stage
+    return carried
+
+
+class CurriculumState:
+    """The curriculum's progress as a part of the collector's state: loading it puts the
+    training env at the stage the file's was at, so that the env's state loads into an
+    env of the stage it was saved at."""
+
+    def __init__(self, curriculum: Curriculum, collector: Collector) -> None:
+        self.curriculum = curriculum
+        self.collector = collector
+
+    def state_dict(self) -> dict[str, int]:
+        return self.curriculum.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.curriculum.load_state_dict(state)
+        if self.curriculum.applied != 0:
+            use_stage(self.collector, self.curriculum, self.curriculum.applied)
+
+
+class StageEvaluation:
+    """`evaluate` at the curriculum's current stage, on an eval env rebuilt when the stage
+    changes; the result says which stage it was (`curriculum_stage`)."""
+
+    def __init__(self, cfg: Config, curriculum: Curriculum, device: Any) -> None:
+        self.cfg = cfg
+        self.curriculum = curriculum
+        self.device = device
+        self._evaluations: tuple[int, Evaluations] | None = None  # stage, its evaluations
+
+    def __call__(
+        self, policy: NavRLPolicy, *, progress: evaluate.Progress | None = None
+    ) -> dict[str, Any]:
+        stage, evaluations = self._at_stage()
+        return {**evaluations(policy, progress=progress), "curriculum_stage": stage}
+
+    @property
+    def recordable(self) -> bool:
+        """Whether `recorded` can run: asked once, at wiring, with `log.video_interval`."""
+        return self._at_stage()[1].recordable
+
+    def recorded(
+        self, policy: NavRLPolicy, *, progress: evaluate.Progress | None = None
+    ) -> tuple[dict[str, Any], evaluate.Trajectories]:
+        stage, evaluations = self._at_stage()
+        results, traj = evaluations.recorded(policy, progress=progress)
+        return {**results, "curriculum_stage": stage}, traj
+
+    def _at_stage(self) -> tuple[int, Evaluations]:
+        """The curriculum's stage and its evaluations (built anew when it changed)."""
+        stage = self.curriculum.stage
+        if self._evaluations is None or self._evaluations[0] != stage:
+            cfg = self.cfg.model_copy(update={"env": self.curriculum.env_config(stage)})
+            self._evaluations = (stage, Evaluations(cfg, self.device))
+        return self._evaluations

@@ -1,4 +1,4 @@
-"""env.curriculum: the config's validation and the promotion rule (env/curriculum.py)."""
+"""env.curriculum: the config's validation and the promotion rule (rl/curriculum.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from navrl_daemon.config import Config, load_config, to_toml
-from navrl_daemon.env.curriculum import Curriculum, Progress
 from navrl_daemon.errors import ConfigError
+from navrl_daemon.rl.curriculum import Curriculum, Progress
 from tests.conftest import TINY, navrl_cli
 
 STAGES = (
@@ -232,8 +232,8 @@ def test_a_stage_of_short_episodes_is_evaluated_for_eval_max_steps() -> None:
     """A stage may train on short episodes; an `eval.max_steps` above them still evaluates
     episodes that long (NavRL's crossing needs its whole 2,200 steps). Without it, the
     stage's own episode length holds."""
+    from navrl_daemon.rl.curriculum import StageEvaluation
     from navrl_daemon.rl.policy import make_policy
-    from navrl_daemon.stages.evaluator import StageEvaluation
 
     short = (
         'env.curriculum=[{name = "hops", num_obstacles = 0, num_dynamic_obstacles = 0,'
@@ -255,9 +255,9 @@ def test_a_stage_evaluation_tells_progress_on_both_map_sets() -> None:
     """The evaluator's stop check rides on `progress` (stages/evaluator.py): it reaches the
     training maps' and the held-out maps' evaluations, and an exception it raises ends
     the evaluation there."""
+    from navrl_daemon.rl.curriculum import StageEvaluation
     from navrl_daemon.rl.evaluate import CHECK_EVERY
     from navrl_daemon.rl.policy import make_policy
-    from navrl_daemon.stages.evaluator import StageEvaluation
 
     stages = 'env.curriculum=[{name = "a", promote = {reach_goal = 0.5}}, {}]'
     cfg = config(stages, "eval.max_steps=64", "eval.num_envs=4", "eval.held_out_seed=1000")
@@ -344,7 +344,7 @@ def test_a_carried_switch_lets_the_episodes_in_flight_finish_then_spawns_the_new
     """With env.stage_switch = "episodes" the new stage's env takes over the old one's
     state and the running td: no episode restarts at the switch; each env's next episode
     starts by the new stage's rule (a crossing: on the border). "reset" restarts all."""
-    from navrl_daemon.rl.stage_switch import use_stage
+    from navrl_daemon.rl.curriculum import use_stage
 
     half = 10.0 / 2  # TINY's field
     for switch in ("episodes", "reset"):
@@ -371,3 +371,13 @@ def test_a_carried_switch_lets_the_episodes_in_flight_finish_then_spawns_the_new
         assert restarted.all(), "an episode of the old stage never ended"
         on_border = new.start[:, :2].abs().amax(-1) >= half
         assert on_border.all(), new.start
+
+
+def test_a_stage_evaluation_says_whether_it_can_be_recorded() -> None:
+    """`log.video_interval` asks the evaluation whether its env records the drones' paths
+    (stages/evaluator.py: `RecordedEvaluate`); at a stage, the stage's eval env answers."""
+    from navrl_daemon.rl.curriculum import StageEvaluation
+
+    stages = 'env.curriculum=[{name = "a", promote = {reach_goal = 0.5}}, {}]'
+    cfg = config(stages, "eval.num_envs=4")
+    assert StageEvaluation(cfg, Curriculum(cfg.env), "cpu").recordable
