@@ -42,8 +42,8 @@ from typing import Any
 import torch
 from pipeline_overhead import alternate, daemon, make_config, parse_or_run_one, summary
 
+from navrl_daemon.config.execution_plan import update_path
 from navrl_daemon.ops.logging import configure_logging
-from navrl_daemon.rl.fast_update import resolve
 
 GOAL_FRAMES_PER_S = 300_000
 DEFAULT_VARIANTS = "eager_lag0,cuda_graph_lag0"
@@ -95,7 +95,7 @@ def one(
     )
     configure_logging(cfg.log)
     result: dict[str, Any] = daemon(cfg, warmup, iterations, lag=lag)
-    result["resolved_path"] = resolve(paths["update_path"], torch.device(device))
+    result["resolved_path"] = update_path(paths["update_path"], device).value
     result["collect_path"] = paths["collect_path"]
     if torch.cuda.is_available() and device.startswith("cuda"):
         result["gpu_max_allocated_mib"] = torch.cuda.max_memory_allocated() / 2**20

@@ -615,7 +615,9 @@ def _evaluator(
         acting_copy(policy),
         evaluation,
         to_eval.receiver(),
-        context=EvaluatorContext(ctx.state_dir / RESULTS_FILE, ctx.shutdown, ctx.threads.evaluator),
+        context=EvaluatorContext(
+            ctx.state_dir / RESULTS_FILE, ctx.shutdown, ctx.threads.evaluator, decisions
+        ),
         best=BestPolicy(
             ctx.state_dir / "export" / "best.pt",
             on_failed=functools.partial(telemetry.metrics.write_failed, "export"),
@@ -625,7 +627,6 @@ def _evaluator(
             on_result=on_result,
             on_write_failed=functools.partial(telemetry.metrics.write_failed, "eval_results"),
         ),
-        curriculum=decisions,
     )
 
 

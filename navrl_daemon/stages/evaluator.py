@@ -101,15 +101,6 @@ class EvaluationStopped(Exception):
 
 
 @dataclass(frozen=True)
-class EvaluatorContext:
-    """What the evaluator runs with besides its inputs and outputs."""
-
-    results_path: Path  # eval/results.jsonl
-    shutdown: Shutdown
-    compute: ComputeThread
-
-
-@dataclass(frozen=True)
 class EvaluatorEvents:
     """What the evaluator reports as it goes (telemetry, keep-best)."""
 
@@ -142,6 +133,16 @@ class CurriculumDecisions:
         self.to_producer.send_nowait(CurriculumProgress(curriculum.progress))
 
 
+@dataclass(frozen=True)
+class EvaluatorContext:
+    """What the evaluator runs with besides its inputs and outputs."""
+
+    results_path: Path  # eval/results.jsonl
+    shutdown: Shutdown
+    compute: ComputeThread
+    curriculum: CurriculumDecisions | None = None  # with a curriculum: its decisions
+
+
 class Evaluator:
     name = "evaluator"
 
@@ -156,10 +157,9 @@ class Evaluator:
         best: BestPolicy | None = None,
         videos: EvaluationVideos | None = None,
         events: EvaluatorEvents | None = None,
-        curriculum: CurriculumDecisions | None = None,
     ) -> None:
         events = events or EvaluatorEvents()
-        self.curriculum = curriculum
+        self.curriculum = context.curriculum
         self.policy = policy
         self.videos = videos
         self.best = best
