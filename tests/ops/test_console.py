@@ -143,9 +143,7 @@ def test_ctrl_c_stops_cleanly_with_exit_0_and_says_so(tmp_path: Path) -> None:
 
 # The bar as tqdm draws it: "3.20k/10.0M [00:05<4:12:31, 187frame/s]".
 # The bar's postfix (", collecting 8 steps ...") follows the rate when the bar shows one.
-BAR_STATE = re.compile(
-    r"/[\d.]+[kMG]? \[[\d:]+<([\d:]+), ([\d.]+)([kMG]?)frame/s(?:, [^\]\n]*)?\]"
-)
+BAR_STATE = re.compile(r"/[\d.]+[kMG]? \[[\d:]+<([\d:]+), ([\d.]+)([kMG]?)frame/s(?:, [^\]\n]*)?\]")
 BLOCK = re.compile(
     r"─── iteration \d+ · ([\d,]+) / ([\d,]+) frames.*?\n.*?ETA ((?:\d+ days?, )?[\d:]+)"
 )
