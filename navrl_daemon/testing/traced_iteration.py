@@ -39,7 +39,7 @@ from navrl_daemon.config import load_config
 from navrl_daemon.pipeline.cadence import Cadence
 from navrl_daemon.pipeline.messages import PolicyWeights, Rollout
 from navrl_daemon.rl.training import Training
-from navrl_daemon.runtime.channels import Channel
+from navrl_daemon.runtime.channels import Channel, Receiver, Sender
 from navrl_daemon.runtime.compute import ComputeThread
 from navrl_daemon.runtime.leases import LeasePool
 from navrl_daemon.runtime.supervisor import Shutdown
@@ -130,6 +130,37 @@ def _trainer(training: Training, compute: ComputeThread, rollouts: Any, weights:
     return Trainer(training.learner, rollouts, [weights], context=TrainerContext(**context))
 
 
+async def _iterations(
+    training: Training,
+    trainer: Trainer,
+    tracer: _Tracer,
+    rollouts: Sender[Rollout],
+    published: Receiver[PolicyWeights],
+) -> None:
+    """Two iterations, the second traced: the producer's part (lease, collect, send) here,
+    the trainer's in its own task, up to the published weights."""
+    tracer.loop = trainer.run()
+    pool = LeasePool([training.buffer])
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: tracer.loop)
+        async with rollouts:
+            for iteration in range(2):
+                tracer.recording = iteration == 1
+                lease = await pool.acquire()
+                await trainer.compute.run(training.collector.collect, lease.buffer)
+                episodes = (torch.zeros(3), torch.zeros(()))
+                rollout = Rollout(
+                    lease=lease,
+                    iteration=iteration,
+                    policy_version=iteration,
+                    collect_s=0.01,
+                    episodes=episodes,
+                )
+                await rollouts.send(rollout)
+                await published.receive()
+                tracer.recording = False
+
+
 def trace_iteration(overrides: Sequence[str]) -> TracedIteration:
     """Build a learner from `overrides` (eager update path), run a warm-up iteration and
     a traced one through a real Trainer."""
@@ -138,37 +169,14 @@ def trace_iteration(overrides: Sequence[str]) -> TracedIteration:
     tracer = _Tracer()
     rollouts: Channel[Rollout] = Channel("rollouts", 1)
     weights: Channel[PolicyWeights] = Channel("weights", 1)
-    compute = ComputeThread("traced")
-    trainer = _trainer(training, compute, rollouts.receiver(), weights.sender())
-    published = weights.receiver()
-
-    async def main() -> None:
-        tracer.loop = trainer.run()
-        pool = LeasePool([training.buffer])
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(lambda: tracer.loop)
-            async with rollouts.sender() as sender:
-                for iteration in range(2):
-                    tracer.recording = iteration == 1
-                    lease = await pool.acquire()
-                    await compute.run(training.collector.collect, lease.buffer)
-                    episodes = (torch.zeros(3), torch.zeros(()))
-                    rollout = Rollout(
-                        lease=lease,
-                        iteration=iteration,
-                        policy_version=iteration,
-                        collect_s=0.01,
-                        episodes=episodes,
-                    )
-                    await sender.send(rollout)
-                    await published.receive()
-                    tracer.recording = False
-
-    # Before the compute thread starts (on its first call): it takes the profile then.
+    # Every thread started from here on (the compute thread's) runs with the tracer.
     threading.setprofile(tracer)
     sys.setprofile(tracer)
+    compute = ComputeThread("traced")
     try:
-        anyio.run(main)
+        trainer = _trainer(training, compute, rollouts.receiver(), weights.sender())
+        sides = rollouts.sender(), weights.receiver()
+        anyio.run(_iterations, training, trainer, tracer, *sides)
     finally:
         sys.setprofile(None)
         threading.setprofile(None)  # type: ignore[arg-type]
