@@ -33,7 +33,7 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.envs import EnvBase
 
-from navrl_daemon.env.contract import CapturableEnv, CollectPath
+from navrl_daemon.env.contract import CapturableEnv
 from navrl_daemon.rl.graphs import (
     WARMUP_RUNS,
     Capture,
@@ -164,8 +164,10 @@ def _graph_key(
     return (held, layout, weights, tensors)
 
 
-def rollout_for(path: CollectPath, device: torch.device, *, fallback: bool) -> Rollout:
-    """How a collection path fills a buffer: `rollout.collect`, or a CapturedRollout."""
-    if path == "cuda_graph":
-        return CapturedRollout(cuda_capture(device), fallback=fallback)
+def rollout_for(env: EnvBase) -> Rollout:
+    """How `env`'s rollouts fill a buffer: a CapturedRollout where its steps are captured
+    (a `CapturableEnv`'s `collect_path`, resolved for its device as the execution plan
+    resolves it; `Evaluation.for_env` reads the same), else `rollout.collect`."""
+    if isinstance(env, CapturableEnv) and env.collect_path == "cuda_graph":
+        return CapturedRollout(cuda_capture(env.device), fallback=env.collect_fallback)
     return collect
