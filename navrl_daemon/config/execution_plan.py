@@ -10,12 +10,13 @@ Each mode is one rule here, and each choice carries the rule that made it (`Choi
 - LiDAR lowering (`ppo.lidar_conv`): the LiDAR CNN's convolutions as matmuls or conv2d;
 - ranks: data parallelism over torchrun's processes.
 
-"auto" never falls back silently where the config names a path: a path that cannot run is
-a ConfigError (exit 78). The config applies the rules it can at load time (`run.device =
-"auto"` leaves the device unknown); the daemon makes the plan once its device is resolved
-and logs it; the learner, env, trainer stream and policy apply the same rules to what
-they are built with. No torch here: a device is its name ("cpu", "cuda", "cuda:1"), so a
-plan is computed, and tested, without a GPU.
+"auto" never falls back silently where the config names a path: a path that cannot run
+is a ConfigError (exit 78). The config applies the rules it can at load time
+(`run.device = "auto"` leaves the device unknown); the daemon makes the plan once its
+device is resolved and logs it, and hands the trainer stream and the policy its choices;
+the env and the learner apply the same rules to what they are built with. No torch here:
+a device is its name ("cpu", "cuda", "cuda:1"), so a plan is computed, and tested,
+without a GPU.
 """
 
 from __future__ import annotations
