@@ -10,28 +10,70 @@ Each mode is one rule here, and each choice carries the rule that made it (`Choi
 - LiDAR lowering (`ppo.lidar_conv`): the LiDAR CNN's convolutions as matmuls or conv2d;
 - ranks: data parallelism over torchrun's processes.
 
-"auto" never falls back silently where the config names a path: a path that cannot run is
-a ConfigError (exit 78). The config applies the rules it can at load time (`run.device =
-"auto"` leaves the device unknown); the daemon makes the plan once its device is resolved
-and logs it; the learner, env, trainer stream and policy apply the same rules to what
-they are built with. No torch here: a device is its name ("cpu", "cuda", "cuda:1"), so a
-plan is computed, and tested, without a GPU.
+"auto" never falls back silently where the config names a path: a path that cannot run
+is a ConfigError (exit 78). The config applies the rules it can at load time
+(`run.device = "auto"` leaves the device unknown); the daemon makes the plan once its
+device is resolved and logs it, and hands the trainer stream and the policy its choices;
+the env and the learner apply the same rules to what they are built with. No torch here:
+a device is its name ("cpu", "cuda", "cuda:1"), so a plan is computed, and tested,
+without a GPU.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from navrl_daemon.errors import ConfigError
-
-if TYPE_CHECKING:
-    from navrl_daemon.config.sections import Config, EnvConfig
 
 UpdatePath = Literal["eager", "fused", "cuda_graph"]
 CollectPath = Literal["eager", "cuda_graph"]
 ResetMode = Literal["indexed", "masked"]
 Lowering = Literal["native", "matmul"]
+
+
+# What the rules read of a config (config/sections.py's sections, which apply these rules
+# when they load: the rules name the keys they read instead of importing the sections).
+class EnvModes(Protocol):
+    @property
+    def backend(self) -> str: ...
+    @property
+    def collect_path(self) -> Literal["auto", "eager", "cuda_graph"]: ...
+    @property
+    def reset_mode(self) -> Literal["auto", "indexed", "masked"]: ...
+
+
+class PPOModes(Protocol):
+    @property
+    def update_path(self) -> str: ...
+    @property
+    def compile(self) -> bool: ...
+    @property
+    def lidar_conv(self) -> str: ...
+
+
+class PipelineModes(Protocol):
+    @property
+    def compress_rollouts(self) -> bool: ...
+    @property
+    def trainer_stream(self) -> bool: ...
+
+
+class OfflineModes(Protocol):
+    @property
+    def objective(self) -> str: ...
+
+
+class ConfigModes(Protocol):
+    @property
+    def env(self) -> EnvModes: ...
+    @property
+    def ppo(self) -> PPOModes: ...
+    @property
+    def pipeline(self) -> PipelineModes: ...
+    @property
+    def offline(self) -> OfflineModes: ...
+
 
 # What the fast PPO update paths (rl/fast_update.py) do not cover, in the words of the
 # option that brings it in: they run NavRL's update in one process, on frame minibatches.
@@ -116,7 +158,7 @@ def compile_step(compile_: bool, path: UpdatePath) -> Choice[bool]:
     return Choice(True, f"ppo.compile = true on the {path!r} path")
 
 
-def collect_path(cfg: EnvConfig, device: object | None) -> Choice[CollectPath]:
+def collect_path(cfg: EnvModes, device: object | None) -> Choice[CollectPath]:
     """How the env's rollout and evaluation steps run: "cuda_graph", replays of a captured
     step (rl/captured_rollout.py), or "eager"; `device` None while unknown. "auto"
     captures the embedded env on CUDA unless `env.reset_mode` asks for the indexed reset,
@@ -149,7 +191,7 @@ def collect_path(cfg: EnvConfig, device: object | None) -> Choice[CollectPath]:
     return Choice("cuda_graph", "env.collect_path = 'cuda_graph'")
 
 
-def reset_mode(cfg: EnvConfig, device: object | None) -> Choice[ResetMode]:
+def reset_mode(cfg: EnvModes, device: object | None) -> Choice[ResetMode]:
     """How the embedded env auto-resets. "auto" is masked when the steps are captured,
     indexed otherwise: run op by op, the masked reset is slower than the indexed one at
     NavRL's scale (docs/throughput.md), while a graph cannot hold the indexed reset."""
@@ -194,7 +236,7 @@ class ExecutionPlan:
     ranks: Choice[int]
 
     @classmethod
-    def of(cls, cfg: Config, device: object, *, ranks: int = 1) -> ExecutionPlan:
+    def of(cls, cfg: ConfigModes, device: object, *, ranks: int = 1) -> ExecutionPlan:
         """The plan of `cfg` on `device` (resolved: not "auto") over `ranks` processes;
         ConfigError (exit 78) where a mode the config names cannot run there."""
         compressed = cfg.pipeline.compress_rollouts

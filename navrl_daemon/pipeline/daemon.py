@@ -274,7 +274,7 @@ def build_stages(ctx: RunContext) -> list[Stage]:
     log.info("execution plan", **plan.fields())
     torch.manual_seed(cfg.run.seed)  # the same initial weights on every rank
     with phase("policy and update"):
-        policy = make_policy(cfg, ctx.device)
+        policy = make_policy(cfg, ctx.device, lidar_conv=plan.lidar_conv.value)
         bc = offline.ppo_plus_bc(ctx) if offline is not None else None  # "ppo+bc"
         learner = _learner(ctx, policy, bc.term if bc is not None else None)
     if world.distributed:
@@ -299,7 +299,7 @@ def build_stages(ctx: RunContext) -> list[Stage]:
             owned = _state_dir_stages(
                 ctx, checkpoints, policy, curriculum, mirror, resumed_from=start.iteration
             )
-    stream = TrainerStream.for_device(ctx.device, plan.trainer_stream.value)
+    stream = TrainerStream.for_device(ctx.device, own=plan.trainer_stream.value)
     core = _Core(learner, collector, state, start, curriculum, checkpoints, owned, stream)
     rollouts: Channel[Rollout] = Channel("rollouts", cfg.pipeline.lease_pool, Overflow.BLOCK)
     weights: Channel[PolicyWeights] = Channel("weights", 1, Overflow.COALESCE)
