@@ -17,6 +17,7 @@ from torchrl.envs import EnvBase
 from navrl_daemon.config import Config
 from navrl_daemon.config.execution_plan import collect_path
 from navrl_daemon.env import check_backend, make_env
+from navrl_daemon.env.backends import resolve
 from navrl_daemon.env.contract import ResumableEnv, step_record_bytes
 from navrl_daemon.rl.captured_rollout import rollout_for
 from navrl_daemon.rl.policy import NavRLPolicy
@@ -58,7 +59,7 @@ class Collector:
         # The start-up gate: a backend that breaks the env contract is a ConfigError (78).
         check_backend(cfg.env, device=device, seed=cfg.run.seed)
         env = make_env(cfg.env, device=device, seed=cfg.run.seed)
-        path = collect_path(cfg.env, device).value
+        path = collect_path(cfg.env, device, captured=resolve(cfg.env.backend).captured).value
         rollout = rollout_for(path, device, fallback=cfg.env.collect_path == "auto")
         return cls(cfg, env, policy, env.reset(), EpisodeStats(device), sampler(device), rollout)
 
