@@ -14,6 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from navrl_daemon.config import Config, ConfigError, ExecutionPlan
+from navrl_daemon.env.backends import resolve
 from navrl_daemon.testing import TINY
 from navrl_daemon.testing.command_line import navrl_cli
 
@@ -136,6 +137,13 @@ CASES: list[tuple[str, dict[str, Any], int, str, Any]] = [
         "cuda",
         ("cuda_graph", False, "eager", "indexed", False, False, "native"),
     ),
+    (
+        "other backend graph",
+        {"env.backend": "isaac", "env.collect_path": "cuda_graph"},
+        1,
+        "cuda",
+        "env.collect_path = 'cuda_graph' captures the env's step; env.backend = 'isaac'",
+    ),
     ("stream", {"pipeline.trainer_stream": True}, 1, "cpu", DEFAULTS_CPU),
     (
         "stream",
@@ -148,6 +156,11 @@ CASES: list[tuple[str, dict[str, Any], int, str, Any]] = [
     ("lidar matmul", {"ppo.lidar_conv": "matmul"}, 1, "cuda", (*DEFAULTS_CUDA[:6], "matmul")),
 ]
 IDS = [f"{name}-{device}-ranks{ranks}" for name, _, ranks, device, _ in CASES]
+
+
+def captured(cfg: Config) -> bool:
+    """What the daemon plans with: whether the registry says the backend is captured."""
+    return resolve(cfg.env.backend).captured
 
 
 def load(overrides: dict[str, Any]) -> Config:
@@ -171,7 +184,7 @@ def outcome(choose: Any, overrides: dict[str, Any], ranks: int, device: str) -> 
 
 
 def planned(cfg: Config, ranks: int, device: str) -> tuple[Any, ...]:
-    plan = ExecutionPlan.of(cfg, device, ranks=ranks)
+    plan = ExecutionPlan.of(cfg, device, captured=captured(cfg), ranks=ranks)
     return (
         plan.update_path.value,
         plan.compile.value,
@@ -201,11 +214,11 @@ def test_the_plan_chooses_what_the_rules_chose_where_they_were_applied(
 
 
 def test_every_choice_says_which_rule_made_it() -> None:
-    plan = ExecutionPlan.of(load({"ppo.update_path": "fused"}), "cuda")
+    plan = ExecutionPlan.of(load({"ppo.update_path": "fused"}), "cuda", captured=True)
     fields = plan.fields()
     assert set(fields["why"]) == set(plan.choices) == set(fields) - {"device", "why"}
     assert fields["why"]["update_path"] == "ppo.update_path = 'fused'"
-    assert fields["why"]["collect_path"] == "auto: the embedded env's step captured on CUDA"
+    assert fields["why"]["collect_path"] == "auto: the backend's step captured on CUDA"
     assert fields["why"]["reset"] == "auto: masked, the steps are captured"
     assert json.loads(json.dumps(fields)) == fields  # one JSON log line
 
@@ -224,7 +237,7 @@ def test_what_is_built_on_the_cpu_follows_the_plan() -> None:
         {"ppo.lidar_conv": "native"},
     ):
         cfg = load({**small, **overrides})
-        plan = ExecutionPlan.of(cfg, "cpu")
+        plan = ExecutionPlan.of(cfg, "cpu", captured=captured(cfg))
         policy = make_policy(cfg, "cpu")
         assert Learner.build(cfg, policy, "cpu").update_path == plan.update_path.value
         env = make_env(cfg.env, device="cpu", seed=0)

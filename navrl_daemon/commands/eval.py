@@ -347,6 +347,7 @@ def _with(cfg: Config, args: argparse.Namespace, extra: list[str]) -> Config:
 def _probe(cfg: Config, env: Any, policy: Any) -> dict[str, Any]:
     """analysis/probes.py on this evaluation: LiDAR use, and path statistics per outcome."""
     from navrl_daemon.analysis.probes import lidar_use, path_stats
+    from navrl_daemon.env.backends import able
     from navrl_daemon.env.contract import RecordableEnv
     from navrl_daemon.rl.eval_config import eval_steps
     from navrl_daemon.rl.evaluate import evaluate_recorded
@@ -354,7 +355,7 @@ def _probe(cfg: Config, env: Any, policy: Any) -> dict[str, Any]:
     if not isinstance(env, RecordableEnv):
         raise UsageError(
             f"--probe records the drones' paths: env.backend = {cfg.env.backend!r} cannot "
-            "(the embedded env, 'navigation', can)"
+            f"({able('recorded')} can)"
         )
     steps = eval_steps(cfg)
     use = lidar_use(env, policy, seed=cfg.eval.seed, max_steps=steps)
@@ -372,6 +373,7 @@ def _evaluate_and_draw(
 ) -> dict[str, Any]:
     """`evaluate` with the paths recorded, drawn to --plot and/or --video; the same
     numbers as without."""
+    from navrl_daemon.env.backends import able
     from navrl_daemon.env.contract import RecordableEnv
     from navrl_daemon.ops.plots import trajectory_plot, write_png
     from navrl_daemon.rl.eval_config import eval_steps
@@ -380,7 +382,7 @@ def _evaluate_and_draw(
     if not isinstance(env, RecordableEnv):
         raise UsageError(
             f"--plot and --video draw the drones' paths: env.backend = {cfg.env.backend!r} "
-            "cannot record them (the embedded env, 'navigation', can)"
+            f"cannot record them ({able('recorded')} can)"
         )
     results, traj = evaluate_recorded(
         env, policy, seed=cfg.eval.seed, max_steps=eval_steps(cfg), progress=progress

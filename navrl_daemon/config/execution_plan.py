@@ -158,28 +158,31 @@ def compile_step(compile_: bool, path: UpdatePath) -> Choice[bool]:
     return Choice(True, f"ppo.compile = true on the {path!r} path")
 
 
-def collect_path(cfg: EnvModes, device: object | None) -> Choice[CollectPath]:
+def collect_path(
+    cfg: EnvModes, device: object | None, *, captured: bool | None
+) -> Choice[CollectPath]:
     """How the env's rollout and evaluation steps run: "cuda_graph", replays of a captured
-    step (rl/captured_rollout.py), or "eager"; `device` None while unknown. "auto"
-    captures the embedded env on CUDA unless `env.reset_mode` asks for the indexed reset,
-    whose host reads a graph cannot hold; an explicit "cuda_graph" that cannot run is a
-    ConfigError."""
+    step (rl/captured_rollout.py), or "eager"; `device` None while unknown. `captured`:
+    whether the backend's steps can be captured, as its registry entry says
+    (env/backends.py), None while unknown (a config on its own). "auto" captures on CUDA
+    where the backend can, unless `env.reset_mode` asks for the indexed reset, whose host
+    reads a graph cannot hold; an explicit "cuda_graph" that cannot run is a ConfigError."""
     requested = cfg.collect_path
     kind = None if device is None else device_type(device)
     if requested == "auto":
         if kind != "cuda":
             return Choice("eager", "auto: eager off CUDA")
-        if cfg.backend != "navigation":
+        if captured is False:
             return Choice("eager", f"auto: eager, backend {cfg.backend!r} is not captured")
         if cfg.reset_mode == "indexed":
             return Choice("eager", "auto: eager, env.reset_mode = 'indexed' reads the host")
-        return Choice("cuda_graph", "auto: the embedded env's step captured on CUDA")
+        return Choice("cuda_graph", "auto: the backend's step captured on CUDA")
     if requested == "eager":
         return Choice("eager", "env.collect_path = 'eager'")
-    if cfg.backend != "navigation":
+    if captured is False:
         raise ConfigError(
-            "env.collect_path = 'cuda_graph' captures the embedded env's step; "
-            f"env.backend = {cfg.backend!r} needs 'eager' or 'auto'"
+            "env.collect_path = 'cuda_graph' captures the env's step; "
+            f"env.backend = {cfg.backend!r} cannot be captured and needs 'eager' or 'auto'"
         )
     if cfg.reset_mode == "indexed":
         raise ConfigError(
@@ -191,13 +194,13 @@ def collect_path(cfg: EnvModes, device: object | None) -> Choice[CollectPath]:
     return Choice("cuda_graph", "env.collect_path = 'cuda_graph'")
 
 
-def reset_mode(cfg: EnvModes, device: object | None) -> Choice[ResetMode]:
+def reset_mode(cfg: EnvModes, device: object | None, *, captured: bool | None) -> Choice[ResetMode]:
     """How the embedded env auto-resets. "auto" is masked when the steps are captured,
     indexed otherwise: run op by op, the masked reset is slower than the indexed one at
     NavRL's scale (docs/throughput.md), while a graph cannot hold the indexed reset."""
     if cfg.reset_mode != "auto":
         return Choice(cfg.reset_mode, f"env.reset_mode = {cfg.reset_mode!r}")
-    if collect_path(cfg, device).value == "cuda_graph":
+    if collect_path(cfg, device, captured=captured).value == "cuda_graph":
         return Choice("masked", "auto: masked, the steps are captured")
     return Choice("indexed", "auto: indexed, the faster one op by op")
 
@@ -236,8 +239,11 @@ class ExecutionPlan:
     ranks: Choice[int]
 
     @classmethod
-    def of(cls, cfg: ConfigModes, device: object, *, ranks: int = 1) -> ExecutionPlan:
-        """The plan of `cfg` on `device` (resolved: not "auto") over `ranks` processes;
+    def of(
+        cls, cfg: ConfigModes, device: object, *, captured: bool, ranks: int = 1
+    ) -> ExecutionPlan:
+        """The plan of `cfg` on `device` (resolved: not "auto") over `ranks` processes, for
+        a backend whose steps can be `captured` or not (env/backends.py says which);
         ConfigError (exit 78) where a mode the config names cannot run there."""
         compressed = cfg.pipeline.compress_rollouts
         why_not = None
@@ -256,8 +262,8 @@ class ExecutionPlan:
             device=str(device),
             update_path=path,
             compile=compile_step(cfg.ppo.compile, path.value),
-            collect_path=collect_path(cfg.env, device),
-            reset=reset_mode(cfg.env, device),
+            collect_path=collect_path(cfg.env, device, captured=captured),
+            reset=reset_mode(cfg.env, device, captured=captured),
             trainer_stream=trainer_stream(cfg.pipeline.trainer_stream, device),
             compressed_rollouts=Choice(
                 compressed, f"pipeline.compress_rollouts = {str(compressed).lower()}"

@@ -160,7 +160,8 @@ class CurriculumStage(Section):
 
 class EnvConfig(Section):
     # "navigation" (embedded), "isaac", a name registered under the `navrl_daemon.backends`
-    # entry-point group, or "module:factory" (navrl_daemon/env/backends.py resolves it).
+    # entry-point group, or "module:factory" (navrl_daemon/env/backends.py resolves it and
+    # says what each supports).
     backend: Annotated[str, Field(pattern=BACKEND_PATTERN)] = "navigation"
     # Backend-specific settings, passed through to the backend, which validates them.
     options: dict[str, Any] = {}
@@ -262,8 +263,9 @@ class EnvConfig(Section):
 
     @model_validator(mode="after")
     def _capturable(self) -> EnvConfig:
-        try:  # what this section alone says; the device is checked with the run's
-            collect_path(self, None)
+        try:  # what this section alone says; the device is checked with the run's, and
+            # what the backend can capture where the backend is resolved (env/backends.py)
+            collect_path(self, None, captured=None)
         except ConfigError as err:
             raise ValueError(str(err)) from None
         return self
@@ -298,11 +300,6 @@ class EnvConfig(Section):
                 f"min_level: an index into map_levels (0 to {max(len(levels) - 1, 0)}), "
                 f"got {self.min_level}"
                 + ("" if levels else "; without map_levels there is one level, 0")
-            )
-        if self.reach_hold and self.backend != "navigation":
-            raise ValueError(
-                f'reach_hold: ends episodes in the embedded env (backend "navigation"), '
-                f'got backend "{self.backend}"'
             )
         if self.crossing_share > 0 and self.spawn == "crossing":
             raise ValueError(
@@ -764,7 +761,7 @@ class Config(Section):
     def _collect_path(self) -> Config:
         device = None if self.run.device == "auto" else self.run.device
         try:
-            collect_path(self.env, device)
+            collect_path(self.env, device, captured=None)
         except ConfigError as err:
             raise ValueError(str(err)) from None
         return self

@@ -31,6 +31,7 @@ import torch
 
 from navrl_daemon import __version__
 from navrl_daemon.config import Config, ExecutionPlan, resolve_device
+from navrl_daemon.env.backends import resolve
 from navrl_daemon.env.contract import DensityLevels
 from navrl_daemon.errors import ConfigError, StageFailed
 from navrl_daemon.ops.logging import bind_process_fields
@@ -270,7 +271,8 @@ def build_stages(ctx: RunContext) -> list[Stage]:
     if found is not None:
         resume.check_settings(cfg, found[0], found[2])  # before anything is built
     # Every mode this run executes in, and why: ConfigError (78) where one cannot run here.
-    plan = ExecutionPlan.of(cfg, ctx.device, ranks=world.world_size)
+    captured = resolve(cfg.env.backend).captured
+    plan = ExecutionPlan.of(cfg, ctx.device, captured=captured, ranks=world.world_size)
     log.info("execution plan", **plan.fields())
     torch.manual_seed(cfg.run.seed)  # the same initial weights on every rank
     with phase("policy and update"):

@@ -31,8 +31,8 @@ def eval_env_config(cfg: Config) -> EnvConfig:
     )
 
 
-# The training spawn rule's keys: the embedded env's "navrl" layout places every start
-# and goal itself (NavRL's crossing) and reads none of them.
+# The training spawn rule's keys: a backend's "navrl" layout places every start and goal
+# itself (NavRL's crossing) and reads none of them (env/contract.py).
 SPAWN_RULE_KEYS = ("spawn", "goal_distance", "crossing_share", "spawn_height")
 
 
@@ -43,7 +43,7 @@ def evaluation_key(cfg: Config) -> dict[str, Any]:
     maps, e.g. a curriculum stage of local hops and the crossing stage after it, both
     evaluated on NavRL's crossing."""
     env = eval_env_config(cfg).model_dump(exclude={"curriculum"})
-    if cfg.eval.layout == "navrl" and cfg.env.backend == "navigation":
+    if cfg.eval.layout == "navrl":
         for key in SPAWN_RULE_KEYS:
             env.pop(key)
     section = cfg.eval.model_dump() | {"num_obstacles": env["num_obstacles"]}  # 0: the env's

@@ -46,7 +46,7 @@ def play(env: NavigationEnv, steps: int, seed: int = 0) -> tuple[list[TensorDict
 
 
 def masked_reset(cfg: EnvConfig, device: torch.device | str) -> bool:
-    return reset_mode(cfg, device).value == "masked"
+    return reset_mode(cfg, device, captured=True).value == "masked"
 
 
 def test_auto_is_masked_only_where_the_step_is_captured():

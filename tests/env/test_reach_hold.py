@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from navrl_daemon.config import load_config
+from navrl_daemon.config import CurriculumStage, EnvConfig, PromotionRule, load_config
+from navrl_daemon.env.backends import backend_of
 from navrl_daemon.env.contract import STAT_KEYS
 from navrl_daemon.env.navigation import REACH_RADIUS, NavigationEnv
+from navrl_daemon.errors import ConfigError
 from navrl_daemon.rl.evaluations import make_eval_env
 from tests.conftest import navrl_cli
 
@@ -127,7 +129,6 @@ def test_a_curriculum_stage_can_end_its_hops_at_the_goal():
     ("overrides", "needle"),
     [
         (["env.reach_hold=-1"], "reach_hold"),
-        (["env.reach_hold=5", "env.backend=isaac"], "reach_hold"),
         (['env.curriculum=[{name = "x", reach_hold = -2}]'], "reach_hold"),
     ],
 )
@@ -135,3 +136,19 @@ def test_bad_values_exit_78_naming_the_key(overrides: list[str], needle: str):
     proc = navrl_cli("config", "show", *overrides)
     assert proc.returncode == 78, proc.stderr
     assert needle in proc.stderr
+
+
+def test_a_backend_that_ends_no_episode_at_the_goal_refuses_reach_hold():
+    """The backends' registry says which backends end episodes at the goal: reach_hold, the
+    section's or a stage's, for another one is exit 78 where the backend is resolved
+    (`env check`, `run`), before its module is imported."""
+    proc = navrl_cli("env", "check", "env.reach_hold=5", "env.backend=isaac")
+    assert proc.returncode == 78, proc.stderr
+    assert "env.reach_hold: backend 'isaac' does not end episodes" in proc.stderr
+    stages = [
+        CurriculumStage(name="hops", reach_hold=3, promote=PromotionRule()),
+        CurriculumStage(),
+    ]
+    with pytest.raises(ConfigError, match="reach_hold"):
+        backend_of(EnvConfig(backend="isaac", curriculum=stages))
+    assert backend_of(EnvConfig(reach_hold=5, curriculum=stages)).reach_hold

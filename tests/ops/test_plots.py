@@ -148,7 +148,7 @@ def test_plot_needs_an_env_that_records_paths(
     err = capsys.readouterr().err
     assert code == 2, err
     assert "--plot" in err and "env.backend = 'navrl-2d' cannot record" in err
-    assert "'navigation', can" in err  # which backend can
+    assert "('navigation' can)" in err  # which backend can, as the registry says
     assert not out.exists()
 
 

@@ -174,8 +174,10 @@ class NavigationEnv(EnvBase):
         # Reseeding restores this: the same seed then replays the same obstacle motion.
         self._dynamic_start = self.dynamic.state_dict()
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
-        self.masked_reset = execution_plan.reset_mode(cfg, self.device).value == "masked"
-        self.collect_path = execution_plan.collect_path(cfg, self.device).value
+        # This env's steps are the ones a CUDA graph holds (its registry entry says so).
+        mode = execution_plan.reset_mode(cfg, self.device, captured=True)
+        self.masked_reset = mode.value == "masked"
+        self.collect_path = execution_plan.collect_path(cfg, self.device, captured=True).value
         self.collect_fallback = cfg.collect_path == "auto"
         self._allocate_state()
         self._make_specs()
