@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from navrl_daemon.config import Config, ConfigError, ExecutionPlan
+from navrl_daemon.config import Config, ConfigError, ExecutionPlan, set_dotted
 from navrl_daemon.env.backends import resolve
 from navrl_daemon.testing import TINY
 from navrl_daemon.testing.command_line import navrl_cli
@@ -92,22 +92,22 @@ CASES: list[tuple[str, dict[str, Any], int, str, Any]] = [
         "cuda",
         "load: ppo.update_path = 'cuda_graph' does not support an extra loss term",
     ),
-    ("indexed", {"env.reset_mode": "indexed"}, 1, "cpu", DEFAULTS_CPU),
+    ("indexed", {"env.navigation.reset_mode": "indexed"}, 1, "cpu", DEFAULTS_CPU),
     (
         "indexed",
-        {"env.reset_mode": "indexed"},
+        {"env.navigation.reset_mode": "indexed"},
         1,
         "cuda",
         ("cuda_graph", False, "eager", "indexed", False, False, "native"),
     ),
     (
         "masked",
-        {"env.reset_mode": "masked"},
+        {"env.navigation.reset_mode": "masked"},
         1,
         "cpu",
         ("eager", False, "eager", "masked", False, False, "matmul"),
     ),
-    ("masked", {"env.reset_mode": "masked"}, 1, "cuda", DEFAULTS_CUDA),
+    ("masked", {"env.navigation.reset_mode": "masked"}, 1, "cuda", DEFAULTS_CUDA),
     (
         "collect eager",
         {"env.collect_path": "eager"},
@@ -125,7 +125,7 @@ CASES: list[tuple[str, dict[str, Any], int, str, Any]] = [
     ("collect graph", {"env.collect_path": "cuda_graph"}, 1, "cuda", DEFAULTS_CUDA),
     (
         "collect graph indexed",
-        {"env.collect_path": "cuda_graph", "env.reset_mode": "indexed"},
+        {"env.collect_path": "cuda_graph", "env.navigation.reset_mode": "indexed"},
         1,
         "cuda",
         "load: env.collect_path = 'cuda_graph' cannot hold the indexed reset",
@@ -166,8 +166,7 @@ def captured(cfg: Config) -> bool:
 def load(overrides: dict[str, Any]) -> Config:
     data: dict[str, Any] = {}
     for key, value in overrides.items():
-        section, name = key.split(".")
-        data.setdefault(section, {})[name] = value
+        set_dotted(data, key, value, origin=key)
     return Config.model_validate(data)
 
 
@@ -233,7 +232,7 @@ def test_what_is_built_on_the_cpu_follows_the_plan() -> None:
     small = {"env.num_envs": 4, "env.num_obstacles": 4, "env.num_dynamic_obstacles": 8}
     for overrides in (
         {},
-        {"ppo.update_path": "fused", "env.reset_mode": "masked"},
+        {"ppo.update_path": "fused", "env.navigation.reset_mode": "masked"},
         {"ppo.lidar_conv": "native"},
     ):
         cfg = load({**small, **overrides})

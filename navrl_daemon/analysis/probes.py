@@ -29,7 +29,7 @@
   auto-reset and actions sampled as in training; the share of frames flown within reach
   of the goal. NavRL's reach is not terminal, so a drone that reached its goal hovers
   there until the time-out: frames that teach little once hovering is learned
-  (`env.reach_hold` gives them to new flights).
+  (`env.navigation.reach_hold` gives them to new flights).
 """
 
 from __future__ import annotations
@@ -267,15 +267,13 @@ def pillar_pass_env(
 ) -> EnvBase:
     """An env of `cfg`'s backend, dynamics and sensor with `drones` drones, each on a map of
     its own (the scene `pillar_pass` lays out), no moving obstacles and no curriculum."""
-    scene = cfg.model_copy(
-        update={
-            "num_obstacles": 1,
-            "map_levels": [],
-            "min_level": 0,
-            "num_maps": drones,
-            "num_dynamic_obstacles": 0,
-            "curriculum": [],
-        }
+    scene = cfg.replaced(
+        num_obstacles=1,
+        map_levels=[],
+        min_level=0,
+        num_maps=drones,
+        num_dynamic_obstacles=0,
+        curriculum=[],
     )
     return make_env(scene, device=device, num_envs=drones, layout="navrl")
 

@@ -31,6 +31,7 @@ from navrl_daemon.commands.common import (
 from navrl_daemon.config import (
     Config,
     load_config,
+    moved_key,
     parse_override,
     resolve_device,
     set_dotted,
@@ -272,7 +273,7 @@ def eval_config(cfg: Config, args: argparse.Namespace) -> tuple[Path, Config, st
         embedded = _embedded_config(path)
         if embedded is None:
             return path, _with(cfg, args, extra), "the built-in defaults (no run config found)"
-        stored = validate(_with_overrides(embedded, [*args.overrides, *extra]))
+        stored = _with_overrides(embedded, [*args.overrides, *extra])
         source = f"the config stored in {path}"
     check_stored(stored.env.backend, named=cfg.env.backend, source=source)
     return path, stored, source
@@ -331,13 +332,15 @@ def _embedded_config(path: Path) -> dict[str, Any] | None:
     return config if isinstance(config, dict) else None
 
 
-def _with_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """A stored config's sections with dotted `KEY=VALUE` overrides set on top."""
+def _with_overrides(data: dict[str, Any], overrides: list[str]) -> Config:
+    """A stored config's sections with dotted `KEY=VALUE` overrides set on top, validated
+    (a key's old name sets its new one, as in `load_config`)."""
     data = copy.deepcopy(data)
+    moved: list[str] = []
     for item in overrides:
         key, value = parse_override(item)
-        set_dotted(data, key, value, origin=f"override {item!r}")
-    return data
+        set_dotted(data, moved_key(key, moved), value, origin=f"override {item!r}")
+    return validate(data, moved=moved)
 
 
 def _with(cfg: Config, args: argparse.Namespace, extra: list[str]) -> Config:

@@ -4,7 +4,7 @@ Each mode is one rule here, and each choice carries the rule that made it (`Choi
 - update path (`ppo.update_path`): "eager", "fused" or "cuda_graph" (rl/fast_update.py);
 - compile (`ppo.compile`): the fused and CUDA-graph steps through torch.compile;
 - collect path (`env.collect_path`): rollout and evaluation steps op by op or captured;
-- reset (`env.reset_mode`): the embedded env's indexed or masked auto-reset;
+- reset (`env.navigation.reset_mode`): the embedded env's indexed or masked auto-reset;
 - trainer stream (`pipeline.trainer_stream`): the trainer's own CUDA stream;
 - compressed rollouts (`pipeline.compress_rollouts`): env-group minibatches of LZ4 copies;
 - LiDAR lowering (`ppo.lidar_conv`): the LiDAR CNN's convolutions as matmuls or conv2d;
@@ -34,13 +34,18 @@ Lowering = Literal["native", "matmul"]
 
 # What the rules read of a config (config/sections.py's sections, which apply these rules
 # when they load: the rules name the keys they read instead of importing the sections).
+class NavigationModes(Protocol):
+    @property
+    def reset_mode(self) -> Literal["auto", "indexed", "masked"]: ...
+
+
 class EnvModes(Protocol):
     @property
     def backend(self) -> str: ...
     @property
     def collect_path(self) -> Literal["auto", "eager", "cuda_graph"]: ...
     @property
-    def reset_mode(self) -> Literal["auto", "indexed", "masked"]: ...
+    def navigation(self) -> NavigationModes: ...
 
 
 class PPOModes(Protocol):
@@ -165,8 +170,9 @@ def collect_path(
     step (rl/captured_rollout.py), or "eager"; `device` None while unknown. `captured`:
     whether the backend's steps can be captured, as its registry entry says
     (env/backends.py), None while unknown (a config on its own). "auto" captures on CUDA
-    where the backend can, unless `env.reset_mode` asks for the indexed reset, whose host
-    reads a graph cannot hold; an explicit "cuda_graph" that cannot run is a ConfigError."""
+    where the backend can, unless `env.navigation.reset_mode` asks for the indexed reset,
+    whose host reads a graph cannot hold; an explicit "cuda_graph" that cannot run is a
+    ConfigError."""
     requested = cfg.collect_path
     kind = None if device is None else device_type(device)
     if requested == "auto":
@@ -174,8 +180,9 @@ def collect_path(
             return Choice("eager", "auto: eager off CUDA")
         if captured is False:
             return Choice("eager", f"auto: eager, backend {cfg.backend!r} is not captured")
-        if cfg.reset_mode == "indexed":
-            return Choice("eager", "auto: eager, env.reset_mode = 'indexed' reads the host")
+        if cfg.navigation.reset_mode == "indexed":
+            why = "auto: eager, env.navigation.reset_mode = 'indexed' reads the host"
+            return Choice("eager", why)
         return Choice("cuda_graph", "auto: the backend's step captured on CUDA")
     if requested == "eager":
         return Choice("eager", "env.collect_path = 'eager'")
@@ -184,10 +191,10 @@ def collect_path(
             "env.collect_path = 'cuda_graph' captures the env's step; "
             f"env.backend = {cfg.backend!r} cannot be captured and needs 'eager' or 'auto'"
         )
-    if cfg.reset_mode == "indexed":
+    if cfg.navigation.reset_mode == "indexed":
         raise ConfigError(
             "env.collect_path = 'cuda_graph' cannot hold the indexed reset's host reads; "
-            "env.reset_mode = 'indexed' needs 'eager' or 'auto'"
+            "env.navigation.reset_mode = 'indexed' needs 'eager' or 'auto'"
         )
     if kind not in ("cuda", None):
         raise ConfigError(f"env.collect_path = 'cuda_graph' needs a CUDA device; this is {device}")
@@ -198,8 +205,9 @@ def reset_mode(cfg: EnvModes, device: object | None, *, captured: bool | None) -
     """How the embedded env auto-resets. "auto" is masked when the steps are captured,
     indexed otherwise: run op by op, the masked reset is slower than the indexed one at
     NavRL's scale (docs/throughput.md), while a graph cannot hold the indexed reset."""
-    if cfg.reset_mode != "auto":
-        return Choice(cfg.reset_mode, f"env.reset_mode = {cfg.reset_mode!r}")
+    requested = cfg.navigation.reset_mode
+    if requested != "auto":
+        return Choice(requested, f"env.navigation.reset_mode = {requested!r}")
     if collect_path(cfg, device, captured=captured).value == "cuda_graph":
         return Choice("masked", "auto: masked, the steps are captured")
     return Choice("indexed", "auto: indexed, the faster one op by op")

@@ -17,7 +17,7 @@ chosen, so Isaac Sim is never imported unless `env.backend = "isaac"`.
 
 What a backend supports beyond the contract is stated here, by the registry, so that no
 caller tells backends apart by name: `Backend.captured` (steps a CUDA graph can hold,
-`env.collect_path`), `Backend.reach_hold` (episodes ended by `env.reach_hold`),
+`env.collect_path`), `Backend.reach_hold` (episodes ended by `env.navigation.reach_hold`),
 `Backend.recorded` (paths recorded for plots and probes) and `Backend.packages` (what it
 needs installed, for `doctor`). A backend the registry does not build itself (an entry
 point, a module) states none of them.
@@ -48,7 +48,7 @@ class Backend:
     origin: str  # "built-in", "entry point (<distribution>)" or "module:factory"
     # Its steps can be captured as a CUDA graph (the env is a `CapturableEnv`).
     captured: bool = False
-    # It ends an episode once the drone has held its goal `env.reach_hold` steps.
+    # It ends an episode once the drone has held its goal `env.navigation.reach_hold` steps.
     reach_hold: bool = False
     # Its env records where the drones fly (a `RecordableEnv`: plots, videos, probes).
     recorded: bool = False
@@ -58,11 +58,11 @@ class Backend:
 
     def check(self, cfg: EnvConfig) -> None:
         """ConfigError (exit 78) where `cfg` asks for what this backend does not do."""
-        holds = [cfg.reach_hold, *(stage.reach_hold or 0 for stage in cfg.curriculum)]
+        holds = [cfg.navigation.reach_hold, *(stage.reach_hold or 0 for stage in cfg.curriculum)]
         if any(holds) and not self.reach_hold:
             raise ConfigError(
-                f"env.reach_hold: backend {self.name!r} does not end episodes at the goal; "
-                f"{able('reach_hold')} can"
+                f"env.navigation.reach_hold: backend {self.name!r} does not end episodes at "
+                f"the goal; {able('reach_hold')} can"
             )
 
     def load(self) -> EnvFactory:

@@ -28,7 +28,7 @@ caller checks once with `isinstance(env, Protocol)`, taking the plain path other
   without it a resumed run restarts its episodes;
 - `CapturableEnv`: a step on fixed tensors drawing from one generator, which a CUDA graph
   can hold (`rl/captured_rollout.py`); without it steps run op by op;
-- `DensityLevels`: per-env density levels (`env.map_levels`), kept across a curriculum
+- `DensityLevels`: per-env density levels (`env.navigation.map_levels`), kept across a curriculum
   stage or a resume and reported as telemetry;
 - `Determinism`: a backend that cannot be deterministic says so with
   `deterministic = False`, and the determinism check is skipped.
@@ -117,7 +117,7 @@ class CapturableEnv(Protocol):
 
 @runtime_checkable
 class DensityLevels(Protocol):
-    """Per-env density levels (`env.map_levels`): `level` [N] (long, updated in place),
+    """Per-env density levels (`env.navigation.map_levels`): `level` [N] (long, updated in place),
     at least `min_level`; the share of envs at each level and the episodes ended there."""
 
     level: Tensor

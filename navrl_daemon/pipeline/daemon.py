@@ -400,7 +400,9 @@ def _producer(
             # rank 0's envs, where the backend keeps density levels (DensityLevels)
             on_levels=(
                 telemetry.levels
-                if cfg.env.map_levels and owned and isinstance(collector.env, DensityLevels)
+                if cfg.env.navigation.map_levels
+                and owned
+                and isinstance(collector.env, DensityLevels)
                 else None
             ),
             on_phase=telemetry.progress.phase,

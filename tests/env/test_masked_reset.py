@@ -1,4 +1,5 @@
-"""`env.reset_mode = "masked"`: auto-reset without a host sync, same contract as indexed."""
+"""`env.navigation.reset_mode = "masked"`: auto-reset without a host sync, same contract as
+indexed."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def config(**overrides) -> EnvConfig:
         "max_episode_length": 12,  # truncations, besides the collisions, every few steps
         "num_maps": 2,
     }
-    return EnvConfig(**{**base, **overrides})
+    return EnvConfig().replaced(**{**base, **overrides})
 
 
 def play(env: NavigationEnv, steps: int, seed: int = 0) -> tuple[list[TensorDict], TensorDict]:

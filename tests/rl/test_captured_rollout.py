@@ -22,6 +22,7 @@ from navrl_daemon.rl.collector import Collector
 from navrl_daemon.rl.graphs import cuda_capture, traced_capture
 from navrl_daemon.rl.policy import NavRLPolicy, make_policy, sample_beta
 from navrl_daemon.rl.rollout import collect
+from navrl_daemon.testing import env_overrides
 from navrl_daemon.testing.host_reads import CountHostReads, HostData
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
@@ -42,8 +43,12 @@ def small_config(device: str = "cpu", **env) -> Config:
     }
     return load_config(
         None,
-        [f"run.device={device}", "ppo.rollout_length=8", "ppo.minibatches=2"]
-        + [f"env.{k}={v!r}".replace("'", '"') for k, v in overrides.items()],
+        [
+            f"run.device={device}",
+            "ppo.rollout_length=8",
+            "ppo.minibatches=2",
+            *env_overrides(overrides),
+        ],
         environ={},
     )
 
