@@ -34,7 +34,7 @@ from navrl_daemon.storage.episode_store import Arrays, EpisodeStore, rollout_arr
 LAYOUTS = {
     "pillars": (
         "config/navrl-original.toml",
-        ["run.device=cpu", "env.spawn=local", "env.goal_distance=[5.0, 15.0]"],
+        ["run.device=cpu", "env.navigation.spawn=local", "env.goal_distance=[5.0, 15.0]"],
     ),
     "open": ("config/default.toml", ["run.device=cpu"]),
 }

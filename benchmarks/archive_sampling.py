@@ -37,7 +37,7 @@ from navrl_daemon.storage.archive import (
 )
 from navrl_daemon.storage.episode_store import ArchiveReader, as_tensordict, rollout_arrays
 
-PILLARS = ["run.device=cpu", "env.spawn=local", "env.goal_distance=[5.0, 15.0]"]
+PILLARS = ["run.device=cpu", "env.navigation.spawn=local", "env.goal_distance=[5.0, 15.0]"]
 
 
 def collect(num_envs: int, rollouts: int) -> list[dict[str, np.ndarray]]:

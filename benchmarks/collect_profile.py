@@ -9,7 +9,7 @@ Each is warmed up (the capture happens there), then rollouts are timed with the 
 taking turns (median and spread, s and frames/s); on CUDA the host syncs of one rollout
 are counted by call site (`torch.cuda.set_sync_debug_mode`), and one rollout per path is
 profiled (torch.profiler): the GPU's own time in it (self CUDA time), so its busy share,
-and the top ops. The masked over indexed speed without capture is what `env.reset_mode =
+and the top ops. The masked over indexed speed without capture is what `env.navigation.reset_mode =
 "auto"` decides on; captured over eager-indexed is what `env.collect_path = "auto"` gains.
 Prints the JSON summary last; `--table FILE` also writes the profiler tables there.
 
@@ -43,9 +43,9 @@ from navrl_daemon.testing.host_reads import CountHostReads
 REPO = Path(__file__).resolve().parents[1]
 
 PATHS = {
-    "eager_indexed": ["env.collect_path=eager", "env.reset_mode=indexed"],
-    "eager_masked": ["env.collect_path=eager", "env.reset_mode=masked"],
-    "cuda_graph": ["env.collect_path=cuda_graph", "env.reset_mode=auto"],
+    "eager_indexed": ["env.collect_path=eager", "env.navigation.reset_mode=indexed"],
+    "eager_masked": ["env.collect_path=eager", "env.navigation.reset_mode=masked"],
+    "cuda_graph": ["env.collect_path=cuda_graph", "env.navigation.reset_mode=auto"],
 }
 
 

@@ -5,9 +5,9 @@ layouts, with the LiDAR-use probe and path statistics (analysis/probes.py), as J
 Each row is one (checkpoint, pillars, layout, maps) evaluation:
 - pillars `K` builds maps of K pillars (a curriculum stage's maps are drawn that way);
   `N:K` keeps the first K pillars of N-pillar maps (the density levels of
-  `env.map_levels`, where the N-pillar maps are the training maps).
+  `env.navigation.map_levels`, where the N-pillar maps are the training maps).
 - maps `train` are the maps the checkpoint trained on: for a `.nrc`, its own run's
-  (run.seed, env.num_maps, from the config saved in it); for a `.pt` (no config), the
+  (run.seed, env.navigation.num_maps, from the config saved in it); for a `.pt` (no config), the
   command line's. `held_out` are `--held-out-maps` maps drawn from `--held-out-seed`.
   Every row names the seed of its maps (`maps_seed`).
 - layout `navrl` is NavRL's crossing evaluation, `train` the training spawn rule.
@@ -60,6 +60,7 @@ from navrl_daemon.env import make_env
 from navrl_daemon.rl.eval_config import eval_steps
 from navrl_daemon.rl.evaluate import evaluate_outcomes, evaluate_recorded
 from navrl_daemon.rl.policy import make_policy
+from navrl_daemon.rl.run_state import migrate
 from navrl_daemon.storage.policy_file import check_policy_layout, load_any_policy
 
 
@@ -71,14 +72,12 @@ def pillar_spec(text: str) -> tuple[int, int | None]:
 
 def eval_env(cfg: Config, spec: tuple[int, int | None], layout: str, seed: int, maps: int):
     whole, prefix = spec
-    env_cfg = cfg.env.model_copy(
-        update={
-            "num_obstacles": whole,
-            "map_levels": [] if prefix is None else [prefix],
-            "min_level": 0,
-            "num_maps": maps,
-            "curriculum": [],
-        }
+    env_cfg = cfg.env.replaced(
+        num_obstacles=whole,
+        map_levels=[] if prefix is None else [prefix],
+        min_level=0,
+        num_maps=maps,
+        curriculum=[],
     )
     return make_env(env_cfg, seed=seed, num_envs=cfg.eval.num_envs, layout=layout)
 
@@ -87,10 +86,10 @@ def training_maps(cfg: Config, snap: dict[str, Any] | None) -> tuple[int, int]:
     """(seed, count) of the maps a checkpoint trained on: its run's config when it holds
     one (a `.nrc`), else `cfg`'s. A policy of run.seed = 1 flown on seed 0's maps would be
     flown on maps it never saw."""
-    saved = (snap or {}).get("config") or {}
+    saved = (migrate(snap, "checkpoint").get("config") if snap else None) or {}
     if "run" in saved and "env" in saved:
-        return int(saved["run"]["seed"]), int(saved["env"]["num_maps"])
-    return cfg.run.seed, cfg.env.num_maps
+        return int(saved["run"]["seed"]), int(saved["env"]["navigation"]["num_maps"])
+    return cfg.run.seed, cfg.env.navigation.num_maps
 
 
 def saved_levels(snap: dict[str, Any] | None) -> torch.Tensor | None:
@@ -105,9 +104,9 @@ def hover_row(
     env_cfg = cfg.env.stage_env(args.stage) if cfg.env.curriculum else cfg.env
     seed, count = training_maps(cfg, snap)
     n = cfg.eval.num_envs
-    env = make_env(env_cfg.model_copy(update={"num_maps": count}), seed=seed, num_envs=n)
+    env = make_env(env_cfg.replaced(num_maps=count), seed=seed, num_envs=n)
     levels = saved_levels(snap)
-    at_levels = bool(env_cfg.map_levels) and levels is not None and len(levels) >= n
+    at_levels = bool(env_cfg.navigation.map_levels) and levels is not None and len(levels) >= n
     if at_levels:
         env.level.copy_(levels[:n])
     row: dict[str, Any] = {
@@ -242,7 +241,7 @@ def main() -> None:
             "seed": cfg.eval.seed,
             # the world flown besides the pillars: rows of runs that differ here are other drones
             "dynamic_obstacles": cfg.env.num_dynamic_obstacles,
-            "dynamic_speed_range": list(cfg.env.dynamic_speed_range),
+            "dynamic_speed_range": list(cfg.env.navigation.dynamic_speed_range),
         },
         "held_out": {"seed": args.held_out_seed, "maps": args.held_out_maps},
         "results": results,

@@ -462,19 +462,20 @@ def main() -> None:
         stages = [stage.name for stage in cfg.env.curriculum]
         checked = {"config": "ok", "stages": stages, "num_envs": cfg.env.num_envs}
         checked["num_obstacles"] = cfg.env.num_obstacles
-        checked["num_maps"] = cfg.env.num_maps
-        checked["eval_num_maps"] = cfg.eval.num_maps or cfg.env.num_maps
+        checked["num_maps"] = cfg.env.navigation.num_maps
+        checked["eval_num_maps"] = cfg.eval.num_maps or cfg.env.navigation.num_maps
         checked["target_stages"] = None if targets is None else sorted(targets)
         checked["eval_num_obstacles"] = cfg.eval.num_obstacles or cfg.env.num_obstacles
         checked["held_out_maps"] = held_cfg.eval.num_maps
         checked["lr_schedule"] = cfg.ppo.lr_schedule
         checked["torch_threads"] = cfg.run.torch_threads
-        checked["min_level"] = cfg.env.min_level  # the [env] floor, and each stage's own
+        checked["min_level"] = cfg.env.navigation.min_level  # the floor, and each stage's own
         checked["stage_min_levels"] = [stage.min_level for stage in cfg.env.curriculum]
         # each stage's moving obstacles (count, speeds), as its env resolves them
         stage_envs = [cfg.env.stage_env(i) for i in range(len(cfg.env.curriculum))]
         checked["stage_dynamic_obstacles"] = [
-            [env.num_dynamic_obstacles, list(env.dynamic_speed_range)] for env in stage_envs
+            [env.num_dynamic_obstacles, list(env.navigation.dynamic_speed_range)]
+            for env in stage_envs
         ]
         checked["eval_interval"] = cfg.eval.interval
         checked["seed"] = cfg.run.seed

@@ -59,7 +59,7 @@ def measure(args: argparse.Namespace, num_envs: int) -> dict[str, object]:
             f"run.device={args.device}",
             f"env.num_envs={num_envs}",
             f"env.collect_path={path}",
-            "env.reset_mode=masked",
+            "env.navigation.reset_mode=masked",
             *args.overrides,
         ],
         environ={},

@@ -1,4 +1,5 @@
-"""Rollout speed and host reads per `env.reset_mode`: indexed (torchrl's) vs masked, op by op.
+"""Rollout speed and host reads per `env.navigation.reset_mode`: indexed (torchrl's) vs
+masked, op by op.
 
 Builds the daemon's Collector (env + acting policy) once per mode from the same config,
 warms each up, then times rollouts with the modes taking turns (so drift in the machine's
@@ -54,7 +55,7 @@ def measure(
                 f"run.device={device}",
                 f"env.max_episode_length={length}",
                 *overrides,
-                f"env.reset_mode={mode}",
+                f"env.navigation.reset_mode={mode}",
                 "env.collect_path=eager",  # op by op (collect_profile.py times the capture)
             ],
             environ={},
@@ -103,7 +104,7 @@ def measure(
         "num_envs": cfg.env.num_envs,
         "num_obstacles": cfg.env.num_obstacles,
         "num_dynamic_obstacles": cfg.env.num_dynamic_obstacles,
-        "spawn": cfg.env.spawn,
+        "spawn": cfg.env.navigation.spawn,
         "rollout_length": cfg.ppo.rollout_length,
     }
 

@@ -72,9 +72,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     log_stream: LogStream | None = None
     try:
         args = build_parser().parse_args(argv)
-        from navrl_daemon.config import load_config
+        from navrl_daemon.config import LogConfig, load_config
         from navrl_daemon.ops.logging import configure_logging
 
+        configure_logging(LogConfig())  # a note while the config loads goes to stderr
         cfg = load_config(getattr(args, "config", None), getattr(args, "overrides", ()))
         log_stream = configure_logging(cfg.log)
         args.log_stream = log_stream  # `run` names the file the log goes on in

@@ -60,6 +60,8 @@ def test_eval_of_a_checkpoint_file_uses_its_runs_config(run_dir: Path, tmp_path:
     doc = eval_json("--checkpoint", str(alone), "eval.num_envs=3")
     assert doc["episodes"] == 3 and doc["layout"] == "train"
     assert doc["config"] == f"the config stored in {alone}"
+    # An override by a key's old name wins over the stored config's new one.
+    assert eval_json("--checkpoint", str(alone), "eval.num_envs=3", "env.spawn=border")
     # An explicit --config still wins.
     doc = eval_json("--checkpoint", str(nrc), "--config", "config/default.toml", "--episodes", "2")
     assert doc["episodes"] == 2 and doc["config"] == "config/default.toml"

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
-from navrl_daemon.config import Config, load_config, parse_override, to_toml, validate
+from navrl_daemon.config import (
+    Config,
+    NavigationConfig,
+    load_config,
+    parse_override,
+    to_toml,
+    validate,
+)
 from navrl_daemon.config.loader import MAX_DEPTH
 from navrl_daemon.errors import ConfigError
 from navrl_daemon.testing.crafted_config import nested_toml
@@ -50,7 +59,7 @@ def test_precedence_file_then_environment_then_overrides(tmp_path: Path) -> None
         ("env.goal_distance=[1.5, 3]", ("env.goal_distance", [1.5, 3])),
         ("run.device=cuda:0", ("run.device", "cuda:0")),
         ('run.state_dir="/var/lib/navrl"', ("run.state_dir", "/var/lib/navrl")),
-        ("env.smoothness_penalty=false", ("env.smoothness_penalty", False)),
+        ("env.navigation.smoothness_penalty=false", ("env.navigation.smoothness_penalty", False)),
         ("env.curriculum.0.spawn=local", ("env.curriculum.0.spawn", "local")),
     ],
 )
@@ -65,7 +74,7 @@ def test_an_index_sets_one_entry_of_a_list_and_keeps_the_rest() -> None:
     overrides = [
         "env.curriculum.0.num_dynamic_obstacles=8",
         "env.curriculum.1.dynamic_speed_range=[0.3, 0.8]",
-        "env.map_levels.1=60",
+        "env.navigation.map_levels.1=60",
     ]
     env = {"NAVRL_ENV__CURRICULUM__2__MIN_LEVEL": "3"}
     cfg = load_config(recipe, overrides, environ=env)
@@ -73,7 +82,7 @@ def test_an_index_sets_one_entry_of_a_list_and_keeps_the_rest() -> None:
     assert stages[0].num_dynamic_obstacles == 8 and before[0].num_dynamic_obstacles == 0
     assert stages[1].dynamic_speed_range == [0.3, 0.8]
     assert stages[2].min_level == 3 and before[2].min_level == 4
-    assert cfg.env.map_levels == [0, 60, *base.env.map_levels[2:]]
+    assert cfg.env.navigation.map_levels == [0, 60, *base.env.navigation.map_levels[2:]]
     # everything not named is the file's
     assert [s.name for s in stages] == [s.name for s in before]
     assert stages[3] == before[3]
@@ -118,13 +127,13 @@ BAD = [
     (["env.num_envs=-3"], "env.num_envs"),
     (['env.num_envs="many"'], "env.num_envs"),
     (["env.num_envs=1.5"], "env.num_envs"),
-    (["env.smoothness_penalty=1"], "env.smoothness_penalty"),
+    (["env.navigation.smoothness_penalty=1"], "env.navigation.smoothness_penalty"),
     (["ppo.clip_ratio=2.0"], "ppo.clip_ratio"),
     (["ppo.gamma=0"], "ppo.gamma"),
     (["env.goal_distance=[4, 2]"], "goal_distance"),
     (["env.goal_distance=[1]"], "env.goal_distance"),
     (["env.num_dynamic_obstacles=7"], "env.num_dynamic_obstacles"),
-    (["env.spawn=sideways"], "env.spawn"),
+    (["env.navigation.spawn=sideways"], "env.navigation.spawn"),
     (["run.device=gpu"], "run.device"),
     (["log.level=loud"], "log.level"),
     (["ppo.minibatches=5000", "env.num_envs=2"], "ppo.minibatches"),
@@ -267,3 +276,107 @@ def test_total_frames_beyond_what_the_counters_hold_exits_78() -> None:
     proc = navrl_cli("config", "show", f"run.total_frames={10**29}")
     assert proc.returncode == 78, proc.stderr
     assert "run.total_frames" in proc.stderr and str(2**62) in proc.stderr
+
+
+# The embedded backend's keys as a config written before [env.navigation] named them.
+OLD_LAYOUT = """
+[env]
+num_envs = 8
+num_maps = 2
+spawn = "local"
+map_levels = [0, 2, 4]
+num_obstacles = 4
+
+[[env.curriculum]]
+spawn = "crossing"
+min_level = 1
+promote = {evals = 1}
+
+[[env.curriculum]]
+"""
+NEW_LAYOUT = """
+[env]
+num_envs = 8
+num_obstacles = 4
+
+[env.navigation]
+num_maps = 2
+spawn = "local"
+map_levels = [0, 2, 4]
+
+[[env.curriculum]]
+spawn = "crossing"
+min_level = 1
+promote = {evals = 1}
+
+[[env.curriculum]]
+"""
+MOVED_NOTE = "config keys under their old names"
+
+
+def loaded(path: Path, overrides: list[str], environ: dict[str, str]) -> tuple[Config, list[str]]:
+    """The config and the moved-key notes its load logged."""
+    with capture_logs() as logs:
+        cfg = load_config(path, overrides, environ=environ)
+    notes = [e for e in logs if e["event"].startswith(MOVED_NOTE)]
+    return cfg, [", ".join(e["moved"]) for e in notes]
+
+
+def test_old_names_load_as_the_new_layout_with_one_note_per_load(tmp_path: Path) -> None:
+    """A file, a dotted override and a NAVRL_ variable that name env.navigation's keys
+    the old way load to the config the new layout gives, each load noting every old name
+    once in one line."""
+    old, new = tmp_path / "old.toml", tmp_path / "new.toml"
+    old.write_text(OLD_LAYOUT)
+    new.write_text(NEW_LAYOUT)
+    plain, notes = loaded(new, ["env.navigation.safety_weight=2.0"], {})
+    assert notes == [] and plain.env.navigation.spawn == "local"
+    assert plain.env.stage_env(0).navigation.spawn == "crossing"  # stages keep plain names
+    cfg, notes = loaded(old, ["env.safety_weight=2.0"], {"NAVRL_ENV__RESET_MODE": '"indexed"'})
+    assert cfg.model_copy(update={"run": plain.run}) == plain.model_copy(
+        update={"env": plain.env.replaced(reset_mode="indexed")}
+    )
+    assert len(notes) == 1
+    for key in ("num_maps", "spawn", "map_levels", "safety_weight", "reset_mode"):
+        assert f"env.{key} -> env.navigation.{key}" in notes[0]
+    # An old name in a later layer still wins over the new name in an earlier one.
+    over, notes = loaded(new, ["env.num_maps=3", "env.map_levels.1=3"], {})
+    assert over.env.navigation.num_maps == 3 and over.env.navigation.map_levels == [0, 3, 4]
+    assert len(notes) == 1 and "env.map_levels -> env.navigation.map_levels" in notes[0]
+    # A stored config (a checkpoint's, eval's) goes through validate alone: the same.
+    data = tomllib.loads(OLD_LAYOUT)
+    with capture_logs() as logs:
+        stored = validate(data)
+    assert stored.env == load_config(new, environ={}).env
+    assert len([e for e in logs if e["event"].startswith(MOVED_NOTE)]) == 1
+    assert "num_maps" in data["env"]  # the caller's dict is left as it was
+
+
+def test_an_old_and_a_new_name_that_disagree_are_refused(tmp_path: Path) -> None:
+    """Within one file (or stored config) the two names of a key must agree; across
+    layers the later one wins (above)."""
+    f = tmp_path / "c.toml"
+    f.write_text("[env]\nnum_maps = 2\n[env.navigation]\nnum_maps = 3\n")
+    with pytest.raises(ConfigError, match=r"env\.num_maps = 2 and env\.navigation\.num_maps = 3"):
+        load_config(f, environ={})
+    f.write_text("[env]\nnum_maps = 2\n[env.navigation]\nnum_maps = 2\n")
+    assert load_config(f, environ={}).env.navigation.num_maps == 2
+    moved_later = load_config(f, ["env.navigation.num_maps=4"], environ={})
+    assert moved_later.env.navigation.num_maps == 4
+
+
+def test_config_show_writes_the_new_layout_and_the_note_goes_to_stderr(tmp_path: Path) -> None:
+    f = tmp_path / "old.toml"
+    f.write_text(OLD_LAYOUT)
+    done = navrl_cli("config", "show", "--config", str(f), "env.reach_hold=5")
+    assert done.returncode == 0, done.stderr
+    assert "[env.navigation]" in done.stdout and MOVED_NOTE not in done.stdout
+    shown = tomllib.loads(done.stdout)
+    assert shown["env"]["navigation"]["reach_hold"] == 5
+    assert not set(shown["env"]) & set(NavigationConfig.model_fields)
+    assert len([line for line in done.stderr.splitlines() if MOVED_NOTE in line]) == 1
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[env]\nnum_maps = 2\n[env.navigation]\nnum_maps = 3\n")
+    refused = navrl_cli("config", "show", "--config", str(bad))
+    assert refused.returncode == 78 and "is the old name of" in refused.stderr
+    assert "Traceback" not in refused.stderr

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from navrl_daemon.config import Config, ConfigError, ExecutionPlan
+from navrl_daemon.config import Config, ConfigError, ExecutionPlan, set_dotted
+from navrl_daemon.env.backends import resolve
 from navrl_daemon.testing import TINY
 from navrl_daemon.testing.command_line import navrl_cli
 
@@ -91,22 +92,22 @@ CASES: list[tuple[str, dict[str, Any], int, str, Any]] = [
         "cuda",
         "load: ppo.update_path = 'cuda_graph' does not support an extra loss term",
     ),
-    ("indexed", {"env.reset_mode": "indexed"}, 1, "cpu", DEFAULTS_CPU),
+    ("indexed", {"env.navigation.reset_mode": "indexed"}, 1, "cpu", DEFAULTS_CPU),
     (
         "indexed",
-        {"env.reset_mode": "indexed"},
+        {"env.navigation.reset_mode": "indexed"},
         1,
         "cuda",
         ("cuda_graph", False, "eager", "indexed", False, False, "native"),
     ),
     (
         "masked",
-        {"env.reset_mode": "masked"},
+        {"env.navigation.reset_mode": "masked"},
         1,
         "cpu",
         ("eager", False, "eager", "masked", False, False, "matmul"),
     ),
-    ("masked", {"env.reset_mode": "masked"}, 1, "cuda", DEFAULTS_CUDA),
+    ("masked", {"env.navigation.reset_mode": "masked"}, 1, "cuda", DEFAULTS_CUDA),
     (
         "collect eager",
         {"env.collect_path": "eager"},
@@ -124,7 +125,7 @@ CASES: list[tuple[str, dict[str, Any], int, str, Any]] = [
     ("collect graph", {"env.collect_path": "cuda_graph"}, 1, "cuda", DEFAULTS_CUDA),
     (
         "collect graph indexed",
-        {"env.collect_path": "cuda_graph", "env.reset_mode": "indexed"},
+        {"env.collect_path": "cuda_graph", "env.navigation.reset_mode": "indexed"},
         1,
         "cuda",
         "load: env.collect_path = 'cuda_graph' cannot hold the indexed reset",
@@ -135,6 +136,13 @@ CASES: list[tuple[str, dict[str, Any], int, str, Any]] = [
         1,
         "cuda",
         ("cuda_graph", False, "eager", "indexed", False, False, "native"),
+    ),
+    (
+        "other backend graph",
+        {"env.backend": "isaac", "env.collect_path": "cuda_graph"},
+        1,
+        "cuda",
+        "env.collect_path = 'cuda_graph' captures the env's step; env.backend = 'isaac'",
     ),
     ("stream", {"pipeline.trainer_stream": True}, 1, "cpu", DEFAULTS_CPU),
     (
@@ -150,11 +158,15 @@ CASES: list[tuple[str, dict[str, Any], int, str, Any]] = [
 IDS = [f"{name}-{device}-ranks{ranks}" for name, _, ranks, device, _ in CASES]
 
 
+def captured(cfg: Config) -> bool:
+    """What the daemon plans with: whether the registry says the backend is captured."""
+    return resolve(cfg.env.backend).captured
+
+
 def load(overrides: dict[str, Any]) -> Config:
     data: dict[str, Any] = {}
     for key, value in overrides.items():
-        section, name = key.split(".")
-        data.setdefault(section, {})[name] = value
+        set_dotted(data, key, value, origin=key)
     return Config.model_validate(data)
 
 
@@ -171,7 +183,7 @@ def outcome(choose: Any, overrides: dict[str, Any], ranks: int, device: str) -> 
 
 
 def planned(cfg: Config, ranks: int, device: str) -> tuple[Any, ...]:
-    plan = ExecutionPlan.of(cfg, device, ranks=ranks)
+    plan = ExecutionPlan.of(cfg, device, captured=captured(cfg), ranks=ranks)
     return (
         plan.update_path.value,
         plan.compile.value,
@@ -201,11 +213,11 @@ def test_the_plan_chooses_what_the_rules_chose_where_they_were_applied(
 
 
 def test_every_choice_says_which_rule_made_it() -> None:
-    plan = ExecutionPlan.of(load({"ppo.update_path": "fused"}), "cuda")
+    plan = ExecutionPlan.of(load({"ppo.update_path": "fused"}), "cuda", captured=True)
     fields = plan.fields()
     assert set(fields["why"]) == set(plan.choices) == set(fields) - {"device", "why"}
     assert fields["why"]["update_path"] == "ppo.update_path = 'fused'"
-    assert fields["why"]["collect_path"] == "auto: the embedded env's step captured on CUDA"
+    assert fields["why"]["collect_path"] == "auto: the backend's step captured on CUDA"
     assert fields["why"]["reset"] == "auto: masked, the steps are captured"
     assert json.loads(json.dumps(fields)) == fields  # one JSON log line
 
@@ -220,11 +232,11 @@ def test_what_is_built_on_the_cpu_follows_the_plan() -> None:
     small = {"env.num_envs": 4, "env.num_obstacles": 4, "env.num_dynamic_obstacles": 8}
     for overrides in (
         {},
-        {"ppo.update_path": "fused", "env.reset_mode": "masked"},
+        {"ppo.update_path": "fused", "env.navigation.reset_mode": "masked"},
         {"ppo.lidar_conv": "native"},
     ):
         cfg = load({**small, **overrides})
-        plan = ExecutionPlan.of(cfg, "cpu")
+        plan = ExecutionPlan.of(cfg, "cpu", captured=captured(cfg))
         policy = make_policy(cfg, "cpu")
         assert Learner.build(cfg, policy, "cpu").update_path == plan.update_path.value
         env = make_env(cfg.env, device="cpu", seed=0)

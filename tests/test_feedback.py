@@ -37,7 +37,7 @@ def test_summaries_come_by_the_clock_and_say_where_training_is(tmp_path: Path) -
         "log.summary_interval=1000",
         "log.summary_seconds=0.5",
         "eval.interval=1000",
-        "env.map_levels=[0,2,4]",
+        "env.navigation.map_levels=[0,2,4]",
         STAGES,
         f"run.total_frames={24 * 64}",
     )

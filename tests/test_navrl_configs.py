@@ -50,12 +50,14 @@ def test_the_recipe_holds_its_curriculum_as_toml_stages() -> None:
     # The target is NavRL's full task, evaluated as NavRL evaluates: 350 pillars, 80 moving
     # obstacles at NavRL's speeds, the crossing layout over the whole episode.
     last = cfg.env.stage_env(len(stages) - 1)
-    assert (last.num_dynamic_obstacles, last.dynamic_speed_range) == (80, [0.5, 1.5])
+    assert (last.num_dynamic_obstacles, last.navigation.dynamic_speed_range) == (80, [0.5, 1.5])
     assert (cfg.eval.num_obstacles, cfg.eval.layout, cfg.eval.max_steps) == (350, "navrl", 2200)
     assert cfg.env.curriculum[-1].promote is None
     # The moving obstacles come after the static stages, on a density floor of 250 pillars.
     assert [cfg.env.stage_env(i).num_dynamic_obstacles for i in range(4)] == [0, 0, 40, 80]
-    floors = [cfg.env.map_levels[cfg.env.stage_env(i).min_level] for i in range(4)]
+    floors = [
+        cfg.env.navigation.map_levels[cfg.env.stage_env(i).navigation.min_level] for i in range(4)
+    ]
     assert floors == [0, 0, 250, 250]
 
 
@@ -81,7 +83,7 @@ def navrl_values() -> dict[str, Any]:
         cells = [c.strip() for c in row.strip("|").split("|")]
         if len(cells) != 3 or not cells[2].startswith("`"):
             continue
-        keys = re.findall(r"`([a-z_]+\.[a-z_]+)`", cells[2])
+        keys = re.findall(r"`([a-z_]+(?:\.[a-z_]+)+)`", cells[2])
         value = cells[0]
         if value.startswith("["):  # a [min, max] range
             found: list[Any] = [json.loads(value[: value.index("]") + 1])]
@@ -100,8 +102,12 @@ def test_the_original_holds_navrl_s_values_as_docs_navrl_task_gives_them() -> No
     for key, value in expected.items():
         assert dotted(cfg, key) == value, key
     # The code that trained NavRL's checkpoint (docs/navrl-task.md, "differs on purpose").
-    assert (cfg.env.smoothness_penalty, cfg.ppo.gae_cut_truncation) == (False, False)
-    assert cfg.env.curriculum == [] and cfg.env.spawn == "border" and cfg.env.num_maps == 1
+    assert (cfg.env.navigation.smoothness_penalty, cfg.ppo.gae_cut_truncation) == (False, False)
+    assert (
+        cfg.env.curriculum == []
+        and cfg.env.navigation.spawn == "border"
+        and cfg.env.navigation.num_maps == 1
+    )
     assert cfg.ppo.lr_schedule == "constant" and not cfg.ppo.mirror
 
 

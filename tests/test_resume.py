@@ -75,7 +75,7 @@ def test_resume_from_an_interval_checkpoint_after_kill9_is_also_exact(
     common = (
         "checkpoint.interval=2",
         f"ppo.update_path={update_path}",
-        f"env.reset_mode={reset_mode}",
+        f"env.navigation.reset_mode={reset_mode}",
     )
     log = run(tmp_path / "a", *common, "run.total_frames=640")  # checkpoints 2, 4, ..., 10
     plans = [e for e in log if e["event"] == "execution plan"]
@@ -92,13 +92,21 @@ def test_resume_from_an_interval_checkpoint_after_kill9_is_also_exact(
 @pytest.mark.parametrize(
     "extra",
     [
-        ("env.num_maps=2", "env.map_levels=[0,2,4]"),
-        ("env.spawn=border", "env.spawn_margin=1.0", "env.crossing_share=0.5"),
-        ("env.map_levels=[0,2,4]", "env.spawn=local", "env.crossing_share=0.5"),
-        ("env.map_levels=[0,2,4]", "env.min_level=1"),
-        ("env.safety_weight=3.0",),
-        ("ppo.mirror=true", "env.map_levels=[0,2,4]"),
-        ("env.map_levels=[0,2,4]", "eval.num_obstacles=2", "eval.interval=4"),
+        ("env.navigation.num_maps=2", "env.navigation.map_levels=[0,2,4]"),
+        (
+            "env.navigation.spawn=border",
+            "env.spawn_margin=1.0",
+            "env.navigation.crossing_share=0.5",
+        ),
+        (
+            "env.navigation.map_levels=[0,2,4]",
+            "env.navigation.spawn=local",
+            "env.navigation.crossing_share=0.5",
+        ),
+        ("env.navigation.map_levels=[0,2,4]", "env.navigation.min_level=1"),
+        ("env.navigation.safety_weight=3.0",),
+        ("ppo.mirror=true", "env.navigation.map_levels=[0,2,4]"),
+        ("env.navigation.map_levels=[0,2,4]", "eval.num_obstacles=2", "eval.interval=4"),
         ("ppo.separate_critic=true",),
         (
             "ppo.target_kl=0.001",
@@ -108,10 +116,10 @@ def test_resume_from_an_interval_checkpoint_after_kill9_is_also_exact(
         ),
         # Goals within reach at the start: hold counts run and hops end at the goal.
         (
-            "env.map_levels=[0,2,4]",
-            "env.spawn=local",
+            "env.navigation.map_levels=[0,2,4]",
+            "env.navigation.spawn=local",
             "env.goal_distance=[0.1, 0.3]",
-            "env.reach_hold=3",
+            "env.navigation.reach_hold=3",
         ),
     ],
     ids=[
@@ -130,12 +138,13 @@ def test_resume_from_an_interval_checkpoint_after_kill9_is_also_exact(
 def test_resume_is_exact_with_density_levels_and_a_spawn_mix(
     tmp_path: Path, extra: tuple[str, ...]
 ) -> None:
-    """Per-env density levels (env.map_levels), the spawn mix (env.crossing_share), hops
-    ended at the goal (env.reach_hold), a reward weight (env.safety_weight), mirrored
-    minibatches (ppo.mirror), evaluations at fewer pillars than training
-    (eval.num_obstacles), a critic of its own (ppo.separate_critic) and the update's
-    guards (ppo.target_kl, ppo.feature_extractor_max_grad_norm) keep the resume exact: the
-    levels and the hold counts travel in the env state."""
+    """Per-env density levels (env.navigation.map_levels), the spawn mix
+    (env.navigation.crossing_share), hops ended at the goal (env.navigation.reach_hold), a
+    reward weight (env.navigation.safety_weight), mirrored minibatches (ppo.mirror),
+    evaluations at fewer pillars than training (eval.num_obstacles), a critic of its own
+    (ppo.separate_critic) and the update's guards (ppo.target_kl,
+    ppo.feature_extractor_max_grad_norm) keep the resume exact: the levels and the hold
+    counts travel in the env state."""
     common = ("checkpoint.interval=2", *extra)
     run(tmp_path / "b", *common, "run.total_frames=768")  # checkpoints 2, 4, ..., 12
     # Resumed from that run's own checkpoint 8 (as a crash at 9 leaves it; the crash
@@ -198,7 +207,7 @@ def test_an_env_change_keeps_the_envs_density_levels_while_they_mean_the_same(
     other `map_levels` the levels start over."""
     levels = (
         "env.num_envs=16",
-        "env.map_levels=[0,2,4]",
+        "env.navigation.map_levels=[0,2,4]",
         "env.max_episode_length=6",  # short episodes: levels move within the run
         "env.goal_distance=[0.1, 0.3]",  # goals within reach at the start: some move up
     )
@@ -211,7 +220,7 @@ def test_an_env_change_keeps_the_envs_density_levels_while_they_mean_the_same(
     resumed = run(
         state,
         *levels,
-        "env.safety_weight=2.0",
+        "env.navigation.safety_weight=2.0",
         "run.allow_config_change=true",
         "run.total_frames=1408",
     )
@@ -223,7 +232,7 @@ def test_an_env_change_keeps_the_envs_density_levels_while_they_mean_the_same(
     again = run(
         state,
         *other,
-        "env.safety_weight=2.0",
+        "env.navigation.safety_weight=2.0",
         "run.allow_config_change=true",
         "run.total_frames=1536",
     )
@@ -240,7 +249,7 @@ def test_levels_go_on_with_the_curriculum_stage_and_start_over_with_it(tmp_path:
 
     levels = (
         "env.num_envs=16",
-        "env.map_levels=[0,2,4]",
+        "env.navigation.map_levels=[0,2,4]",
         "env.goal_distance=[0.1, 0.3]",
         "eval.interval=0",
         "checkpoint.interval=5",
@@ -251,7 +260,7 @@ def test_levels_go_on_with_the_curriculum_stage_and_start_over_with_it(tmp_path:
         state,
         *levels,
         curriculum(6),
-        "env.safety_weight=2.0",
+        "env.navigation.safety_weight=2.0",
         "run.allow_config_change=true",
         "run.total_frames=1408",
     )
@@ -262,7 +271,7 @@ def test_levels_go_on_with_the_curriculum_stage_and_start_over_with_it(tmp_path:
         state,
         *levels,
         curriculum(7),
-        "env.safety_weight=2.0",
+        "env.navigation.safety_weight=2.0",
         "run.allow_config_change=true",
         "run.total_frames=1536",
     )
@@ -454,9 +463,11 @@ def test_a_checkpoint_from_before_the_newer_env_keys_still_restores_the_env(
     run(state, "run.total_frames=64")
     path = state / "checkpoints" / "ckpt-000000001.nrc"
     header, snap = load_checkpoint(path)
+    env = snap["config"]["env"]
+    env.update(env.pop("navigation"))  # format 1 held every env key in the env section
     keys = ("curriculum", "reset_mode", "map_levels", "crossing_share", "collect_path")
     for key in (*keys, "reach_hold", "min_level", "safety_weight"):
-        del snap["config"]["env"][key]
+        del env[key]
     del snap["collector"]["env"]["held"]
     snap["snapshot_version"] = 1  # the format those files are in
     path.write_bytes(

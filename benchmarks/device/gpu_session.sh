@@ -21,7 +21,7 @@ OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 if [ "$DEV" = cpu ]; then  # the same steps at sizes a CPU finishes in their limits
-  SMALL=${SMALL-"env.num_envs=16 env.num_maps=2 env.num_obstacles=60 env.map_levels=[0,10,20,30,40,60] eval.num_obstacles=40 ppo.rollout_length=8 ppo.epochs=1 ppo.minibatches=2 eval.num_envs=8 eval.max_steps=40"}
+  SMALL=${SMALL-"env.num_envs=16 env.navigation.num_maps=2 env.num_obstacles=60 env.navigation.map_levels=[0,10,20,30,40,60] eval.num_obstacles=40 ppo.rollout_length=8 ppo.epochs=1 ppo.minibatches=2 eval.num_envs=8 eval.max_steps=40"}
   THROUGHPUT_SIZES=${THROUGHPUT_SIZES-"env.num_envs=32 env.num_obstacles=60 env.num_dynamic_obstacles=8 ppo.rollout_length=8 ppo.epochs=1 ppo.minibatches=2 eval.max_steps=40"}
   FINAL_DRONES=${FINAL_DRONES:-0} STALL_S=${STALL_S:-0} MARGIN=${MARGIN:-900} LIMIT_SCALE=${LIMIT_SCALE:-8} ITERS=${ITERS:-6} EVAL_EVERY=${EVAL_EVERY:-3}
 else

@@ -29,7 +29,7 @@
   auto-reset and actions sampled as in training; the share of frames flown within reach
   of the goal. NavRL's reach is not terminal, so a drone that reached its goal hovers
   there until the time-out: frames that teach little once hovering is learned
-  (`env.reach_hold` gives them to new flights).
+  (`env.navigation.reach_hold` gives them to new flights).
 """
 
 from __future__ import annotations
@@ -44,8 +44,11 @@ from torch import Tensor
 from torchrl.envs import EnvBase
 
 from navrl_daemon.config import EnvConfig
-from navrl_daemon.env.navigation import COLLISION_DISTANCE, REACH_RADIUS, NavigationEnv
+from navrl_daemon.env import make_env
+from navrl_daemon.env.contract import RecordableEnv, ScriptedScene
+from navrl_daemon.env.navigation import COLLISION_DISTANCE, REACH_RADIUS
 from navrl_daemon.env.navigation.lidar import LIDAR_RANGE
+from navrl_daemon.errors import UsageError
 from navrl_daemon.rl.evaluate import OUTCOMES, Trajectories, evaluate_op_by_op
 from navrl_daemon.rl.policy import OBS_KEY, NavRLPolicy
 
@@ -261,25 +264,23 @@ PASS_STARTS = (3.0, 6.0)
 
 def pillar_pass_env(
     cfg: EnvConfig, drones: int = len(PASS_OFFSETS), device: str | torch.device = "cpu"
-) -> NavigationEnv:
-    """An embedded env of `cfg`'s dynamics and sensor with `drones` drones, each on a map of
-    its own (the scene `pillar_pass` draws), no moving obstacles and no curriculum."""
-    scene = cfg.model_copy(
-        update={
-            "num_obstacles": 1,
-            "map_levels": [],
-            "min_level": 0,
-            "num_maps": drones,
-            "num_dynamic_obstacles": 0,
-            "curriculum": [],
-        }
+) -> EnvBase:
+    """An env of `cfg`'s backend, dynamics and sensor with `drones` drones, each on a map of
+    its own (the scene `pillar_pass` lays out), no moving obstacles and no curriculum."""
+    scene = cfg.replaced(
+        num_obstacles=1,
+        map_levels=[],
+        min_level=0,
+        num_maps=drones,
+        num_dynamic_obstacles=0,
+        curriculum=[],
     )
-    return NavigationEnv(scene, device=device, num_envs=drones, layout="navrl")
+    return make_env(scene, device=device, num_envs=drones, layout="navrl")
 
 
 @torch.no_grad()
 def pillar_pass(
-    env: NavigationEnv,
+    env: EnvBase,
     policy: NavRLPolicy,
     *,
     offsets: tuple[float, ...] = PASS_OFFSETS,
@@ -296,6 +297,11 @@ def pillar_pass(
     x less the pillar's centre where it crossed the pillar's line; 0 if it never did; x is
     left of the flight for a drone flying towards -y). Summary: collisions, the
     shortest beam of all, and `one_side_share`, the share of passes on the side taken most."""
+    if not isinstance(env, ScriptedScene) or not isinstance(env, RecordableEnv):
+        raise UsageError(
+            "pillar_pass lays out a scene and records the drones' paths: this backend "
+            "cannot (env/contract.py: ScriptedScene, RecordableEnv)"
+        )
     n = len(offsets)
     if env.batch_size[0] != n or env.num_maps != n:
         raise ValueError(f"pillar_pass: one drone and one map per offset ({n}): pillar_pass_env")
@@ -325,11 +331,12 @@ def pillar_pass(
             # The step's scan from its record (an ended drone's env is already reset).
             seen = LIDAR_RANGE - record.get(("next", *LIDAR_KEY)).flatten(1).amax(-1)
             beam = torch.where(ended, beam, torch.minimum(beam, seen))
-            cross = ~ended & ~end & ~past & (env.pos[:, 1] <= 0)
-            side = torch.where(cross, torch.sign(env.pos[:, 0] - off), side)
+            drones = env.whereabouts().drones
+            cross = ~ended & ~end & ~past & (drones[:, 1] <= 0)
+            side = torch.where(cross, torch.sign(drones[:, 0] - off), side)
             past |= cross
             ended |= end
-            if bool((ended | (past & (env.pos[:, 1] < -2 * width))).all()):
+            if bool((ended | (past & (drones[:, 1] < -2 * width))).all()):
                 break
         by_start[f"{start:g}"] = {
             "collided": collided.tolist(),
@@ -368,6 +375,11 @@ def goal_hover_share(env: EnvBase, policy: NavRLPolicy, *, steps: int, seed: int
     """`steps` steps of the env's own episodes (auto-reset, actions sampled from `seed`);
     over the second half (the first starts every episode at once): the share of frames
     flown within REACH_RADIUS of the goal, and the episodes that ended and reached."""
+    if not isinstance(env, RecordableEnv):
+        raise UsageError(
+            "goal_hover_share reads where the drones and their goals are: this backend "
+            "cannot (env/contract.py: RecordableEnv)"
+        )
     env.set_seed(seed)
     generator = torch.Generator(env.device).manual_seed(seed)
     td = env.reset()
@@ -379,7 +391,8 @@ def goal_hover_share(env: EnvBase, policy: NavRLPolicy, *, steps: int, seed: int
         record, td = env.step_and_maybe_reset(td)
         if step < half:
             continue
-        near = (env.goal - env.pos).norm(dim=-1) < REACH_RADIUS
+        now = env.whereabouts()
+        near = (now.goals - now.drones).norm(dim=-1) < REACH_RADIUS
         done = record.get(("next", "done")).reshape(-1)
         reached = record.get(("next", "stats", "reach_goal")).reshape(-1) > 0
         counts += torch.stack((near.sum(), done.sum(), (done & reached).sum())).float()

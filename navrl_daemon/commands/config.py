@@ -59,9 +59,9 @@ def handle_show(cfg: Config, args: argparse.Namespace) -> int:
 
 def described_toml(cfg: Config) -> str:
     """`to_toml(cfg)` with each key's description above it as a comment."""
-    descriptions = {
-        section: key_descriptions(type(getattr(cfg, section))) for section in type(cfg).model_fields
-    }
+    descriptions: dict[str, dict[str, list[str]]] = {}
+    for section in type(cfg).model_fields:
+        descriptions |= table_descriptions(type(getattr(cfg, section)), section)
     out: list[str] = []
     section = ""
     for line in to_toml(cfg).splitlines():
@@ -73,6 +73,17 @@ def described_toml(cfg: Config) -> str:
                 out.append(f"# {text}" if text else "#")
         out.append(line)
     return "\n".join(out) + "\n"
+
+
+def table_descriptions(model: type[BaseModel], name: str) -> dict[str, dict[str, list[str]]]:
+    """`key_descriptions` of a section, by its table's name, and of the sections it holds
+    (`env.navigation`)."""
+    out = {name: key_descriptions(model)}
+    for key, field in model.model_fields.items():
+        inner = field.annotation
+        if isinstance(inner, type) and issubclass(inner, BaseModel):
+            out |= table_descriptions(inner, f"{name}.{key}")
+    return out
 
 
 def key_descriptions(model: type[BaseModel]) -> dict[str, list[str]]:

@@ -62,13 +62,20 @@ EXTRAS = (
     ),
     Extra("wandb", "log.wandb = true", ("wandb",), "pip install -e '.[wandb]'"),
     Extra("mirror", "checkpoint.mirror at a URL", ("fsspec",), "pip install -e '.[mirror]'"),
-    Extra(
-        "isaac",
-        'env.backend = "isaac"',
-        ("isaacsim", "omni-drones", "hydra-core"),
-        "see docs/backends.md",
-    ),
 )
+
+
+def backend_extras() -> tuple[Extra, ...]:
+    """The built-in backends that need packages the base install lacks, each an extra of
+    its name (env/backends.py says which). Only where torch imports: the registry does,
+    and so does every backend."""
+    from navrl_daemon.env.backends import BUILTIN
+
+    return tuple(
+        Extra(b.name, f'env.backend = "{b.name}"', b.packages, b.install)
+        for b in BUILTIN
+        if b.packages
+    )
 
 
 def register(sub: Any) -> None:
@@ -96,6 +103,7 @@ def diagnose(cfg: Config) -> dict[str, Any]:
     if working and not torch["cuda"]:
         torch["cuda_install"] = CUDA_TORCH.format(python=sys.executable)
     device = resolve_device(cfg) if working else None
+    extras = EXTRAS + (backend_extras() if working else ())
     return {
         "python": {"version": platform.python_version(), "executable": sys.executable},
         "navrl_daemon": __version__,
@@ -107,7 +115,7 @@ def diagnose(cfg: Config) -> dict[str, Any]:
         },
         "plan": execution_plan(cfg, device),
         "libraries": {name: installed(name) for name in LIBRARIES},
-        "extras": {extra.name: extra_status(extra, working) for extra in EXTRAS},
+        "extras": {extra.name: extra_status(extra, working) for extra in extras},
     }
 
 
@@ -117,7 +125,10 @@ def execution_plan(cfg: Config, device: str | None) -> dict[str, Any] | None:
     if device is None:
         return None
     try:
-        return ExecutionPlan.of(cfg, device).fields()
+        from navrl_daemon.env.backends import resolve
+
+        captured = resolve(cfg.env.backend).captured
+        return ExecutionPlan.of(cfg, device, captured=captured).fields()
     except ConfigError as err:
         return {"error": str(err)}
 

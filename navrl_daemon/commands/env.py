@@ -26,7 +26,7 @@ def register(sub: Any) -> None:
 def handle_check(cfg: Config, args: argparse.Namespace) -> int:
     """Exit 0 when every check passes or is skipped, 1 when one fails; 78 (ConfigError)
     when the backend cannot be resolved or refuses its env.options."""
-    from navrl_daemon.env.backends import resolve
+    from navrl_daemon.env.backends import backend_of
     from navrl_daemon.env.conformance import measure_throughput, run_conformance
     from navrl_daemon.errors import UsageError
 
@@ -35,7 +35,7 @@ def handle_check(cfg: Config, args: argparse.Namespace) -> int:
     if args.backend is not None:
         cfg = load_config(args.config, [*args.overrides, f'env.backend="{args.backend}"'])
     device = resolve_device(cfg)
-    factory = resolve(cfg.env.backend).load()
+    factory = backend_of(cfg.env).load()
     report = run_conformance(
         factory, cfg.env, backend=cfg.env.backend, device=device, seed=cfg.run.seed
     )

@@ -31,6 +31,7 @@ from navrl_daemon.commands.common import (
 from navrl_daemon.config import (
     Config,
     load_config,
+    moved_key,
     parse_override,
     resolve_device,
     set_dotted,
@@ -272,7 +273,7 @@ def eval_config(cfg: Config, args: argparse.Namespace) -> tuple[Path, Config, st
         embedded = _embedded_config(path)
         if embedded is None:
             return path, _with(cfg, args, extra), "the built-in defaults (no run config found)"
-        stored = validate(_with_overrides(embedded, [*args.overrides, *extra]))
+        stored = _with_overrides(embedded, [*args.overrides, *extra])
         source = f"the config stored in {path}"
     check_stored(stored.env.backend, named=cfg.env.backend, source=source)
     return path, stored, source
@@ -331,13 +332,15 @@ def _embedded_config(path: Path) -> dict[str, Any] | None:
     return config if isinstance(config, dict) else None
 
 
-def _with_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """A stored config's sections with dotted `KEY=VALUE` overrides set on top."""
+def _with_overrides(data: dict[str, Any], overrides: list[str]) -> Config:
+    """A stored config's sections with dotted `KEY=VALUE` overrides set on top, validated
+    (a key's old name sets its new one, as in `load_config`)."""
     data = copy.deepcopy(data)
+    moved: list[str] = []
     for item in overrides:
         key, value = parse_override(item)
-        set_dotted(data, key, value, origin=f"override {item!r}")
-    return data
+        set_dotted(data, moved_key(key, moved), value, origin=f"override {item!r}")
+    return validate(data, moved=moved)
 
 
 def _with(cfg: Config, args: argparse.Namespace, extra: list[str]) -> Config:
@@ -347,6 +350,7 @@ def _with(cfg: Config, args: argparse.Namespace, extra: list[str]) -> Config:
 def _probe(cfg: Config, env: Any, policy: Any) -> dict[str, Any]:
     """analysis/probes.py on this evaluation: LiDAR use, and path statistics per outcome."""
     from navrl_daemon.analysis.probes import lidar_use, path_stats
+    from navrl_daemon.env.backends import able
     from navrl_daemon.env.contract import RecordableEnv
     from navrl_daemon.rl.eval_config import eval_steps
     from navrl_daemon.rl.evaluate import evaluate_recorded
@@ -354,7 +358,7 @@ def _probe(cfg: Config, env: Any, policy: Any) -> dict[str, Any]:
     if not isinstance(env, RecordableEnv):
         raise UsageError(
             f"--probe records the drones' paths: env.backend = {cfg.env.backend!r} cannot "
-            "(the embedded env, 'navigation', can)"
+            f"({able('recorded')} can)"
         )
     steps = eval_steps(cfg)
     use = lidar_use(env, policy, seed=cfg.eval.seed, max_steps=steps)
@@ -372,6 +376,7 @@ def _evaluate_and_draw(
 ) -> dict[str, Any]:
     """`evaluate` with the paths recorded, drawn to --plot and/or --video; the same
     numbers as without."""
+    from navrl_daemon.env.backends import able
     from navrl_daemon.env.contract import RecordableEnv
     from navrl_daemon.ops.plots import trajectory_plot, write_png
     from navrl_daemon.rl.eval_config import eval_steps
@@ -380,7 +385,7 @@ def _evaluate_and_draw(
     if not isinstance(env, RecordableEnv):
         raise UsageError(
             f"--plot and --video draw the drones' paths: env.backend = {cfg.env.backend!r} "
-            "cannot record them (the embedded env, 'navigation', can)"
+            f"cannot record them ({able('recorded')} can)"
         )
     results, traj = evaluate_recorded(
         env, policy, seed=cfg.eval.seed, max_steps=eval_steps(cfg), progress=progress

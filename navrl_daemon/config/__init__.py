@@ -17,11 +17,14 @@ from navrl_daemon.config.execution_plan import (
     UpdatePath,
 )
 from navrl_daemon.config.loader import (
+    MOVED,
     load_config,
+    moved_key,
     parse_override,
     set_dotted,
     to_toml,
     validate,
+    with_moved_keys,
 )
 from navrl_daemon.config.sections import (
     ArchiveConfig,
@@ -33,6 +36,7 @@ from navrl_daemon.config.sections import (
     EvalConfig,
     LogConfig,
     MetricsConfig,
+    NavigationConfig,
     OfflineConfig,
     PipelineConfig,
     PPOConfig,
@@ -46,6 +50,7 @@ from navrl_daemon.config.sections import (
 from navrl_daemon.errors import ConfigError
 
 __all__ = [
+    "MOVED",
     "NOT_FAST",
     "NOT_GRAPH",
     "ArchiveConfig",
@@ -61,6 +66,7 @@ __all__ = [
     "ExecutionPlan",
     "LogConfig",
     "MetricsConfig",
+    "NavigationConfig",
     "OfflineConfig",
     "PPOConfig",
     "PipelineConfig",
@@ -70,10 +76,12 @@ __all__ = [
     "Section",
     "UpdatePath",
     "load_config",
+    "moved_key",
     "parse_override",
     "resolve_device",
     "set_dotted",
     "state_dir_problem",
     "to_toml",
     "validate",
+    "with_moved_keys",
 ]

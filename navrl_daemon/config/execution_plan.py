@@ -4,34 +4,81 @@ Each mode is one rule here, and each choice carries the rule that made it (`Choi
 - update path (`ppo.update_path`): "eager", "fused" or "cuda_graph" (rl/fast_update.py);
 - compile (`ppo.compile`): the fused and CUDA-graph steps through torch.compile;
 - collect path (`env.collect_path`): rollout and evaluation steps op by op or captured;
-- reset (`env.reset_mode`): the embedded env's indexed or masked auto-reset;
+- reset (`env.navigation.reset_mode`): the embedded env's indexed or masked auto-reset;
 - trainer stream (`pipeline.trainer_stream`): the trainer's own CUDA stream;
 - compressed rollouts (`pipeline.compress_rollouts`): env-group minibatches of LZ4 copies;
 - LiDAR lowering (`ppo.lidar_conv`): the LiDAR CNN's convolutions as matmuls or conv2d;
 - ranks: data parallelism over torchrun's processes.
 
-"auto" never falls back silently where the config names a path: a path that cannot run is
-a ConfigError (exit 78). The config applies the rules it can at load time (`run.device =
-"auto"` leaves the device unknown); the daemon makes the plan once its device is resolved
-and logs it; the learner, env, trainer stream and policy apply the same rules to what
-they are built with. No torch here: a device is its name ("cpu", "cuda", "cuda:1"), so a
-plan is computed, and tested, without a GPU.
+"auto" never falls back silently where the config names a path: a path that cannot run
+is a ConfigError (exit 78). The config applies the rules it can at load time
+(`run.device = "auto"` leaves the device unknown); the daemon makes the plan once its
+device is resolved and logs it, and hands the trainer stream and the policy its choices;
+the env and the learner apply the same rules to what they are built with. No torch here:
+a device is its name ("cpu", "cuda", "cuda:1"), so a plan is computed, and tested,
+without a GPU.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from navrl_daemon.errors import ConfigError
-
-if TYPE_CHECKING:
-    from navrl_daemon.config.sections import Config, EnvConfig
 
 UpdatePath = Literal["eager", "fused", "cuda_graph"]
 CollectPath = Literal["eager", "cuda_graph"]
 ResetMode = Literal["indexed", "masked"]
 Lowering = Literal["native", "matmul"]
+
+
+# What the rules read of a config (config/sections.py's sections, which apply these rules
+# when they load: the rules name the keys they read instead of importing the sections).
+class NavigationModes(Protocol):
+    @property
+    def reset_mode(self) -> Literal["auto", "indexed", "masked"]: ...
+
+
+class EnvModes(Protocol):
+    @property
+    def backend(self) -> str: ...
+    @property
+    def collect_path(self) -> Literal["auto", "eager", "cuda_graph"]: ...
+    @property
+    def navigation(self) -> NavigationModes: ...
+
+
+class PPOModes(Protocol):
+    @property
+    def update_path(self) -> str: ...
+    @property
+    def compile(self) -> bool: ...
+    @property
+    def lidar_conv(self) -> str: ...
+
+
+class PipelineModes(Protocol):
+    @property
+    def compress_rollouts(self) -> bool: ...
+    @property
+    def trainer_stream(self) -> bool: ...
+
+
+class OfflineModes(Protocol):
+    @property
+    def objective(self) -> str: ...
+
+
+class ConfigModes(Protocol):
+    @property
+    def env(self) -> EnvModes: ...
+    @property
+    def ppo(self) -> PPOModes: ...
+    @property
+    def pipeline(self) -> PipelineModes: ...
+    @property
+    def offline(self) -> OfflineModes: ...
+
 
 # What the fast PPO update paths (rl/fast_update.py) do not cover, in the words of the
 # option that brings it in: they run NavRL's update in one process, on frame minibatches.
@@ -116,10 +163,14 @@ def compile_step(compile_: bool, path: UpdatePath) -> Choice[bool]:
     return Choice(True, f"ppo.compile = true on the {path!r} path")
 
 
-def collect_path(cfg: EnvConfig, device: object | None) -> Choice[CollectPath]:
+def collect_path(
+    cfg: EnvModes, device: object | None, *, captured: bool | None
+) -> Choice[CollectPath]:
     """How the env's rollout and evaluation steps run: "cuda_graph", replays of a captured
-    step (rl/captured_rollout.py), or "eager"; `device` None while unknown. "auto"
-    captures the embedded env on CUDA unless `env.reset_mode` asks for the indexed reset,
+    step (rl/captured_rollout.py), or "eager"; `device` None while unknown. `captured`:
+    whether the backend's steps can be captured, as its registry entry says
+    (env/backends.py), None while unknown (a config on its own). "auto" captures on CUDA
+    where the backend can, unless `env.navigation.reset_mode` asks for the indexed reset,
     whose host reads a graph cannot hold; an explicit "cuda_graph" that cannot run is a
     ConfigError."""
     requested = cfg.collect_path
@@ -127,35 +178,37 @@ def collect_path(cfg: EnvConfig, device: object | None) -> Choice[CollectPath]:
     if requested == "auto":
         if kind != "cuda":
             return Choice("eager", "auto: eager off CUDA")
-        if cfg.backend != "navigation":
+        if captured is False:
             return Choice("eager", f"auto: eager, backend {cfg.backend!r} is not captured")
-        if cfg.reset_mode == "indexed":
-            return Choice("eager", "auto: eager, env.reset_mode = 'indexed' reads the host")
-        return Choice("cuda_graph", "auto: the embedded env's step captured on CUDA")
+        if cfg.navigation.reset_mode == "indexed":
+            why = "auto: eager, env.navigation.reset_mode = 'indexed' reads the host"
+            return Choice("eager", why)
+        return Choice("cuda_graph", "auto: the backend's step captured on CUDA")
     if requested == "eager":
         return Choice("eager", "env.collect_path = 'eager'")
-    if cfg.backend != "navigation":
+    if captured is False:
         raise ConfigError(
-            "env.collect_path = 'cuda_graph' captures the embedded env's step; "
-            f"env.backend = {cfg.backend!r} needs 'eager' or 'auto'"
+            "env.collect_path = 'cuda_graph' captures the env's step; "
+            f"env.backend = {cfg.backend!r} cannot be captured and needs 'eager' or 'auto'"
         )
-    if cfg.reset_mode == "indexed":
+    if cfg.navigation.reset_mode == "indexed":
         raise ConfigError(
             "env.collect_path = 'cuda_graph' cannot hold the indexed reset's host reads; "
-            "env.reset_mode = 'indexed' needs 'eager' or 'auto'"
+            "env.navigation.reset_mode = 'indexed' needs 'eager' or 'auto'"
         )
     if kind not in ("cuda", None):
         raise ConfigError(f"env.collect_path = 'cuda_graph' needs a CUDA device; this is {device}")
     return Choice("cuda_graph", "env.collect_path = 'cuda_graph'")
 
 
-def reset_mode(cfg: EnvConfig, device: object | None) -> Choice[ResetMode]:
+def reset_mode(cfg: EnvModes, device: object | None, *, captured: bool | None) -> Choice[ResetMode]:
     """How the embedded env auto-resets. "auto" is masked when the steps are captured,
     indexed otherwise: run op by op, the masked reset is slower than the indexed one at
     NavRL's scale (docs/throughput.md), while a graph cannot hold the indexed reset."""
-    if cfg.reset_mode != "auto":
-        return Choice(cfg.reset_mode, f"env.reset_mode = {cfg.reset_mode!r}")
-    if collect_path(cfg, device).value == "cuda_graph":
+    requested = cfg.navigation.reset_mode
+    if requested != "auto":
+        return Choice(requested, f"env.navigation.reset_mode = {requested!r}")
+    if collect_path(cfg, device, captured=captured).value == "cuda_graph":
         return Choice("masked", "auto: masked, the steps are captured")
     return Choice("indexed", "auto: indexed, the faster one op by op")
 
@@ -194,8 +247,11 @@ class ExecutionPlan:
     ranks: Choice[int]
 
     @classmethod
-    def of(cls, cfg: Config, device: object, *, ranks: int = 1) -> ExecutionPlan:
-        """The plan of `cfg` on `device` (resolved: not "auto") over `ranks` processes;
+    def of(
+        cls, cfg: ConfigModes, device: object, *, captured: bool, ranks: int = 1
+    ) -> ExecutionPlan:
+        """The plan of `cfg` on `device` (resolved: not "auto") over `ranks` processes, for
+        a backend whose steps can be `captured` or not (env/backends.py says which);
         ConfigError (exit 78) where a mode the config names cannot run there."""
         compressed = cfg.pipeline.compress_rollouts
         why_not = None
@@ -214,8 +270,8 @@ class ExecutionPlan:
             device=str(device),
             update_path=path,
             compile=compile_step(cfg.ppo.compile, path.value),
-            collect_path=collect_path(cfg.env, device),
-            reset=reset_mode(cfg.env, device),
+            collect_path=collect_path(cfg.env, device, captured=captured),
+            reset=reset_mode(cfg.env, device, captured=captured),
             trainer_stream=trainer_stream(cfg.pipeline.trainer_stream, device),
             compressed_rollouts=Choice(
                 compressed, f"pipeline.compress_rollouts = {str(compressed).lower()}"

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, get_args, get_origin
 
+import structlog
 from pydantic import (
     BaseModel,
     ValidationError,
@@ -19,6 +20,8 @@ from pydantic import (
 
 from navrl_daemon.config.sections import ENV_PREFIX, KEY_RE, Config
 from navrl_daemon.errors import ConfigError
+
+log = structlog.get_logger("config")
 
 # Tables and arrays inside one another: NavRL's config nests 4 deep (env.curriculum[0].
 # promote.evals), a backend's options a few more; far deeper is a crafted file, which
@@ -41,19 +44,23 @@ def load_config(
             run["state_dir"] = default_state_dir(Path(path))
         elif run is None:
             data["run"] = {"state_dir": default_state_dir(Path(path))}
+    # Moved keys go to their new place here, before the layers meet, so an old name in a
+    # later layer still wins over the new one in an earlier layer.
+    data, moved = with_moved_keys(data)
     env_items = environ if environ is not None else os.environ
     variables: dict[str, str] = {}  # dotted key -> the environment variable that set it
     for name, raw in sorted(env_items.items()):
         if name.startswith(ENV_PREFIX) and "__" in name:
-            key = name[len(ENV_PREFIX) :].lower().replace("__", ".")
+            key = moved_key(name[len(ENV_PREFIX) :].lower().replace("__", "."), moved)
             origin = f"environment variable {name}"
             set_dotted(data, key, parse_value(raw, origin=origin), origin=origin)
             variables[key] = name
     for item in overrides:
         key, value = parse_override(item)
+        key = moved_key(key, moved)
         set_dotted(data, key, value, origin=f"override {item!r}")
         variables.pop(key, None)  # the override wins, and is what an error is about
-    return validate(data, variables)
+    return validate(data, variables, moved)
 
 
 def default_state_dir(config_file: Path) -> str:
@@ -169,13 +176,100 @@ def _without_retired(data: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def validate(data: Mapping[str, Any], variables: Mapping[str, str] | None = None) -> Config:
+# Keys moved to another section, by their old and new dotted names: a config that names
+# one the old way loads as if it named it the new way, with one warning per load.
+MOVED: dict[str, str] = {
+    f"env.{key}": f"env.navigation.{key}"
+    for key in (
+        "num_maps",
+        "border_width",
+        "dynamic_speed_range",
+        "reach_hold",
+        "spawn",
+        "crossing_share",
+        "spawn_height",
+        "smoothness_penalty",
+        "safety_weight",
+        "thrust_to_weight",
+        "reset_mode",
+        "map_levels",
+        "min_level",
+    )
+}
+
+
+def moved_key(key: str, moved: list[str]) -> str:
+    """A dotted key (or one under it: `env.map_levels.0`) by its new name; its old name is
+    added to `moved`."""
+    for old, new in MOVED.items():
+        if key == old or key.startswith(f"{old}."):
+            moved.append(old)
+            return new + key[len(old) :]
+    return key
+
+
+def with_moved_keys(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """`data` (a new dict; tables on the way copied) with every MOVED key in its new place,
+    and the old names found. Both names with different values: a ConfigError (which one
+    was meant is not ours to guess)."""
+    out, moved = dict(data), []
+    for old, new in MOVED.items():
+        *old_path, old_key = old.split(".")
+        *new_path, new_key = new.split(".")
+        source = _table(out, old_path)
+        if source is None or old_key not in source:
+            continue
+        value = source.pop(old_key)
+        target = _table(out, new_path, make=True)
+        if target is None:
+            raise ConfigError(
+                f"invalid configuration:\n  {'.'.join(new_path)}: is a value, not a section; "
+                f"{old} moved to {new}"
+            )
+        if new_key in target and target[new_key] != value:
+            raise ConfigError(
+                f"invalid configuration:\n  {old} = {value!r} and {new} = "
+                f"{target[new_key]!r}: {old} is the old name of {new}; set {new} only"
+            )
+        target[new_key] = value
+        moved.append(old)
+    return out, moved
+
+
+def _table(data: dict[str, Any], path: list[str], *, make: bool = False) -> dict[str, Any] | None:
+    """The table at `path` in `data`, copied there so that the caller's stays as it was;
+    None where there is none (or a value). `make`: missing tables are made."""
+    node = data
+    for part in path:
+        inner = node.get(part)
+        if inner is None and make:
+            inner = {}
+        if not isinstance(inner, Mapping):
+            return None
+        node[part] = node = dict(inner)
+    return node
+
+
+def validate(
+    data: Mapping[str, Any],
+    variables: Mapping[str, str] | None = None,
+    moved: Iterable[str] = (),
+) -> Config:
     """`variables`: dotted key -> the `NAVRL_` environment variable that set it, named in
     the message of an error at or under that key. Retired keys (RETIRED) at their kept
-    value are dropped."""
+    value are dropped; moved keys (MOVED) go to their new place, and one warning names
+    them with those `moved` already (`load_config`'s layers)."""
     too_deep = _too_deep(data)
     if too_deep is not None:
         raise ConfigError(f"invalid configuration:\n  {too_deep}: {TOO_DEEP}")
+    data, found = with_moved_keys(data)
+    names = sorted(set(moved) | set(found))
+    if names:
+        log.warning(
+            "config keys under their old names: they load, but write them under the new "
+            "ones (config show prints the config that way)",
+            moved=[f"{old} -> {MOVED[old]}" for old in names],
+        )
     data = _without_retired(data)
     try:
         return Config.model_validate(data)
@@ -248,11 +342,21 @@ def _section_model(loc: tuple[Any, ...]) -> type[BaseModel] | None:
 def to_toml(cfg: Config) -> str:
     """The resolved config as TOML; `load_config` of this text gives back `cfg`."""
     out: list[str] = []
-    for section, values in cfg.model_dump().items():
-        out.append(f"[{section}]")
-        out.extend(f"{k} = {_toml_value(v)}" for k, v in values.items())
-        out.append("")
+    values = cfg.model_dump()
+    for section in values:
+        _write_table(out, section, getattr(cfg, section), values[section])
     return "\n".join(out)
+
+
+def _write_table(out: list[str], name: str, section: BaseModel, values: dict[str, Any]) -> None:
+    """`[name]` with its values, then the sections it holds (`[env.navigation]`) as tables
+    of their own; a dict that is one value (`env.options`) stays an inline table."""
+    inner = [k for k in values if isinstance(getattr(section, k), BaseModel)]
+    out.append(f"[{name}]")
+    out.extend(f"{k} = {_toml_value(v)}" for k, v in values.items() if k not in inner)
+    out.append("")
+    for key in inner:
+        _write_table(out, f"{name}.{key}", getattr(section, key), values[key])
 
 
 def _toml_value(v: Any) -> str:

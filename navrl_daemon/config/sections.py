@@ -131,7 +131,8 @@ class PromotionRule(Section):
 
 class CurriculumStage(Section):
     """One stage of `env.curriculum`: these env keys replace the env section's while the
-    stage lasts (unset keys keep the section's value); `promote` says when it ends."""
+    stage lasts (unset keys keep the section's value; the embedded backend's own keys, by
+    their plain names here, replace `[env.navigation]`'s); `promote` says when it ends."""
 
     name: str = ""
     num_obstacles: int | None = None
@@ -158,41 +159,27 @@ class CurriculumStage(Section):
         return {k: v for k, v in self.model_dump().items() if k not in skip}
 
 
-class EnvConfig(Section):
-    # "navigation" (embedded), "isaac", a name registered under the `navrl_daemon.backends`
-    # entry-point group, or "module:factory" (navrl_daemon/env/backends.py resolves it).
-    backend: Annotated[str, Field(pattern=BACKEND_PATTERN)] = "navigation"
-    # Backend-specific settings, passed through to the backend, which validates them.
-    options: dict[str, Any] = {}
-    # Drones trained in parallel (one env each).
-    num_envs: Annotated[int, Field(ge=1, le=1_048_576)] = 1024
+class NavigationConfig(Section):
+    """`[env.navigation]`: the keys only the embedded backend ("navigation") reads; another
+    backend ignores them. A curriculum stage sets them by their plain names."""
+
     # Envs are split round-robin over this many independently generated maps.
     num_maps: Annotated[int, Field(ge=1, le=1024)] = 1
-    # Side of the square pillar field (NavRL: 40 m, x,y in [-20, 20]).
-    field_size: Annotated[float, Field(ge=2.0, le=1000.0)] = 40.0
     # Flat ring around the field that is still ground for the LiDAR.
     border_width: Annotated[float, Field(ge=0.0, le=100.0)] = 5.0
-    # Static pillars per map.
-    num_obstacles: Annotated[int, Field(ge=0, le=20_000)] = 350
-    # Moving obstacles per map (a multiple of 8: NavRL's 8 size categories).
-    num_dynamic_obstacles: Annotated[int, Field(ge=0, le=8_000)] = 80
     # [min, max] speed of the moving obstacles, m/s.
     dynamic_speed_range: Range = [0.5, 1.5]
-    # Steps before an episode is cut (truncated); at dt 0.016 s, 2200 steps are 35.2 s.
-    max_episode_length: Annotated[int, Field(ge=1, le=10_000_000)] = 2200
     # Ours (embedded env): an episode ends as a time-out (truncated: the value bootstraps)
     # once the drone has been within 0.5 m of its goal for this many steps in a row, so
     # training frames go to new flights instead of hovering at the goal until
-    # max_episode_length. 0: NavRL, where reaching the goal never ends an episode.
+    # env.max_episode_length. 0: NavRL, where reaching the goal never ends an episode.
     # Evaluations always fly NavRL's rule.
     reach_hold: Annotated[int, Field(ge=0, le=10_000_000)] = 0
-    # "border": NavRL's starts/goals on the four sides, spawn_margin outside the field.
-    # "local": start anywhere free, goal at a horizontal distance drawn from goal_distance.
+    # "border": NavRL's starts/goals on the four sides, env.spawn_margin outside the field.
+    # "local": start anywhere free, goal at a horizontal distance drawn from env.goal_distance.
     # "crossing" (ours): like "border", but the goal is always on the opposite side, so
     # every episode crosses the field as NavRL's evaluation layout does.
     spawn: Literal["border", "local", "crossing"] = "border"
-    # Distance outside the field where "border"/"crossing" starts and goals lie, m.
-    spawn_margin: Annotated[float, Field(ge=0.0, le=100.0)] = 4.0
     # Ours, with spawn = "border": the share of episodes whose goal is on the side opposite
     # the start (they cross the field, as NavRL's evaluation does); the rest draw the goal's
     # side independently, as NavRL. 0: NavRL's rule (which crosses a quarter of the time).
@@ -200,45 +187,21 @@ class EnvConfig(Section):
     # to one on the opposite side (as with spawn = "crossing") instead of a hop in the
     # field; 0: every episode is a hop.
     crossing_share: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
-    # [min, max] horizontal start-to-goal distance of spawn = "local", m.
-    goal_distance: Range = [2.0, 4.0]
     # [min, max] altitude of starts and goals, m.
     spawn_height: Range = [0.5, 2.5]
-    # Largest commanded speed per axis, m/s (the Beta action (0,1) maps to +-action_limit).
-    action_limit: PosFloat = 2.0
     # NavRL's later reward fix; false reproduces the code of the published checkpoint.
     smoothness_penalty: bool = True
     # Ours: the weight of the reward's safety terms (the mean log clearance over the LiDAR
     # beams, and over the observed moving obstacles). 1.0: NavRL. Larger values pay more
     # for distance from pillars; 0 drops the terms. Evaluations fly NavRL's 1.0.
     safety_weight: Annotated[float, Field(ge=0.0, le=100.0)] = 1.0
-    # Simulation step, s.
-    dt: Annotated[float, Field(gt=0.0, le=1.0)] = 0.016
-    # First-order velocity tracking that stands in for Isaac's Lee controller (1/2.2 s).
-    velocity_time_constant: Annotated[float, Field(gt=0.0, le=10.0)] = 0.45
     # Acceleration limit of the point-mass flight model, in g (NavRL's drone: 3.4).
     thrust_to_weight: Annotated[float, Field(gt=1.0, le=20.0)] = 3.4
     # Embedded env's auto-reset: "indexed" (torchrl's; host reads the done flags each step,
     # resets only the finished envs), "masked" (no host sync; spawns and one more LiDAR
     # cast for all envs each step), "auto": masked when the steps are captured
-    # (collect_path), else indexed, the faster one op by op (docs/throughput.md).
+    # (env.collect_path), else indexed, the faster one op by op (docs/throughput.md).
     reset_mode: Literal["auto", "indexed", "masked"] = "auto"
-    # How rollout and evaluation steps run, never what they compute (docs/throughput.md):
-    # "eager" op by op; "cuda_graph" policy + env step + masked reset captured once as a
-    # CUDA graph and replayed (embedded env); "auto" cuda_graph on CUDA for the embedded
-    # env unless reset_mode = "indexed", else eager.
-    collect_path: Literal["auto", "eager", "cuda_graph"] = "auto"
-    # Training stages, easiest first, promoted on evaluations (rl/curriculum.py); empty:
-    # train on this section as it is.
-    curriculum: list[CurriculumStage] = []
-    # What a promotion does to the episodes in flight (ours): "reset" every env starts a
-    # new episode of the new stage at once; "episodes" each env finishes the episode it is
-    # flying and starts the new stage's at its next reset, so the stage's starts come in
-    # as episodes end instead of all in one rollout. Only where the two stages differ in
-    # keys that take effect at an episode's start or end (rl/curriculum.py: spawns,
-    # goal distance, episode length, reach hold, safety weight); a stage that changes the
-    # world (obstacles, min_level) resets, as with "reset".
-    stage_switch: Literal["reset", "episodes"] = "reset"
     # Density levels per env (ours; empty: NavRL, every env flies its whole map): pillar
     # counts, ascending, each the first k pillars of the env's map (a prefix is itself a
     # valid map: each pillar is placed against the earlier ones only). Every env starts at
@@ -251,6 +214,79 @@ class EnvConfig(Section):
     # map. 0: levels go all the way down.
     min_level: NonNegInt = 0
 
+    @model_validator(mode="after")
+    def _ranges(self) -> NavigationConfig:
+        for name in ("dynamic_speed_range", "spawn_height"):
+            lo, hi = getattr(self, name)
+            if lo > hi:
+                raise ValueError(f"{name}: [min, max] with min <= max, got [{lo}, {hi}]")
+        return self
+
+    @model_validator(mode="after")
+    def _levels_and_spawns(self) -> NavigationConfig:
+        levels = self.map_levels
+        if any(b <= a for a, b in itertools.pairwise(levels)):
+            raise ValueError(f"map_levels: pillar counts in ascending order, got {levels}")
+        if self.min_level and self.min_level >= len(levels):
+            raise ValueError(
+                f"min_level: an index into map_levels (0 to {max(len(levels) - 1, 0)}), "
+                f"got {self.min_level}"
+                + ("" if levels else "; without map_levels there is one level, 0")
+            )
+        if self.crossing_share > 0 and self.spawn == "crossing":
+            raise ValueError(
+                'crossing_share: mixes crossings into spawn = "border" or "local"; '
+                'spawn = "crossing" crosses every time'
+            )
+        return self
+
+
+class EnvConfig(Section):
+    # "navigation" (embedded), "isaac", a name registered under the `navrl_daemon.backends`
+    # entry-point group, or "module:factory" (navrl_daemon/env/backends.py resolves it and
+    # says what each supports).
+    backend: Annotated[str, Field(pattern=BACKEND_PATTERN)] = "navigation"
+    # Backend-specific settings, passed through to the backend, which validates them.
+    options: dict[str, Any] = {}
+    # Drones trained in parallel (one env each).
+    num_envs: Annotated[int, Field(ge=1, le=1_048_576)] = 1024
+    # Side of the square pillar field (NavRL: 40 m, x,y in [-20, 20]).
+    field_size: Annotated[float, Field(ge=2.0, le=1000.0)] = 40.0
+    # Static pillars per map.
+    num_obstacles: Annotated[int, Field(ge=0, le=20_000)] = 350
+    # Moving obstacles per map (a multiple of 8: NavRL's 8 size categories).
+    num_dynamic_obstacles: Annotated[int, Field(ge=0, le=8_000)] = 80
+    # Steps before an episode is cut (truncated); at dt 0.016 s, 2200 steps are 35.2 s.
+    max_episode_length: Annotated[int, Field(ge=1, le=10_000_000)] = 2200
+    # Distance outside the field where "border"/"crossing" starts and goals lie, m.
+    spawn_margin: Annotated[float, Field(ge=0.0, le=100.0)] = 4.0
+    # [min, max] horizontal start-to-goal distance of spawn = "local", m.
+    goal_distance: Range = [2.0, 4.0]
+    # Largest commanded speed per axis, m/s (the Beta action (0,1) maps to +-action_limit).
+    action_limit: PosFloat = 2.0
+    # Simulation step, s.
+    dt: Annotated[float, Field(gt=0.0, le=1.0)] = 0.016
+    # First-order velocity tracking that stands in for Isaac's Lee controller (1/2.2 s).
+    velocity_time_constant: Annotated[float, Field(gt=0.0, le=10.0)] = 0.45
+    # How rollout and evaluation steps run, never what they compute (docs/throughput.md):
+    # "eager" op by op; "cuda_graph" policy + env step + masked reset captured once as a
+    # CUDA graph and replayed (embedded env); "auto" cuda_graph on CUDA for the embedded
+    # env unless navigation.reset_mode = "indexed", else eager.
+    collect_path: Literal["auto", "eager", "cuda_graph"] = "auto"
+    # Training stages, easiest first, promoted on evaluations (rl/curriculum.py); empty:
+    # train on this section as it is.
+    curriculum: list[CurriculumStage] = []
+    # What a promotion does to the episodes in flight (ours): "reset" every env starts a
+    # new episode of the new stage at once; "episodes" each env finishes the episode it is
+    # flying and starts the new stage's at its next reset, so the stage's starts come in
+    # as episodes end instead of all in one rollout. Only where the two stages differ in
+    # keys that take effect at an episode's start or end (rl/curriculum.py: spawns,
+    # goal distance, episode length, reach hold, safety weight); a stage that changes the
+    # world (obstacles, min_level) resets, as with "reset".
+    stage_switch: Literal["reset", "episodes"] = "reset"
+    # The embedded backend's own keys (`[env.navigation]`).
+    navigation: NavigationConfig = NavigationConfig()
+
     @field_validator("options")
     @classmethod
     def _finite_options(cls, v: dict[str, Any]) -> dict[str, Any]:
@@ -262,8 +298,9 @@ class EnvConfig(Section):
 
     @model_validator(mode="after")
     def _capturable(self) -> EnvConfig:
-        try:  # what this section alone says; the device is checked with the run's
-            collect_path(self, None)
+        try:  # what this section alone says; the device is checked with the run's, and
+            # what the backend can capture where the backend is resolved (env/backends.py)
+            collect_path(self, None, captured=None)
         except ConfigError as err:
             raise ValueError(str(err)) from None
         return self
@@ -277,37 +314,18 @@ class EnvConfig(Section):
 
     @model_validator(mode="after")
     def _ranges(self) -> EnvConfig:
-        for name in ("dynamic_speed_range", "goal_distance", "spawn_height"):
-            lo, hi = getattr(self, name)
-            if lo > hi:
-                raise ValueError(f"{name}: [min, max] with min <= max, got [{lo}, {hi}]")
+        lo, hi = self.goal_distance
+        if lo > hi:
+            raise ValueError(f"goal_distance: [min, max] with min <= max, got [{lo}, {hi}]")
         return self
 
     @model_validator(mode="after")
-    def _levels_and_spawns(self) -> EnvConfig:
-        levels = self.map_levels
-        if any(b <= a for a, b in itertools.pairwise(levels)):
-            raise ValueError(f"map_levels: pillar counts in ascending order, got {levels}")
+    def _levels_in_map(self) -> EnvConfig:
+        levels = self.navigation.map_levels
         if levels and levels[-1] > self.num_obstacles:
             raise ValueError(
-                f"map_levels: a level is a prefix of the map's num_obstacles = "
+                f"navigation.map_levels: a level is a prefix of the map's num_obstacles = "
                 f"{self.num_obstacles} pillars, got {levels[-1]}"
-            )
-        if self.min_level and self.min_level >= len(levels):
-            raise ValueError(
-                f"min_level: an index into map_levels (0 to {max(len(levels) - 1, 0)}), "
-                f"got {self.min_level}"
-                + ("" if levels else "; without map_levels there is one level, 0")
-            )
-        if self.reach_hold and self.backend != "navigation":
-            raise ValueError(
-                f'reach_hold: ends episodes in the embedded env (backend "navigation"), '
-                f'got backend "{self.backend}"'
-            )
-        if self.crossing_share > 0 and self.spawn == "crossing":
-            raise ValueError(
-                'crossing_share: mixes crossings into spawn = "border" or "local"; '
-                'spawn = "crossing" crosses every time'
             )
         return self
 
@@ -330,8 +348,21 @@ class EnvConfig(Section):
 
     def stage_env(self, index: int) -> EnvConfig:
         """This section with curriculum stage `index`'s keys in place (no curriculum)."""
-        data = self.model_dump(exclude={"curriculum"})
-        return EnvConfig.model_validate({**data, **self.curriculum[index].env_overrides()})
+        return self.replaced(curriculum=[], **self.curriculum[index].env_overrides())
+
+    def replaced(self, **keys: Any) -> EnvConfig:
+        """This section, validated, with `keys` replaced; they are named as a curriculum
+        stage names them (`plain`): the embedded backend's go to `navigation`."""
+        data = self.model_dump()
+        for key, value in keys.items():
+            section = data["navigation"] if key in NavigationConfig.model_fields else data
+            section[key] = value
+        return EnvConfig.model_validate(data)
+
+    def plain(self) -> dict[str, Any]:
+        """Every key of this section by its plain name, `navigation`'s among them."""
+        data = self.model_dump()
+        return {**data.pop("navigation"), **data}
 
 
 class PPOConfig(Section):
@@ -764,7 +795,7 @@ class Config(Section):
     def _collect_path(self) -> Config:
         device = None if self.run.device == "auto" else self.run.device
         try:
-            collect_path(self.env, device)
+            collect_path(self.env, device, captured=None)
         except ConfigError as err:
             raise ValueError(str(err)) from None
         return self

@@ -11,7 +11,7 @@ import torch
 from torchrl.envs import EnvBase
 
 from navrl_daemon.config import EnvConfig
-from navrl_daemon.env.backends import check_backend, resolve
+from navrl_daemon.env.backends import backend_of, check_backend
 from navrl_daemon.env.contract import Layout, check_specs
 from navrl_daemon.env.navigation import NavigationEnv
 from navrl_daemon.errors import ConfigError
@@ -32,10 +32,11 @@ def make_env(
     crossing layout (navrl-task §1.4).
 
     The declared specs are checked against the contract on every build (cheap: no
-    stepping); a mismatch is a ConfigError naming the backend and the check.
+    stepping), and the config against what the backend supports; a mismatch is a
+    ConfigError naming the backend and the check.
     `check_backend` runs the whole conformance suite, once, at start-up.
     """
-    factory = resolve(cfg.backend).load()
+    factory = backend_of(cfg).load()
     env = factory(cfg, device=device, seed=seed, num_envs=num_envs, layout=layout)
     n = cfg.num_envs if num_envs is None else int(num_envs)
     if not isinstance(env, EnvBase):

@@ -14,6 +14,13 @@
 The factory is called as `factory(cfg.env, device=, seed=, num_envs=, layout=)` and
 returns a TorchRL env honouring `contract.py`. Nothing is imported until a backend is
 chosen, so Isaac Sim is never imported unless `env.backend = "isaac"`.
+
+What a backend supports beyond the contract is stated here, by the registry, so that no
+caller tells backends apart by name: `Backend.captured` (steps a CUDA graph can hold,
+`env.collect_path`), `Backend.reach_hold` (episodes ended by `env.navigation.reach_hold`),
+`Backend.recorded` (paths recorded for plots and probes) and `Backend.packages` (what it
+needs installed, for `doctor`). A backend the registry does not build itself (an entry
+point, a module) states none of them.
 """
 
 from __future__ import annotations
@@ -32,10 +39,6 @@ from navrl_daemon.errors import ConfigError
 
 ENTRY_POINT_GROUP = "navrl_daemon.backends"
 MODULE = "module:factory"  # the origin of a backend named by its module, not registered
-BUILTIN = {
-    "navigation": "navrl_daemon.env.backends:embedded",
-    "isaac": "navrl_daemon.env.isaac:make_isaac_env",
-}
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,24 @@ class Backend:
     name: str
     target: str  # "module:factory"
     origin: str  # "built-in", "entry point (<distribution>)" or "module:factory"
+    # Its steps can be captured as a CUDA graph (the env is a `CapturableEnv`).
+    captured: bool = False
+    # It ends an episode once the drone has held its goal `env.navigation.reach_hold` steps.
+    reach_hold: bool = False
+    # Its env records where the drones fly (a `RecordableEnv`: plots, videos, probes).
+    recorded: bool = False
+    # The packages it imports that the base install lacks, and how to get them.
+    packages: tuple[str, ...] = ()
+    install: str = ""
+
+    def check(self, cfg: EnvConfig) -> None:
+        """ConfigError (exit 78) where `cfg` asks for what this backend does not do."""
+        holds = [cfg.navigation.reach_hold, *(stage.reach_hold or 0 for stage in cfg.curriculum)]
+        if any(holds) and not self.reach_hold:
+            raise ConfigError(
+                f"env.navigation.reach_hold: backend {self.name!r} does not end episodes at "
+                f"the goal; {able('reach_hold')} can"
+            )
 
     def load(self) -> EnvFactory:
         module_name, _, attr = self.target.partition(":")
@@ -64,11 +85,31 @@ class Backend:
         return obj  # type: ignore[return-value]
 
 
+BUILTIN = (
+    Backend(
+        "navigation",
+        "navrl_daemon.env.backends:embedded",
+        "built-in",
+        captured=True,
+        reach_hold=True,
+        recorded=True,
+    ),
+    Backend(
+        "isaac",
+        "navrl_daemon.env.isaac:make_isaac_env",
+        "built-in",
+        packages=("isaacsim", "omni-drones", "hydra-core"),
+        install="see docs/backends.md",
+    ),
+)
+
+
 def registered() -> list[Backend]:
     """Built-ins, then entry points by name (an entry point cannot shadow a built-in)."""
-    found = [Backend(name, target, "built-in") for name, target in BUILTIN.items()]
+    found = list(BUILTIN)
+    builtin = {b.name for b in BUILTIN}
     for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
-        if ep.name not in BUILTIN:
+        if ep.name not in builtin:
             dist = ep.dist.name if ep.dist is not None else "?"
             found.append(Backend(ep.name, ep.value, f"entry point ({dist})"))
     return found
@@ -86,6 +127,20 @@ def resolve(name: str) -> Backend:
         f"env.backend = {name!r}: no such backend; registered: {choices}; "
         "or give an importable 'package.module:factory'"
     )
+
+
+def able(capability: str) -> str:
+    """The registered backends that have `capability` (a `Backend` flag), for a message:
+    "'navigation'", "'a', 'b'" or "none"."""
+    names = [repr(b.name) for b in registered() if getattr(b, capability)]
+    return ", ".join(names) or "none"
+
+
+def backend_of(cfg: EnvConfig) -> Backend:
+    """The backend of `cfg.backend`, once `cfg` asks nothing of it that it does not do."""
+    backend = resolve(cfg.backend)
+    backend.check(cfg)
+    return backend
 
 
 def check_stored(stored: str, *, named: str, source: str) -> None:
@@ -107,7 +162,7 @@ def check_backend(cfg: EnvConfig, *, device: torch.device | str, seed: int) -> R
     """The start-up gate of `run`: the conformance suite on small probes (about a second at
     NavRL's scale on CPU). Raises ConfigError (exit 78) naming the backend and each failed
     check; returns the report (with skips) when the backend conforms."""
-    backend = resolve(cfg.backend)
+    backend = backend_of(cfg)
     report = run_conformance(backend.load(), cfg, backend=cfg.backend, device=device, seed=seed)
     if not report.ok:
         lines = "\n  ".join(f"{r.name}: {r.detail}" for r in report.failures)

@@ -13,7 +13,9 @@ returning a TorchRL `EnvBase` that:
 - `stats.episode_len` counts the steps since the env's reset (0 in the reset output);
   reach_goal, collision and truncated are 0 or 1;
 - resets only the envs flagged by `_reset` (TorchRL's auto-reset after a done step);
-- builds the layouts "train" (the training spawn rule) and "navrl" (NavRL's eval crossing);
+- builds the layouts "train" (the training spawn rule) and "navrl" (NavRL's eval crossing,
+  which places every start and goal itself: it reads none of the spawn rule's keys,
+  `spawn`, `goal_distance`, `crossing_share` and `spawn_height`);
 - is deterministic under a seed: two envs built with the same config and seed give the
   same outputs for the same actions. A backend that cannot be (Isaac Sim's PhysX) sets
   the attribute `deterministic = False` (`Determinism`); the check is then skipped, not
@@ -26,13 +28,15 @@ caller checks once with `isinstance(env, Protocol)`, taking the plain path other
   without it a resumed run restarts its episodes;
 - `CapturableEnv`: a step on fixed tensors drawing from one generator, which a CUDA graph
   can hold (`rl/captured_rollout.py`); without it steps run op by op;
-- `DensityLevels`: per-env density levels (`env.map_levels`), kept across a curriculum
+- `DensityLevels`: per-env density levels (`env.navigation.map_levels`), kept across a curriculum
   stage or a resume and reported as telemetry;
 - `Determinism`: a backend that cannot be deterministic says so with
   `deterministic = False`, and the determinism check is skipped.
 - `RecordableEnv`: where its drones, their goals and the moving obstacles are, and the
   scene they fly in, for recorded evaluations (`eval --plot/--video/--probe`, the
   report's paths, `log.video_interval`); without it those say the backend cannot.
+- `ScriptedScene`: pillars and drones placed by the caller, for the probes that fly a
+  scene of their own (`analysis/probes.py`: pillar_pass).
 
 `check_specs` is the cheap part (declared specs only, no stepping) that `make_env` runs on
 every build; `conformance.py` steps envs through all of the above.
@@ -41,10 +45,12 @@ every build; `conformance.py` steps envs through all of the above.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
 import torch
+from tensordict import TensorDictBase
 from torch import Tensor
 from torchrl.envs import EnvBase
 
@@ -111,7 +117,7 @@ class CapturableEnv(Protocol):
 
 @runtime_checkable
 class DensityLevels(Protocol):
-    """Per-env density levels (`env.map_levels`): `level` [N] (long, updated in place),
+    """Per-env density levels (`env.navigation.map_levels`): `level` [N] (long, updated in place),
     at least `min_level`; the share of envs at each level and the episodes ended there."""
 
     level: Tensor
@@ -161,6 +167,23 @@ class RecordableEnv(Protocol):
     def whereabouts(self) -> Whereabouts: ...
 
     def scene(self) -> Scene: ...
+
+
+@runtime_checkable
+class ScriptedScene(Protocol):
+    """A scene the caller lays out: `set_pillars` replaces the pillars (one [B, 5] tensor
+    for every map, or one per map), `place_drones` starts the episodes of `env_ids` (all
+    when None) at `start` [k, 3] facing `goal` [k, 3] and returns the observation of
+    every env, as a reset does. `cfg` is the config the env was built from."""
+
+    cfg: EnvConfig
+    num_maps: int
+
+    def set_pillars(self, boxes: Tensor | Sequence[Tensor]) -> None: ...
+
+    def place_drones(
+        self, start: Tensor, goal: Tensor, env_ids: Tensor | None = None
+    ) -> TensorDictBase: ...
 
 
 @dataclass(frozen=True)

@@ -388,8 +388,8 @@ class Metrics:
         )
         self.level_share_gauge = Gauge(
             "navrl_env_level_share",
-            "Share of the training envs at each env.map_levels density level, by its pillar "
-            "count (rank 0's envs; absent without map_levels).",
+            "Share of the training envs at each env.navigation.map_levels density level, by "
+            "its pillar count (rank 0's envs; absent without map_levels).",
             ["pillars"],
             registry=r,
         )

@@ -31,6 +31,7 @@ import torch
 
 from navrl_daemon import __version__
 from navrl_daemon.config import Config, ExecutionPlan, resolve_device
+from navrl_daemon.env.backends import resolve
 from navrl_daemon.env.contract import DensityLevels
 from navrl_daemon.errors import ConfigError, StageFailed
 from navrl_daemon.ops.logging import bind_process_fields
@@ -270,11 +271,12 @@ def build_stages(ctx: RunContext) -> list[Stage]:
     if found is not None:
         resume.check_settings(cfg, found[0], found[2])  # before anything is built
     # Every mode this run executes in, and why: ConfigError (78) where one cannot run here.
-    plan = ExecutionPlan.of(cfg, ctx.device, ranks=world.world_size)
+    captured = resolve(cfg.env.backend).captured
+    plan = ExecutionPlan.of(cfg, ctx.device, captured=captured, ranks=world.world_size)
     log.info("execution plan", **plan.fields())
     torch.manual_seed(cfg.run.seed)  # the same initial weights on every rank
     with phase("policy and update"):
-        policy = make_policy(cfg, ctx.device)
+        policy = make_policy(cfg, ctx.device, lidar_conv=plan.lidar_conv.value)
         bc = offline.ppo_plus_bc(ctx) if offline is not None else None  # "ppo+bc"
         learner = _learner(ctx, policy, bc.term if bc is not None else None)
     if world.distributed:
@@ -299,7 +301,7 @@ def build_stages(ctx: RunContext) -> list[Stage]:
             owned = _state_dir_stages(
                 ctx, checkpoints, policy, curriculum, mirror, resumed_from=start.iteration
             )
-    stream = TrainerStream.for_device(ctx.device, plan.trainer_stream.value)
+    stream = TrainerStream.for_device(ctx.device, own=plan.trainer_stream.value)
     core = _Core(learner, collector, state, start, curriculum, checkpoints, owned, stream)
     rollouts: Channel[Rollout] = Channel("rollouts", cfg.pipeline.lease_pool, Overflow.BLOCK)
     weights: Channel[PolicyWeights] = Channel("weights", 1, Overflow.COALESCE)
@@ -398,7 +400,9 @@ def _producer(
             # rank 0's envs, where the backend keeps density levels (DensityLevels)
             on_levels=(
                 telemetry.levels
-                if cfg.env.map_levels and owned and isinstance(collector.env, DensityLevels)
+                if cfg.env.navigation.map_levels
+                and owned
+                and isinstance(collector.env, DensityLevels)
                 else None
             ),
             on_phase=telemetry.progress.phase,

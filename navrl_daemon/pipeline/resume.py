@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import structlog
 import torch
+from pydantic import BaseModel
 
 from navrl_daemon import __version__
 from navrl_daemon.config import Config
@@ -287,7 +288,7 @@ def newest_header(state_dir: Path) -> CheckpointHeader | None:
 # How a run executes, not what it trains: any resume may change these.
 EXECUTION_KEYS = frozenset(
     {
-        "env.reset_mode",
+        "env.navigation.reset_mode",
         "env.collect_path",
         "env.stage_switch",
         "ppo.update_path",
@@ -310,14 +311,29 @@ def changed_settings(cfg: Config, state: dict[str, Any]) -> list[str]:
     defaults = type(cfg)().model_dump()
     changed = []
     for section in ("env", "ppo"):
-        then = {**defaults[section], **saved.get(section, {})}
-        for key, value in now[section].items():
-            name = f"{section}.{key}"
-            if name not in EXECUTION_KEYS and then.get(key) != value:
+        model = type(getattr(cfg, section))
+        then = _dotted(defaults[section], section, model)
+        then |= _dotted(saved.get(section, {}), section, model)
+        for name, value in _dotted(now[section], section, model).items():
+            if name not in EXECUTION_KEYS and then.get(name) != value:
                 changed.append(name)
     if saved.get("run", {}).get("seed", defaults["run"]["seed"]) != cfg.run.seed:
         changed.append("run.seed")
     return changed
+
+
+def _dotted(values: dict[str, Any], where: str, model: type[BaseModel]) -> dict[str, Any]:
+    """A section's `values` by dotted name, those of the sections it holds too
+    (`env.navigation.spawn`); a dict that is one value (`env.options`) stays one."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        field = model.model_fields.get(key)
+        inner = field.annotation if field is not None else None
+        if isinstance(value, dict) and isinstance(inner, type) and issubclass(inner, BaseModel):
+            out |= _dotted(value, f"{where}.{key}", inner)
+        else:
+            out[f"{where}.{key}"] = value
+    return out
 
 
 def check_settings(cfg: Config, path: Path, state: dict[str, Any]) -> None:
@@ -397,7 +413,8 @@ def restore(
     if collected is not None and not same_env and (curriculum is None or kept is not None):
         # Where the run goes on (no curriculum, or the stage it had reached), so do the
         # envs' density levels; a curriculum that starts over starts them over too.
-        keep_levels(collector, collected, saved_env["map_levels"], env_now["map_levels"])
+        saved_levels = saved_env["navigation"]["map_levels"]
+        keep_levels(collector, collected, saved_levels, cfg.env.navigation.map_levels)
     if curriculum is None or progress is None:
         return Resumed(path, header.iteration, header.frames, kind, env_restored)
     if env_restored:
@@ -411,7 +428,8 @@ def keep_levels(
     """After an env change where the run goes on (no curriculum, or its progress kept):
     new episodes start at the density levels the checkpoint's envs had reached, raised to
     the env's `min_level`, when the levels still name the same pillar counts (`saved` ==
-    `now`, `env.map_levels`) for as many envs. Otherwise every env starts at its floor."""
+    `now`, `env.navigation.map_levels`) for as many envs. Otherwise every env starts at its
+    floor."""
     levels = collected.get("env", {}).get("level")
     env = collector.env
     if not now or saved != now or levels is None or not isinstance(env, DensityLevels):

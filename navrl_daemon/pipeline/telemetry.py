@@ -107,7 +107,7 @@ class Telemetry:
         self._checkpoint: dict[str, Any] = {}  # the last checkpoint written by this process
         self._stall_s = 0.0  # checkpoint stall seconds counted in earlier rows
         self._curriculum_stage: int | None = None  # with env.curriculum: the training stage
-        self._level_shares: list[float] | None = None  # with env.map_levels: envs per level
+        self._level_shares: list[float] | None = None  # with map_levels: envs per level
         # ... and per level [episodes ended, reached, collided] in this row's window
         self._level_ends: list[list[float]] | None = None
 
@@ -288,7 +288,7 @@ class Telemetry:
             if stage < len(stages) and stages[stage].name:
                 where["curriculum_name"] = stages[stage].name
         if self._level_shares is not None:
-            where["level_pillars"] = list(self.cfg.env.map_levels)
+            where["level_pillars"] = list(self.cfg.env.navigation.map_levels)
             where["level_shares"] = [round(share, 4) for share in self._level_shares]
         return where
 
@@ -298,10 +298,10 @@ class Telemetry:
         self.metrics.curriculum_stage(stage)
 
     def levels(self, shares: list[float], ends: list[list[float]]) -> None:
-        """After a rollout: the share of the training envs at each `env.map_levels` level,
-        and per level [episodes ended, reached, collided] during it (summed per row)."""
+        """After a rollout: the share of the training envs at each `env.navigation.map_levels`
+        level, and per level [episodes ended, reached, collided] during it (summed per row)."""
         self._level_shares = shares
-        self.metrics.level_shares(list(self.cfg.env.map_levels), shares)
+        self.metrics.level_shares(list(self.cfg.env.navigation.map_levels), shares)
         total = self._level_ends or [[0.0, 0.0, 0.0] for _ in ends]
         self._level_ends = [
             [a + b for a, b in zip(t, e, strict=True)] for t, e in zip(total, ends, strict=True)

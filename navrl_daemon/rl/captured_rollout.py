@@ -26,7 +26,6 @@ layout, the generator, or a state tensor's storage.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -34,8 +33,15 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.envs import EnvBase
 
-from navrl_daemon.env.contract import CapturableEnv, CollectPath
-from navrl_daemon.rl.graphs import WARMUP_RUNS, Capture, Replay, SameObjects, cuda_capture
+from navrl_daemon.env.contract import CapturableEnv
+from navrl_daemon.rl.graphs import (
+    WARMUP_RUNS,
+    Capture,
+    Replay,
+    SameObjects,
+    StepCapture,
+    cuda_capture,
+)
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.rl.rollout import Rollout, collect
 
@@ -52,17 +58,27 @@ class CapturedRollout:
     def __init__(
         self, capture: Capture, *, warmup_runs: int = WARMUP_RUNS, fallback: bool = False
     ) -> None:
-        self.capture = capture
-        self.warmup_runs = warmup_runs
-        self.fallback = fallback
-        self.capture_error: str | None = None
-        self.captures = 0
+        self.capture = StepCapture(
+            capture,
+            fallback=fallback,
+            failure="rollout step capture failed, collecting op by op",
+            warmup_runs=warmup_runs,
+        )
         self._replay: Replay | None = None
         self._key: tuple[Any, ...] | None = None
         self._step: Callable[[], None] | None = None
         self._td: TensorDictBase | None = None
         self._staging: TensorDictBase | None = None
         self._slot: torch.Tensor | None = None
+
+    @property
+    def capture_error(self) -> str | None:
+        """Why the step's capture failed, where `fallback` went on eagerly."""
+        return self.capture.capture_error
+
+    @property
+    def captures(self) -> int:
+        return self.capture.captures
 
     @torch.no_grad()
     def __call__(
@@ -73,7 +89,7 @@ class CapturedRollout:
         buffer: TensorDictBase,
         generator: torch.Generator | None = None,
     ) -> TensorDictBase:
-        if self.capture_error is not None:
+        if self.capture.capture_error is not None:
             return collect(env, policy, td, buffer, generator)
         key = _graph_key(env, policy, buffer, generator)
         if key != self._key:
@@ -85,9 +101,10 @@ class CapturedRollout:
         self._slot.zero_()
         steps = buffer.batch_size[1]
         done = 0
-        if self._replay is None and steps > self.warmup_runs:
-            self._capture(env, generator)
-            done = self.warmup_runs
+        if self._replay is None and steps > self.capture.warmup_runs:
+            assert self._step is not None
+            self._replay = self.capture(self._step, _generators(env, generator))
+            done = self.capture.warmup_runs
         for _ in range(done, steps):
             if self._replay is not None:
                 self._replay()
@@ -96,27 +113,6 @@ class CapturedRollout:
                 self._step()
         buffer.update_(self._staging)
         return self._td
-
-    def _capture(self, env: EnvBase, generator: torch.Generator | None) -> None:
-        """Warm-up runs (real steps), then the capture (which runs nothing)."""
-        assert self._step is not None
-        own = env.generator if isinstance(env, CapturableEnv) else None
-        generators = [g for g in (own, generator) if g is not None]
-        try:
-            self._replay = self.capture(
-                self._step, warmup_runs=self.warmup_runs, generators=generators
-            )
-        except Exception as err:
-            if not self.fallback:
-                raise
-            self.capture_error = f"{type(err).__name__}: {err}"
-            warnings.warn(
-                f"rollout step capture failed, collecting op by op: {self.capture_error}",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-            return
-        self.captures += 1
 
     def _prepare(
         self,
@@ -144,6 +140,12 @@ class CapturedRollout:
         self._td, self._staging, self._slot, self._step = running, staging, slot, step
 
 
+def _generators(env: EnvBase, generator: torch.Generator | None) -> list[torch.Generator]:
+    """The generators a captured step draws from: the env's own and the actions' one."""
+    own = env.generator if isinstance(env, CapturableEnv) else None
+    return [g for g in (own, generator) if g is not None]
+
+
 def _graph_key(
     env: EnvBase, policy: NavRLPolicy, buffer: TensorDictBase, generator: torch.Generator | None
 ) -> tuple[Any, ...]:
@@ -162,8 +164,10 @@ def _graph_key(
     return (held, layout, weights, tensors)
 
 
-def rollout_for(path: CollectPath, device: torch.device, *, fallback: bool) -> Rollout:
-    """How a collection path fills a buffer: `rollout.collect`, or a CapturedRollout."""
-    if path == "cuda_graph":
-        return CapturedRollout(cuda_capture(device), fallback=fallback)
+def rollout_for(env: EnvBase) -> Rollout:
+    """How `env`'s rollouts fill a buffer: a CapturedRollout where its steps are captured
+    (a `CapturableEnv`'s `collect_path`, resolved for its device as the execution plan
+    resolves it; `Evaluation.for_env` reads the same), else `rollout.collect`."""
+    if isinstance(env, CapturableEnv) and env.collect_path == "cuda_graph":
+        return CapturedRollout(cuda_capture(env.device), fallback=env.collect_fallback)
     return collect

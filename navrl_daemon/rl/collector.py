@@ -15,7 +15,6 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.envs import EnvBase
 
 from navrl_daemon.config import Config
-from navrl_daemon.config.execution_plan import collect_path
 from navrl_daemon.env import check_backend, make_env
 from navrl_daemon.env.contract import ResumableEnv, step_record_bytes
 from navrl_daemon.rl.captured_rollout import rollout_for
@@ -49,7 +48,7 @@ class Collector:
     # draw from it during a capture fails. Built as a copy of the default generator of the
     # device, so a run seeded as before samples the same actions as before.
     sampler: torch.Generator = field(default_factory=torch.Generator)
-    # How rollouts run (`env.collect_path`): rollout.collect, or a CapturedRollout.
+    # How rollouts run (the env's `collect_path`): rollout.collect, or a CapturedRollout.
     rollout: Rollout = collect
 
     @classmethod
@@ -58,8 +57,7 @@ class Collector:
         # The start-up gate: a backend that breaks the env contract is a ConfigError (78).
         check_backend(cfg.env, device=device, seed=cfg.run.seed)
         env = make_env(cfg.env, device=device, seed=cfg.run.seed)
-        path = collect_path(cfg.env, device).value
-        rollout = rollout_for(path, device, fallback=cfg.env.collect_path == "auto")
+        rollout = rollout_for(env)
         return cls(cfg, env, policy, env.reset(), EpisodeStats(device), sampler(device), rollout)
 
     def new_buffer(self) -> TensorDict:

@@ -36,11 +36,11 @@ from navrl_daemon.rl.collector import Collector
 from navrl_daemon.rl.evaluations import Evaluations
 from navrl_daemon.rl.policy import NavRLPolicy
 
-# Stage keys that act only where an episode starts (spawns) or on how it is scored and
-# ended, never on the world a running episode flies in: with `env.stage_switch =
-# "episodes"`, a switch between stages that differ in these alone lets the episodes in
-# flight finish. Obstacle counts and speeds, and min_level (it moves envs to denser maps),
-# change the world: a switch that changes them resets every env.
+# Stage keys (by their plain names) that act only where an episode starts (spawns) or on
+# how it is scored and ended, never on the world a running episode flies in: with
+# `env.stage_switch = "episodes"`, a switch between stages that differ in these alone lets
+# the episodes in flight finish. Obstacle counts and speeds, and min_level (it moves envs
+# to denser maps), change the world: a switch that changes them resets every env.
 PER_EPISODE_KEYS = frozenset(
     {
         "spawn",
@@ -115,13 +115,13 @@ class Curriculum:
     ) -> EnvBase:
         """A fresh env of `stage` (same seed: its maps are the ones a run starting there gets).
 
-        With `env.map_levels`, each env keeps the density level it reached in `previous`
+        With `env.navigation.map_levels`, each env keeps the density level it reached in `previous`
         (the stage's env before), so a promotion changes the stage's keys without sending
         every env back to the sparsest level; envs below the stage's `min_level` move up
         to it."""
         env = make_env(self.env_config(stage), device=device, seed=seed, **kwargs)
         if (
-            self.env.map_levels
+            self.env.navigation.map_levels
             and isinstance(previous, DensityLevels)
             and isinstance(env, DensityLevels)
             and env.level.shape == previous.level.shape
@@ -134,8 +134,8 @@ class Curriculum:
         finish (`env.stage_switch = "episodes"` and no world key differs)."""
         if self.env.stage_switch != "episodes":
             return False
-        before = self.env_config(from_stage).model_dump()
-        after = self.env_config(to_stage).model_dump()
+        before = self.env_config(from_stage).plain()
+        after = self.env_config(to_stage).plain()
         return all(before[k] == after[k] for k in before if k not in PER_EPISODE_KEYS)
 
     def observe(self, result: Mapping[str, Any]) -> Promotion | None:

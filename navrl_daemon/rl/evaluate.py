@@ -12,7 +12,6 @@ behind them on the default stream. `evaluate` is the same, op by op.
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +24,14 @@ from torchrl.envs.utils import step_mdp
 
 from navrl_daemon.env.contract import CapturableEnv, RecordableEnv
 from navrl_daemon.env.navigation import Z_MAX, Z_MIN
-from navrl_daemon.rl.graphs import WARMUP_RUNS, Capture, Replay, SameObjects, cuda_capture
+from navrl_daemon.rl.graphs import (
+    WARMUP_RUNS,
+    Capture,
+    Replay,
+    SameObjects,
+    StepCapture,
+    cuda_capture,
+)
 from navrl_daemon.rl.policy import NavRLPolicy
 from navrl_daemon.rl.rollout import STAT_KEYS, out_of_bounds
 
@@ -130,11 +136,17 @@ class Evaluation:
         self.env = env
         self.seed = seed
         self.max_steps = max_steps
-        self.capture = capture
-        self.fallback = fallback
-        self.capture_error: str | None = None
+        self.capture = (
+            None
+            if capture is None
+            else StepCapture(
+                capture,
+                fallback=fallback,
+                failure="evaluation step capture failed, evaluating op by op",
+                warmup_runs=warmup_runs,
+            )
+        )
         self.warmup_runs = warmup_runs
-        self.captures = 0
         device = env.device
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         n = env.batch_size[0]
@@ -155,6 +167,15 @@ class Evaluation:
         capture = cuda_capture(env.device)
         return cls(env, seed=seed, max_steps=max_steps, capture=capture, fallback=fallback)
 
+    @property
+    def capture_error(self) -> str | None:
+        """Why the step's capture failed, where `fallback` went on op by op."""
+        return None if self.capture is None else self.capture.capture_error
+
+    @property
+    def captures(self) -> int:
+        return 0 if self.capture is None else self.capture.captures
+
     @torch.no_grad()
     def __call__(self, policy: NavRLPolicy, progress: Progress | None = None) -> dict[str, float]:
         """The evaluation of `policy`; `progress` is told every CHECK_EVERY steps."""
@@ -166,9 +187,14 @@ class Evaluation:
             self._last.zero_()
             self._finished.zero_()
             taken = 0
-            uncaptured = self.capture is not None and self._replay is None
-            if uncaptured and self.max_steps > self.warmup_runs:
-                self._capture(step)
+            capture = self.capture
+            if (
+                capture is not None
+                and capture.capture_error is None
+                and self._replay is None
+                and self.max_steps > self.warmup_runs
+            ):
+                self._replay = capture(step, _generators(self.env))
                 taken = self.warmup_runs
             run = self._replay if self._replay is not None else step
             while taken < self.max_steps:
@@ -184,26 +210,6 @@ class Evaluation:
         (`analysis/paired.py`)."""
         with self._own_stream():  # the stream the buffers were written on
             return outcome_codes(self._first, self._last, self._finished)
-
-    def _capture(self, step: Callable[[], None]) -> None:
-        """Warm-up runs (real steps), then the capture; on failure, op by op from now on."""
-        assert self.capture is not None
-        try:
-            self._replay = self.capture(
-                step, warmup_runs=self.warmup_runs, generators=_generators(self.env)
-            )
-        except Exception as err:
-            if not self.fallback:
-                raise
-            self.capture = None
-            self.capture_error = f"{type(err).__name__}: {err}"
-            warnings.warn(
-                f"evaluation step capture failed, evaluating op by op: {self.capture_error}",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-            return
-        self.captures += 1
 
     def _step_of(self, policy: NavRLPolicy, start: TensorDictBase) -> Callable[[], None]:
         """The evaluation step on fixed tensors (made again for another policy or env

@@ -46,7 +46,7 @@ minibatch source).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -56,14 +56,10 @@ from navrl_daemon.config import NOT_FAST, NOT_GRAPH, PPOConfig, UpdatePath
 from navrl_daemon.config.execution_plan import compile_step, update_path
 from navrl_daemon.rl import ppo
 from navrl_daemon.rl.data_parallel import DataParallel
-from navrl_daemon.rl.graphs import capture_graph
+from navrl_daemon.rl.graphs import Replay, StepCapture, capture_graph
 from navrl_daemon.rl.policy import NavRLPolicy
 
 AuxLoss = ppo.AuxLoss
-
-# Warm-up steps on a side stream before capture (CUDA's lazy initialisation: cuBLAS
-# workspaces, autograd's stream bookkeeping); each is a skipped Adam step, maths-neutral.
-_WARMUP_STEPS = 3
 
 
 def build_update(
@@ -146,8 +142,8 @@ class FastUpdate:
         self.device = device
         self.requested: UpdatePath = "cuda_graph" if graphs else "fused"
         self.graphs = graphs
-        self.fallback = fallback
-        self.capture_error: str | None = None
+        # No warning where a capture fails: the trainer logs `capture_error`.
+        self.capture = StepCapture(self._capture_step, fallback=fallback)
         self.aux_loss = aux_loss
         # The steps' statistics (ppo.Step.names), summed on the device; sized by the
         # first step, which names its terms.
@@ -162,14 +158,22 @@ class FastUpdate:
         self.force_skip = torch.zeros((), device=device)
         self.entropy_coef = torch.zeros((), device=device)
         self.lrs = {name: torch.zeros((), device=device) for name in optimizers}
-        self.captures = 0
-        self._replay: Callable[[], None] | None = None
+        self._replay: Replay | None = None
         self._key: tuple[object, ...] | None = None
         self._flat: TensorDictBase | None = None
         self._idx: torch.Tensor | None = None
         self._losses = compiled_losses(policy) if compile else None
 
     # ------------------------------------------------------------------------ public
+
+    @property
+    def capture_error(self) -> str | None:
+        """Why the step's capture failed, where `fallback` went on fused."""
+        return self.capture.capture_error
+
+    @property
+    def captures(self) -> int:
+        return self.capture.captures
 
     @property
     def path(self) -> UpdatePath:
@@ -329,15 +333,20 @@ class FastUpdate:
         self._replay = None
         self._flat = flat.clone()
         self._idx = torch.zeros(size, dtype=torch.long, device=self.device)
+        static_flat, idx = self._flat, self._idx
+
+        def step() -> None:
+            self._step(static_flat[idx], cfg, self.entropy_coef)
+
         try:
-            self._capture(cfg)
-        except Exception as err:
-            self.force_skip.fill_(0.0)
-            self._flat = self._idx = None
-            if not self.fallback:
-                raise
+            with self._tensor_lrs():
+                self._replay = self.capture(step)
+        finally:
+            if self._replay is None:  # failed: the warm-up's skip flag and buffers dropped
+                self.force_skip.fill_(0.0)
+                self._flat = self._idx = None
+        if self._replay is None:  # under `fallback`: fused from now on
             self.graphs = False
-            self.capture_error = f"{type(err).__name__}: {err}"
             return
         # Again: the warm-up creates Adam's state on a first update.
         self._key = self._graph_key(flat, cfg, size)
@@ -371,21 +380,24 @@ class FastUpdate:
         shapes = tuple((k, tuple(v.shape)) for k, v in flat.items(True, True))
         return (size, shapes, baked, hyper, params, state)
 
-    def _capture(self, cfg: PPOConfig) -> None:
-        assert self._flat is not None and self._idx is not None
-        flat, idx = self._flat, self._idx
+    def _capture_step(
+        self,
+        step: Callable[[], None],
+        *,
+        warmup_runs: int,
+        generators: Sequence[torch.Generator],
+    ) -> Replay:
+        """The minibatch step's `Capture`: a CUDA graph whose warm-up runs are skipped Adam
+        steps (maths-neutral), the counts zeroed before the capture."""
 
-        def warmup() -> None:  # a skipped Adam step: maths-neutral
+        def warmup() -> None:
             self.force_skip.fill_(1.0)
-            self._step(flat[idx], cfg, self.entropy_coef)
+            step()
 
         def prepare() -> None:
             self.force_skip.fill_(0.0)
             self._zero_counts()
 
-        def step() -> None:
-            self._step(flat[idx], cfg, self.entropy_coef)
-
-        with self._tensor_lrs():
-            self._replay = capture_graph(warmup, prepare, step, self.device)
-        self.captures += 1
+        return capture_graph(
+            warmup, prepare, step, self.device, warmup_runs=warmup_runs, generators=generators
+        )

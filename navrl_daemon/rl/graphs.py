@@ -15,6 +15,7 @@ use it to run the very function a GPU would capture, where there is no GPU.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -88,6 +89,53 @@ def cuda_capture(device: torch.device) -> Capture:
         )
 
     return capture
+
+
+class StepCapture:
+    """A step's captures, and what happens when one fails: the one place collection,
+    evaluation and the update capture through.
+
+    Each call warms the step up (`warmup_runs` real runs) and captures it through `capture`,
+    counting the captures made. Where a capture fails, without `fallback` the error is
+    raised; with it, it is remembered in `capture_error` ("Type: message"), warned about
+    once in the caller's words (`failure`; None: no warning, the caller reports it), and no
+    capture is tried again: the caller goes on with its eager step, whose warm-up ran.
+    """
+
+    def __init__(
+        self,
+        capture: Capture,
+        *,
+        fallback: bool,
+        failure: str | None = None,
+        warmup_runs: int = WARMUP_RUNS,
+    ) -> None:
+        self.capture = capture
+        self.fallback = fallback
+        self.failure = failure
+        self.warmup_runs = warmup_runs
+        self.capture_error: str | None = None
+        self.captures = 0
+
+    def __call__(
+        self, step: Callable[[], None], generators: Sequence[torch.Generator] = ()
+    ) -> Replay | None:
+        """The replay of `step` (its random draws from `generators`), or None where the
+        capture failed under `fallback`, now or before."""
+        if self.capture_error is not None:
+            return None
+        try:
+            replay = self.capture(step, warmup_runs=self.warmup_runs, generators=generators)
+        except Exception as err:
+            if not self.fallback:
+                raise
+            self.capture_error = f"{type(err).__name__}: {err}"
+            if self.failure is not None:
+                message = f"{self.failure}: {self.capture_error}"
+                warnings.warn(message, RuntimeWarning, stacklevel=2)
+            return None
+        self.captures += 1
+        return replay
 
 
 def traced_capture(

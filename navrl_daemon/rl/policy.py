@@ -291,8 +291,9 @@ def sample_beta(dist: Independent, generator: torch.Generator | None) -> torch.T
 def make_policy(
     cfg: Config, device: torch.device | str, lidar_conv: Lowering | None = None
 ) -> NavRLPolicy:
-    """The run's policy; `lidar_conv` overrides ppo.lidar_conv (export: "native"), which
-    is resolved for `device` (config/execution_plan.py)."""
+    """The run's policy; `lidar_conv`: the execution plan's lowering (the daemon's) or
+    an override (export: "native"), else ppo.lidar_conv resolved for `device` by the
+    plan's rule (config/execution_plan.py)."""
     if lidar_conv is None:
         lidar_conv = lidar_lowering(cfg.ppo.lidar_conv, device).value
     return NavRLPolicy(

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
+from navrl_daemon.config import with_moved_keys
 from navrl_daemon.errors import DataError
 from navrl_daemon.rl.collector import Collector
 from navrl_daemon.rl.curriculum import Curriculum, CurriculumState
@@ -28,7 +29,7 @@ from navrl_daemon.rl.learner import Learner
 
 # The layout of the state, a file's `snapshot_version` (the container around it has a
 # version of its own: storage/checkpoint.py).
-SNAPSHOT_VERSION = 2
+SNAPSHOT_VERSION = 3
 
 LEARNER = "learner"
 COLLECTOR = "collector"
@@ -135,8 +136,17 @@ def _v1_collector(collected: dict[str, Any]) -> dict[str, Any]:
     return collected
 
 
+def _from_v2(state: dict[str, Any]) -> dict[str, Any]:
+    """Version 2 held the embedded backend's keys in the env section itself: they move to
+    `env.navigation`, where the config has them since (config/loader.py: MOVED)."""
+    config = state.get("config")
+    if not isinstance(config, dict):
+        return state
+    return {**state, "config": with_moved_keys(config)[0]}
+
+
 # Version N's migration gives a state of version N + 1.
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _from_v1}
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _from_v1, 2: _from_v2}
 
 
 def migrate(state: dict[str, Any], where: object) -> dict[str, Any]:

@@ -20,17 +20,15 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
-from navrl_daemon.config.execution_plan import trainer_stream
-
 
 class TrainerStream:
     def __init__(self, stream: torch.cuda.Stream | None = None) -> None:
         self.stream = stream
 
     @classmethod
-    def for_device(cls, device: torch.device, enabled: bool) -> TrainerStream:
-        """A stream of its own when `enabled` on a CUDA device; else the shared one."""
-        own = trainer_stream(enabled, device).value
+    def for_device(cls, device: torch.device, own: bool) -> TrainerStream:
+        """A stream of its own on `device` where the execution plan chose one (its
+        `trainer_stream`, only ever on CUDA); else the shared one."""
         return cls(torch.cuda.Stream(device) if own else None)
 
     @property

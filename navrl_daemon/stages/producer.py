@@ -90,7 +90,7 @@ class ProducerContext:
 class ProducerEvents:
     """What the producer reports as it goes (telemetry)."""
 
-    # With env.map_levels: told after every rollout the share of envs at each level and
+    # With env.navigation.map_levels: told after every rollout the share of envs at each level and
     # per level [episodes ended, reached, collided] during it (None: not measured).
     on_levels: Callable[[list[float], list[list[float]]], None] | None = None
     # ("collect", True) when a rollout starts, ("collect", False) when it ends.

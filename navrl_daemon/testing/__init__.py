@@ -26,7 +26,7 @@ TINY = [
     "env.num_obstacles=4",
     "env.num_dynamic_obstacles=8",
     "env.max_episode_length=50",
-    "env.spawn=local",
+    "env.navigation.spawn=local",
     "ppo.rollout_length=8",
     "ppo.minibatches=4",
     "ppo.epochs=1",
@@ -39,3 +39,15 @@ TINY = [
 # One intra-op thread in every daemon a test starts: results are only bitwise repeatable
 # between runs with the same thread count.
 SUBPROCESS_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def env_overrides(keys: dict[str, object]) -> list[str]:
+    """Dotted `KEY=VALUE` overrides of env keys named as a curriculum stage names them
+    (`num_envs`, `spawn`): the embedded backend's own go under `env.navigation`."""
+    from navrl_daemon.config import NavigationConfig
+
+    return [
+        f"env.{'navigation.' if key in NavigationConfig.model_fields else ''}{key}="
+        + repr(value).replace("'", '"')
+        for key, value in keys.items()
+    ]

@@ -259,9 +259,9 @@ def test_the_hover_share_counts_the_frames_flown_at_the_goal():
             None,
             [
                 *_OVERRIDES,
-                "env.spawn=local",
+                "env.navigation.spawn=local",
                 f"env.goal_distance={distance}",
-                "env.spawn_height=[1.0, 1.0]",
+                "env.navigation.spawn_height=[1.0, 1.0]",
                 "env.num_envs=6",
             ],
             environ={},
@@ -279,7 +279,7 @@ def test_diagnose_reports_the_hover_share_at_a_checkpoints_levels(tmp_path: Path
     from navrl_daemon.pipeline.daemon import serve
     from tests.conftest import TINY
 
-    levels = ["env.map_levels=[0, 2, 4]", "env.num_dynamic_obstacles=0"]
+    levels = ["env.navigation.map_levels=[0, 2, 4]", "env.num_dynamic_obstacles=0"]
     cfg = load_config(None, [*TINY, *levels, "run.total_frames=128"], environ={})
     anyio.run(serve, cfg, tmp_path / "state")
     ckpt = sorted((tmp_path / "state" / "checkpoints").glob("*.nrc"))[-1]
@@ -296,7 +296,7 @@ def test_diagnose_flies_a_checkpoint_on_the_maps_of_its_own_run(tmp_path: Path):
     from navrl_daemon.storage.policy_file import load_any_policy
     from tests.conftest import TINY
 
-    run = ["run.seed=3", "env.num_maps=2"]
+    run = ["run.seed=3", "env.navigation.num_maps=2"]
     cfg = load_config(None, [*TINY, *run, "run.total_frames=128"], environ={})
     anyio.run(serve, cfg, tmp_path / "state")
     ckpt = sorted((tmp_path / "state" / "checkpoints").glob("*.nrc"))[-1]

@@ -27,7 +27,7 @@ TINY_ENV = {
 
 
 def env_cfg(**overrides) -> EnvConfig:
-    return EnvConfig(**{**TINY_ENV, **overrides})
+    return EnvConfig().replaced(**{**TINY_ENV, **overrides})
 
 
 def test_registered_lists_builtins_then_the_example_entry_point() -> None:

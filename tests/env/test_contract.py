@@ -16,7 +16,7 @@ from navrl_daemon.env.contract import check_specs
 from navrl_daemon.errors import ConfigError
 from tests.env import planted_faults
 
-CFG = EnvConfig(
+CFG = EnvConfig().replaced(
     num_envs=8,
     field_size=10.0,
     num_obstacles=4,

@@ -4,6 +4,7 @@ with getattr/hasattr or reads its private attributes."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,7 +17,9 @@ from tensordict import TensorDictBase
 from torchrl.envs import EnvBase
 
 import navrl_daemon
+from navrl_daemon.analysis.probes import pillar_pass
 from navrl_daemon.config import EnvConfig
+from navrl_daemon.env.backends import registered, resolve
 from navrl_daemon.env.conformance import run_conformance
 from navrl_daemon.env.contract import (
     CapturableEnv,
@@ -24,6 +27,7 @@ from navrl_daemon.env.contract import (
     Determinism,
     RecordableEnv,
     ResumableEnv,
+    ScriptedScene,
 )
 from navrl_daemon.env.navigation import NavigationEnv
 from navrl_daemon.errors import UsageError
@@ -34,7 +38,7 @@ from navrl_daemon.rl.curriculum import use_stage
 from navrl_daemon.rl.graphs import SameObjects
 from navrl_daemon.rl.policy import NavRLPolicy
 
-CFG = EnvConfig(
+CFG = EnvConfig().replaced(
     num_envs=4,
     field_size=10.0,
     num_obstacles=4,
@@ -50,7 +54,7 @@ class Bare(EnvBase):
     (the example backend's task, reached through a field, not inherited)."""
 
     def __init__(self, cfg: EnvConfig = CFG, *, seed: int = 0, **kwargs: object) -> None:
-        inner = make_planar(cfg.model_copy(update={"map_levels": []}), device="cpu", seed=seed)
+        inner = make_planar(cfg.replaced(map_levels=[]), device="cpu", seed=seed)
         super().__init__(device=inner.device, batch_size=inner.batch_size)
         self.inner = inner
         self.observation_spec = inner.observation_spec.clone()
@@ -76,7 +80,7 @@ def bare_factory(cfg: EnvConfig, *, device, seed: int, num_envs=None, layout="tr
 
 
 def navigation(**update: object) -> NavigationEnv:
-    return NavigationEnv(CFG.model_copy(update=update), seed=1)
+    return NavigationEnv(CFG.replaced(**update), seed=1)
 
 
 def test_the_embedded_env_states_every_capability() -> None:
@@ -89,7 +93,7 @@ def test_the_embedded_env_states_every_capability() -> None:
 
 
 def test_a_backend_states_only_what_it_implements() -> None:
-    planar = make_planar(CFG.model_copy(update={"map_levels": []}), device="cpu", seed=0)
+    planar = make_planar(CFG.replaced(map_levels=[]), device="cpu", seed=0)
     assert isinstance(planar, Planar2DEnv) and isinstance(planar, ResumableEnv)
     assert not isinstance(planar, CapturableEnv | DensityLevels | Determinism | RecordableEnv)
     bare = Bare()
@@ -201,17 +205,98 @@ def test_the_embedded_env_records_where_things_are_and_a_bare_backend_cannot() -
         _probe(SimpleNamespace(env=SimpleNamespace(backend="bare")), Bare(), policy)  # type: ignore[arg-type]
 
 
-# A concrete env class tested by name outside env/: what the capability protocols replace.
-CONCRETE = re.compile(r"isinstance\([^)]*,\s*(NavigationEnv|Planar2DEnv)")
+# A concrete env class named outside env/: what the capability protocols replace.
+CONCRETE = {"NavigationEnv", "Planar2DEnv"}
+# Strings that name a backend yet test none, with how often each file holds them: the
+# default of `env.backend` (the config sits below env/ and must name one), the embedded
+# backend's config section `env.navigation` (a key of the config, read whatever the
+# backend), and the offline policy kind "navigation" (NavRLPolicy's, kept in
+# checkpoints): a policy, not a backend.
+NOT_A_TEST = {
+    ("config/sections.py", "navigation"): 3,
+    ("offline/bc.py", "navigation"): 4,
+    ("offline/wiring.py", "navigation"): 3,
+    ("pipeline/resume.py", "navigation"): 2,
+    ("rl/eval_config.py", "navigation"): 1,
+}
+
+
+def _outside_env() -> list[tuple[str, ast.Module]]:
+    package = Path(navrl_daemon.__file__).parent
+    return [
+        (path.relative_to(package).as_posix(), ast.parse(path.read_text()))
+        for path in sorted(package.rglob("*.py"))
+        if "env" not in path.relative_to(package).parts[:1]
+    ]
+
+
+def _docstrings(tree: ast.Module) -> set[int]:
+    owners = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    return {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, owners)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+
+
+def _identifier(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.alias):
+        return node.name
+    return None
 
 
 def test_no_caller_outside_env_tells_backends_apart_by_class() -> None:
-    package = Path(navrl_daemon.__file__).parent
+    """No code outside env/ names a concrete env class (comments and docstrings may)."""
     hits = [
-        f"{path.relative_to(package)}:{number}: {line.strip()}"
-        for path in sorted(package.rglob("*.py"))
-        if "env" not in path.relative_to(package).parts[:1]
-        for number, line in enumerate(path.read_text().splitlines(), 1)
-        if CONCRETE.search(line)
+        f"{where}:{getattr(node, 'lineno', '?')}: {_identifier(node)}"
+        for where, tree in _outside_env()
+        for node in ast.walk(tree)
+        if _identifier(node) in CONCRETE
     ]
     assert hits == []
+
+
+def test_no_caller_outside_env_tells_backends_apart_by_name() -> None:
+    """No code outside env/ spells a name the backends' registry knows (`env list`): what
+    a backend supports is asked of the registry or of the env, and a message naming a
+    backend takes the name from the registry. Comments and docstrings may name them."""
+    names = {backend.name for backend in registered()}
+    # A name in a message: after "backend", or quoted.
+    named = re.compile(rf"(?:backend\W+|['\"])({'|'.join(map(re.escape, names))})\b")
+    found: dict[tuple[str, str], list[int]] = {}
+    for where, tree in _outside_env():
+        docstrings = _docstrings(tree)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Constant) or not isinstance(node.value, str):
+                continue
+            if id(node) in docstrings:
+                continue
+            match = named.search(node.value)
+            name = match.group(1) if match else node.value if node.value in names else None
+            if name is not None:
+                found.setdefault((where, name), []).append(node.lineno)
+    hits = sorted(
+        f"{where}:{lines}: {name!r}"
+        for (where, name), lines in found.items()
+        if len(lines) != NOT_A_TEST.get((where, name), 0)
+    )
+    assert hits == []
+
+
+def test_the_registry_states_what_each_backend_implements() -> None:
+    """What the registry says a backend supports, which rules read before an env is built
+    (the plan's collect path, `eval --plot`'s message), is what its env implements."""
+    for name, env in (("navigation", navigation()), ("navrl-2d", make_planar(CFG))):
+        backend = resolve(name)
+        assert backend.captured == isinstance(env, CapturableEnv), name
+        assert backend.recorded == isinstance(env, RecordableEnv), name
+    assert isinstance(navigation(), ScriptedScene)
+    with pytest.raises(UsageError, match="cannot"):
+        pillar_pass(Bare(), NavRLPolicy())

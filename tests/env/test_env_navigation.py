@@ -25,7 +25,7 @@ def config(**overrides) -> EnvConfig:
         "max_episode_length": 100,
         "spawn": "local",
     }
-    return EnvConfig(**{**base, **overrides})
+    return EnvConfig().replaced(**{**base, **overrides})
 
 
 def with_action(td: TensorDict, action: torch.Tensor) -> TensorDict:
@@ -188,7 +188,7 @@ def test_navrl_layout():
 
 def test_border_spawns_on_the_square():
     env = make_env(
-        EnvConfig(num_obstacles=0, num_dynamic_obstacles=0, spawn="border"), num_envs=256
+        EnvConfig().replaced(num_obstacles=0, num_dynamic_obstacles=0, spawn="border"), num_envs=256
     )
     env.reset()
     for p in (env.start, env.goal):
@@ -285,7 +285,7 @@ def test_save_and_load_resume_exactly():
 
 
 def test_crossing_spawns_put_the_goal_on_the_opposite_side():
-    cfg = EnvConfig(num_obstacles=0, num_dynamic_obstacles=0, spawn="crossing")
+    cfg = EnvConfig().replaced(num_obstacles=0, num_dynamic_obstacles=0, spawn="crossing")
     env = make_env(cfg, num_envs=512)
     env.reset()
     s = 24.0

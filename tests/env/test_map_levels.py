@@ -1,6 +1,6 @@
-"""Density levels per env (`env.map_levels`), the spawn mix (`env.crossing_share`) and the
-evaluation's maps (`eval.map_seed`, `eval.num_maps`, `eval.held_out_seed`,
-`eval.num_obstacles`)."""
+"""Density levels per env (`env.navigation.map_levels`), the spawn mix
+(`env.navigation.crossing_share`) and the evaluation's maps (`eval.map_seed`,
+`eval.num_maps`, `eval.held_out_seed`, `eval.num_obstacles`)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def small(*overrides: str):
             "env.num_obstacles=60",
             "env.num_dynamic_obstacles=0",
             "env.max_episode_length=40",
-            "env.num_maps=2",
+            "env.navigation.num_maps=2",
             "eval.num_envs=4",
             *overrides,
         ],
@@ -38,7 +38,7 @@ def small(*overrides: str):
 
 
 def levels_env(*overrides: str) -> NavigationEnv:
-    return NavigationEnv(small(f"env.map_levels={LEVELS}", *overrides).env, seed=3)
+    return NavigationEnv(small(f"env.navigation.map_levels={LEVELS}", *overrides).env, seed=3)
 
 
 def test_a_level_flies_the_first_pillars_of_its_map():
@@ -97,7 +97,7 @@ def test_masked_resets_move_only_the_envs_whose_episode_ended():
     and only where an episode ended this step."""
     moved = {}
     for mode in ("indexed", "masked"):
-        env = levels_env(f"env.reset_mode={mode}", "env.max_episode_length=1")
+        env = levels_env(f"env.navigation.reset_mode={mode}", "env.max_episode_length=1")
         td = env.reset()
         goal = env.goal.clone()
         # Four drones at their goal (reached when the one-step episode ends), four not.
@@ -120,16 +120,16 @@ def test_levels_are_part_of_the_env_state_and_old_states_load():
     other = levels_env()
     other.load_state_dict_env(state)
     assert torch.equal(other.level, env.level)
-    del state["level"]  # a state saved before env.map_levels existed
+    del state["level"]  # a state saved before env.navigation.map_levels existed
     other.load_state_dict_env(state)
     assert other.level.tolist() == [0] * 8
 
 
 def test_a_min_level_is_a_floor_for_new_envs_collisions_and_loaded_states():
-    """env.min_level: fresh envs start at it, a collision there keeps the env there (one
+    """env.navigation.min_level: fresh envs start at it, a collision there keeps the env there (one
     above it moves down to it), a reach still moves up, and a state saved with a lower
     floor loads with its envs below the floor moved up to it."""
-    env = levels_env("env.min_level=2")
+    env = levels_env("env.navigation.min_level=2")
     env.reset()
     assert env.level.tolist() == [2] * 8
     env.level = torch.tensor([2, 2, 3, 3, 2, 3, 2, 3])
@@ -143,7 +143,7 @@ def test_a_min_level_is_a_floor_for_new_envs_collisions_and_loaded_states():
     low.level = torch.tensor([0, 1, 2, 3, 3, 2, 1, 0])
     env.load_state_dict_env(low.state_dict_env())
     assert env.level.tolist() == [2, 2, 2, 3, 3, 2, 2, 2]
-    top = levels_env(f"env.min_level={len(LEVELS) - 1}")  # every env on its whole map
+    top = levels_env(f"env.navigation.min_level={len(LEVELS) - 1}")  # every env on its whole map
     assert torch.equal(top.slot, top.map_id * len(LEVELS) + len(LEVELS) - 1)
 
 
@@ -153,7 +153,7 @@ def test_without_levels_every_env_flies_its_whole_map():
 
 
 def test_crossing_share_one_puts_every_goal_opposite_its_start():
-    env = NavigationEnv(small("env.crossing_share=1.0", "env.num_envs=256").env, seed=1)
+    env = NavigationEnv(small("env.navigation.crossing_share=1.0", "env.num_envs=256").env, seed=1)
     env.reset()
     s = 20.0 / 2 + 4.0
     start, goal = env.start[:, :2], env.goal[:, :2]
@@ -163,7 +163,7 @@ def test_crossing_share_one_puts_every_goal_opposite_its_start():
 
 
 def test_a_crossing_share_mixes_crossings_into_navrls_rule():
-    env = NavigationEnv(small("env.crossing_share=0.5", "env.num_envs=4096").env, seed=1)
+    env = NavigationEnv(small("env.navigation.crossing_share=0.5", "env.num_envs=4096").env, seed=1)
     env.reset()
     s = 14.0
     start, goal = env.start[:, :2], env.goal[:, :2]
@@ -176,8 +176,8 @@ def test_a_crossing_share_mixes_crossings_into_navrls_rule():
 def test_a_crossing_share_mixes_crossings_into_local_hops():
     """With spawn = "local", a crossing_share of the episodes cross the field from a
     border point to the opposite side; the rest are hops within the field."""
-    hops = ("env.spawn=local", "env.goal_distance=[2.0, 6.0]", "env.num_envs=4096")
-    env = NavigationEnv(small(*hops, "env.crossing_share=0.3").env, seed=1)
+    hops = ("env.navigation.spawn=local", "env.goal_distance=[2.0, 6.0]", "env.num_envs=4096")
+    env = NavigationEnv(small(*hops, "env.navigation.crossing_share=0.3").env, seed=1)
     env.reset()
     s = 20.0 / 2 + 4.0
     start, goal = env.start[:, :2], env.goal[:, :2]
@@ -201,15 +201,17 @@ def test_a_crossing_share_mixes_crossings_into_local_hops():
 def test_a_curriculum_stage_sets_the_crossing_share():
     stage = '{name = "hops", spawn = "local", crossing_share = 0.25, promote = {reach_goal = 0.5}}'
     cfg = small(f'env.curriculum=[{stage}, {{name = "navrl"}}]')
-    assert cfg.env.stage_env(0).crossing_share == 0.25
-    assert cfg.env.stage_env(1).crossing_share == 0.0
+    assert cfg.env.stage_env(0).navigation.crossing_share == 0.25
+    assert cfg.env.stage_env(1).navigation.crossing_share == 0.0
 
 
 def test_the_evaluation_flies_the_whole_map_of_the_chosen_seed():
-    cfg = small(f"env.map_levels={LEVELS}", "env.min_level=2", "eval.num_maps=3")
+    cfg = small(
+        f"env.navigation.map_levels={LEVELS}", "env.navigation.min_level=2", "eval.num_maps=3"
+    )
     train = make_eval_env(cfg, "cpu")
     assert train.level_counts == [60] and train.num_maps == 3
-    plain = NavigationEnv(small("env.num_maps=3").env, seed=0)  # run.seed's maps
+    plain = NavigationEnv(small("env.navigation.num_maps=3").env, seed=0)  # run.seed's maps
     assert torch.equal(train.pillars.corner_px, plain.pillars.corner_px)
     held_out = make_eval_env(small("eval.map_seed=1000"), "cpu")
     assert not torch.equal(held_out.pillars.corner_px, NavigationEnv(small().env).pillars.corner_px)
@@ -218,7 +220,9 @@ def test_the_evaluation_flies_the_whole_map_of_the_chosen_seed():
 def test_the_evaluation_can_fly_fewer_pillars_than_training():
     """eval.num_obstacles: training flies 60-pillar maps with a level above 30, every
     evaluation (main and held out) the 30-pillar maps of the same seeds."""
-    cfg = small("env.map_levels=[0, 30, 60]", "eval.num_obstacles=30", "eval.held_out_seed=7")
+    cfg = small(
+        "env.navigation.map_levels=[0, 30, 60]", "eval.num_obstacles=30", "eval.held_out_seed=7"
+    )
     assert NavigationEnv(cfg.env).pillars.corner_px.shape[1] == 60
     for seed in (None, 7):
         env = make_eval_env(cfg, "cpu", map_seed=seed)
@@ -226,7 +230,7 @@ def test_the_evaluation_can_fly_fewer_pillars_than_training():
         assert env.level_counts == [30]
         assert torch.equal(env.pillars.corner_px, plain.pillars.corner_px)
         assert torch.equal(env.pillars.height, plain.pillars.height)
-    unset = small("env.map_levels=[0, 30, 60]")
+    unset = small("env.navigation.map_levels=[0, 30, 60]")
     assert make_eval_env(unset, "cpu").pillars.corner_px.shape[1] == 60  # 0: the env's count
 
 
@@ -249,14 +253,20 @@ def test_held_out_evaluations_are_reported_beside_the_main_ones():
 @pytest.mark.parametrize(
     ("overrides", "needle"),
     [
-        (["env.map_levels=[100,50]"], "map_levels: pillar counts in ascending order"),
-        (["env.map_levels=[100,400]"], "map_levels: a level is a prefix"),
-        (["env.map_levels=[-1,5]"], "env.map_levels"),
-        (["env.map_levels=[0,50]", "env.min_level=2"], "min_level: an index into map_levels"),
-        (["env.min_level=1"], "without map_levels there is one level"),
+        (["env.navigation.map_levels=[100,50]"], "map_levels: pillar counts in ascending order"),
+        (["env.navigation.map_levels=[100,400]"], "map_levels: a level is a prefix"),
+        (["env.navigation.map_levels=[-1,5]"], "env.navigation.map_levels"),
+        (
+            ["env.navigation.map_levels=[0,50]", "env.navigation.min_level=2"],
+            "min_level: an index into map_levels",
+        ),
+        (["env.navigation.min_level=1"], "without map_levels there is one level"),
         (["env.curriculum=[{min_level = 1}]"], "min_level: an index into map_levels"),
-        (["env.crossing_share=1.5"], "env.crossing_share"),
-        (["env.crossing_share=0.5", "env.spawn=crossing"], "crossing_share: mixes crossings"),
+        (["env.navigation.crossing_share=1.5"], "env.navigation.crossing_share"),
+        (
+            ["env.navigation.crossing_share=0.5", "env.navigation.spawn=crossing"],
+            "crossing_share: mixes crossings",
+        ),
         (
             ['env.curriculum=[{spawn = "crossing", crossing_share = 0.5}]'],
             "crossing_share: mixes crossings",
@@ -294,7 +304,7 @@ def test_a_run_reports_its_envs_levels_in_history_and_metrics(tmp_path):
             "env.num_obstacles=8",
             "env.max_episode_length=6",  # short episodes: levels move within the run
             "env.goal_distance=[0.1, 0.3]",  # goals within reach at the start: some move up
-            f"env.map_levels={[0, 4, 8]}",
+            f"env.navigation.map_levels={[0, 4, 8]}",
             "run.total_frames=1280",  # 10 iterations of 128 frames
             "eval.interval=0",
         ],
@@ -343,7 +353,7 @@ def test_level_outcomes_count_the_episodes_training_counts_across_a_resume(tmp_p
                 "env.num_obstacles=8",
                 "env.max_episode_length=12",
                 "env.goal_distance=[0.1, 0.3]",
-                f"env.map_levels={[0, 4, 8]}",
+                f"env.navigation.map_levels={[0, 4, 8]}",
                 f"run.total_frames={frames}",
                 "eval.interval=0",
                 "checkpoint.interval=4",

@@ -1,4 +1,5 @@
-"""`env.reset_mode = "masked"`: auto-reset without a host sync, same contract as indexed."""
+"""`env.navigation.reset_mode = "masked"`: auto-reset without a host sync, same contract as
+indexed."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def config(**overrides) -> EnvConfig:
         "max_episode_length": 12,  # truncations, besides the collisions, every few steps
         "num_maps": 2,
     }
-    return EnvConfig(**{**base, **overrides})
+    return EnvConfig().replaced(**{**base, **overrides})
 
 
 def play(env: NavigationEnv, steps: int, seed: int = 0) -> tuple[list[TensorDict], TensorDict]:
@@ -46,7 +47,7 @@ def play(env: NavigationEnv, steps: int, seed: int = 0) -> tuple[list[TensorDict
 
 
 def masked_reset(cfg: EnvConfig, device: torch.device | str) -> bool:
-    return reset_mode(cfg, device).value == "masked"
+    return reset_mode(cfg, device, captured=True).value == "masked"
 
 
 def test_auto_is_masked_only_where_the_step_is_captured():

@@ -1,4 +1,4 @@
-"""Hops that end at the goal (`env.reach_hold`): an episode ends as a time-out once the
+"""Hops that end at the goal (`env.navigation.reach_hold`): an episode ends as a time-out once the
 drone has been within reach of its goal for k steps in a row; NavRL's rule otherwise."""
 
 from __future__ import annotations
@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from navrl_daemon.config import load_config
+from navrl_daemon.config import CurriculumStage, EnvConfig, PromotionRule, load_config
+from navrl_daemon.env.backends import backend_of
 from navrl_daemon.env.contract import STAT_KEYS
 from navrl_daemon.env.navigation import REACH_RADIUS, NavigationEnv
+from navrl_daemon.errors import ConfigError
 from navrl_daemon.rl.evaluations import make_eval_env
 from tests.conftest import navrl_cli
 
@@ -54,7 +56,12 @@ def test_an_episode_ends_as_a_time_out_after_k_steps_at_the_goal(mode: str):
     value bootstraps), not terminated, with reach_goal 1, and move up a density level; the
     drones away from it fly on. Both auto-reset modes agree."""
     env = NavigationEnv(
-        small(f"env.reset_mode={mode}", "env.reach_hold=3", "env.map_levels=[0]").env, seed=1
+        small(
+            f"env.navigation.reset_mode={mode}",
+            "env.navigation.reach_hold=3",
+            "env.navigation.map_levels=[0]",
+        ).env,
+        seed=1,
     )
     records = hover_at_goals(env, 3)
     for step, record in enumerate(records[:2]):
@@ -70,10 +77,10 @@ def test_an_episode_ends_as_a_time_out_after_k_steps_at_the_goal(mode: str):
     # With two levels the finished hops move their envs up.
     env2 = NavigationEnv(
         small(
-            f"env.reset_mode={mode}",
-            "env.reach_hold=3",
+            f"env.navigation.reset_mode={mode}",
+            "env.navigation.reach_hold=3",
             "env.num_obstacles=4",
-            "env.map_levels=[0, 4]",
+            "env.navigation.map_levels=[0, 4]",
         ).env,
         seed=1,
     )
@@ -93,7 +100,7 @@ def test_without_reach_hold_a_drone_at_its_goal_hovers_to_the_time_out():
 
 def test_the_count_is_of_steps_in_a_row():
     """Leaving the goal's radius starts the count again."""
-    env = NavigationEnv(small("env.reach_hold=4").env, seed=1)
+    env = NavigationEnv(small("env.navigation.reach_hold=4").env, seed=1)
     records = hover_at_goals(env, 2)
     assert env.held.tolist() == [2] * 4 + [0] * 4
     env.pos[:4] = env.goal[:4] + torch.tensor([2 * REACH_RADIUS, 0, 0])  # pushed off
@@ -109,8 +116,8 @@ def test_the_count_is_of_steps_in_a_row():
 
 
 def test_evaluations_keep_navrls_rule():
-    cfg = small("env.reach_hold=5")
-    assert make_eval_env(cfg, "cpu").cfg.reach_hold == 0
+    cfg = small("env.navigation.reach_hold=5")
+    assert make_eval_env(cfg, "cpu").cfg.navigation.reach_hold == 0
 
 
 def test_a_curriculum_stage_can_end_its_hops_at_the_goal():
@@ -119,15 +126,14 @@ def test_a_curriculum_stage_can_end_its_hops_at_the_goal():
         ' {name = "navrl"}]'
     )
     cfg = small(f"env.curriculum={stages}")
-    assert cfg.env.stage_env(0).reach_hold == 30
-    assert cfg.env.stage_env(1).reach_hold == 0
+    assert cfg.env.stage_env(0).navigation.reach_hold == 30
+    assert cfg.env.stage_env(1).navigation.reach_hold == 0
 
 
 @pytest.mark.parametrize(
     ("overrides", "needle"),
     [
-        (["env.reach_hold=-1"], "reach_hold"),
-        (["env.reach_hold=5", "env.backend=isaac"], "reach_hold"),
+        (["env.navigation.reach_hold=-1"], "reach_hold"),
         (['env.curriculum=[{name = "x", reach_hold = -2}]'], "reach_hold"),
     ],
 )
@@ -135,3 +141,19 @@ def test_bad_values_exit_78_naming_the_key(overrides: list[str], needle: str):
     proc = navrl_cli("config", "show", *overrides)
     assert proc.returncode == 78, proc.stderr
     assert needle in proc.stderr
+
+
+def test_a_backend_that_ends_no_episode_at_the_goal_refuses_reach_hold():
+    """The backends' registry says which backends end episodes at the goal: reach_hold, the
+    section's or a stage's, for another one is exit 78 where the backend is resolved
+    (`env check`, `run`), before its module is imported."""
+    proc = navrl_cli("env", "check", "env.navigation.reach_hold=5", "env.backend=isaac")
+    assert proc.returncode == 78, proc.stderr
+    assert "env.navigation.reach_hold: backend 'isaac' does not end episodes" in proc.stderr
+    stages = [
+        CurriculumStage(name="hops", reach_hold=3, promote=PromotionRule()),
+        CurriculumStage(),
+    ]
+    with pytest.raises(ConfigError, match="reach_hold"):
+        backend_of(EnvConfig(backend="isaac", curriculum=stages))
+    assert backend_of(EnvConfig().replaced(reach_hold=5, curriculum=stages)).reach_hold

@@ -1,4 +1,4 @@
-"""`env.safety_weight`: the weight of the reward's clearance terms (ours; NavRL: 1.0)."""
+"""`env.navigation.safety_weight`: the weight of the reward's clearance terms (ours; NavRL: 1.0)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ REWARD = ("agents", "reward")
 def one_step_rewards(weight: float, *, dynamic: bool) -> torch.Tensor:
     """Rewards of one step from the same state: 4 drones at 0.6-3 m from a pillar (and,
     with `dynamic`, beside moving obstacles, frozen in place)."""
-    cfg = EnvConfig(
+    cfg = EnvConfig().replaced(
         num_envs=4,
         field_size=10.0,
         num_obstacles=0,
@@ -59,7 +59,9 @@ def test_the_weight_scales_the_clearance_terms_and_nothing_else(dynamic: bool):
 def test_the_default_weight_is_navrl_reward_bit_for_bit():
     """At 1.0 the reward is NavRL's sum of terms (navrl-task §1.8), each term added as it
     is, not within rounding: the same states give the same floats."""
-    env = make_env(EnvConfig(num_envs=64, num_obstacles=40, field_size=10.0, spawn="local"))
+    env = make_env(
+        EnvConfig().replaced(num_envs=64, num_obstacles=40, field_size=10.0, spawn="local")
+    )
     g = torch.Generator().manual_seed(0)
     td = env.reset()
     for _ in range(5):  # somewhere among the pillars, moving
@@ -85,7 +87,7 @@ def test_evaluations_fly_navrl_reward_whatever_the_weight():
     stage with another weight still evaluates the target env."""
     torch.manual_seed(0)
     policy = NavRLPolicy()
-    heavy = small("env.safety_weight=3.0")
+    heavy = small("env.navigation.safety_weight=3.0")
     assert Evaluations(heavy, "cpu")(policy) == Evaluations(small(), "cpu")(policy)
     assert evaluation_key(heavy) == evaluation_key(small())
     env = NavigationEnv(heavy.env, seed=0)
@@ -95,16 +97,16 @@ def test_evaluations_fly_navrl_reward_whatever_the_weight():
 def test_a_curriculum_stage_sets_the_weight():
     stage = '{name = "careful", safety_weight = 2.5, promote = {reach_goal = 0.5}}'
     cfg = small(f'env.curriculum=[{stage}, {{name = "navrl"}}]')
-    assert cfg.env.stage_env(0).safety_weight == 2.5
-    assert cfg.env.stage_env(1).safety_weight == 1.0
+    assert cfg.env.stage_env(0).navigation.safety_weight == 2.5
+    assert cfg.env.stage_env(1).navigation.safety_weight == 1.0
 
 
 @pytest.mark.parametrize(
     "overrides",
     [
-        ["env.safety_weight=-1"],
-        ["env.safety_weight=101"],
-        ["env.safety_weight=nan"],
+        ["env.navigation.safety_weight=-1"],
+        ["env.navigation.safety_weight=101"],
+        ["env.navigation.safety_weight=nan"],
         ["env.curriculum=[{safety_weight = -0.5}]"],
     ],
 )

@@ -26,7 +26,7 @@ def config(**overrides) -> EnvConfig:
         "num_maps": 2,
         "spawn_margin": 0.0,
     }
-    return EnvConfig(**{**base, **overrides})
+    return EnvConfig().replaced(**{**base, **overrides})
 
 
 def addresses(env: NavigationEnv) -> dict[str, int]:
@@ -43,7 +43,7 @@ def test_every_state_tensor_keeps_its_storage(mode: str, levels: list[int], hold
     """Steps with crashes and time-outs, auto-resets, full resets, reseeds, a state load
     and scripted starts: every tensor a step reads or writes stays where it was (the
     density levels too, which move at every ended episode, and the counts of steps at
-    the goal, env.reach_hold)."""
+    the goal, env.navigation.reach_hold)."""
     env = make_env(config(reset_mode=mode, map_levels=levels, reach_hold=hold), seed=2)
     env.level.fill_(len(env.level_counts) - 1)  # at the top: collisions move levels down
     state = env.state_tensors()

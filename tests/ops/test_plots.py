@@ -148,14 +148,14 @@ def test_plot_needs_an_env_that_records_paths(
     err = capsys.readouterr().err
     assert code == 2, err
     assert "--plot" in err and "env.backend = 'navrl-2d' cannot record" in err
-    assert "'navigation', can" in err  # which backend can
+    assert "('navigation' can)" in err  # which backend can, as the registry says
     assert not out.exists()
 
 
 def test_recording_changes_no_result() -> None:
     """Same numbers with and without the paths recorded (fresh envs: the moving obstacles
     are never reset, so a second evaluation on one env would differ anyway)."""
-    cfg = load_config(None, [*TINY, "eval.num_envs=8", "env.num_maps=2"])
+    cfg = load_config(None, [*TINY, "eval.num_envs=8", "env.navigation.num_maps=2"])
     torch.manual_seed(0)
     policy = make_policy(cfg, "cpu")
     plain = evaluate(make_eval_env(cfg, "cpu"), policy, seed=3, max_steps=eval_steps(cfg))

@@ -109,7 +109,7 @@ def test_every_dashboard_and_alert_expression_returns_data(
         "--state-dir",
         str(tmp_path / "state"),
         *TINY,
-        "env.map_levels=[0, 4]",  # every panel has data: the density levels' too
+        "env.navigation.map_levels=[0, 4]",  # every panel has data: the density levels' too
         "eval.interval=2",
         "checkpoint.interval=2",
         f"checkpoint.mirror={tmp_path / 'mirror'}",  # the mirror's panels too
@@ -335,7 +335,7 @@ def test_after_a_resume_every_panel_reads_finite_numbers_and_a_stop_reads_stoppe
     moves; then a SIGTERM: its last scrape says "stopped", so NavrlDaemonStopped fires
     and NavrlDaemonDown does not (the state dir's run went on, nothing crashed)."""
     state = tmp_path / "state"
-    same = [*TINY, "env.map_levels=[0, 4]", "eval.interval=2", "metrics.port=0"]
+    same = [*TINY, "env.navigation.map_levels=[0, 4]", "eval.interval=2", "metrics.port=0"]
     same.append(f"checkpoint.mirror={tmp_path / 'mirror'}")  # the mirror's panels too
     run_cmd = [sys.executable, "-m", "navrl_daemon", "run", "--state-dir", str(state), *same]
     first = subprocess.run(

@@ -17,11 +17,12 @@ from tensordict import TensorDictBase
 
 from navrl_daemon.config import Config, load_config
 from navrl_daemon.env import make_env
-from navrl_daemon.rl.captured_rollout import CapturedRollout
+from navrl_daemon.rl.captured_rollout import CapturedRollout, rollout_for
 from navrl_daemon.rl.collector import Collector
 from navrl_daemon.rl.graphs import cuda_capture, traced_capture
 from navrl_daemon.rl.policy import NavRLPolicy, make_policy, sample_beta
 from navrl_daemon.rl.rollout import collect
+from navrl_daemon.testing import env_overrides
 from navrl_daemon.testing.host_reads import CountHostReads, HostData
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
@@ -42,8 +43,12 @@ def small_config(device: str = "cpu", **env) -> Config:
     }
     return load_config(
         None,
-        [f"run.device={device}", "ppo.rollout_length=8", "ppo.minibatches=2"]
-        + [f"env.{k}={v!r}".replace("'", '"') for k, v in overrides.items()],
+        [
+            f"run.device={device}",
+            "ppo.rollout_length=8",
+            "ppo.minibatches=2",
+            *env_overrides(overrides),
+        ],
         environ={},
     )
 
@@ -197,6 +202,18 @@ def test_a_failed_capture_falls_back_to_eager_rollouts_when_asked() -> None:
     collector.rollout = strict
     with pytest.raises(RuntimeError, match="not permitted"):
         collector.collect(collector.new_buffer())
+
+
+def test_rollouts_are_captured_where_the_env_says_its_steps_are() -> None:
+    """The collector reads how its env's steps run (the env resolved `env.collect_path`
+    for its device), as the evaluation does, rather than applying the rule again."""
+    env = make_env(small_config().env, device="cpu", seed=0)
+    assert env.collect_path == "eager" and rollout_for(env) is collect
+    env.collect_path, env.collect_fallback = "cuda_graph", True  # as on CUDA under "auto"
+    rollout = rollout_for(env)
+    assert isinstance(rollout, CapturedRollout) and rollout.capture.fallback
+    env.collect_fallback = False  # an explicit "cuda_graph": a failed capture raises
+    assert not rollout_for(env).capture.fallback
 
 
 # ------------------------------------------------------------------ actions' own generator

@@ -43,7 +43,7 @@ def test_stages_replace_only_their_keys_and_round_trip_through_toml(tmp_path: Pa
     assert (open_field.num_obstacles, open_field.num_dynamic_obstacles) == (0, 0)
     assert open_field.goal_distance == [1.0, 2.0]
     assert open_field.field_size == cfg.env.field_size  # not a stage key: the section's
-    assert slow.dynamic_speed_range == [0.2, 0.5] and slow.num_obstacles == 4
+    assert slow.navigation.dynamic_speed_range == [0.2, 0.5] and slow.num_obstacles == 4
     assert full == cfg.env.model_copy(update={"curriculum": []})
     # The second stage's rule takes the defaults it left out.
     assert cfg.env.curriculum[1].promote is not None
@@ -201,12 +201,13 @@ def test_each_stage_builds_its_own_env() -> None:
 
 
 def test_a_promotion_keeps_each_envs_density_level() -> None:
-    """With env.map_levels, the next stage's env starts each env at the level it reached."""
+    """With env.navigation.map_levels, the next stage's env starts each env at the level it
+    reached."""
     two = (
         'env.curriculum=[{name = "slow", dynamic_speed_range = [0.2, 0.5],'
         " promote = {reach_goal = 0.5}}, {}]"
     )
-    c = Curriculum(config(two, "env.map_levels=[0,2,4]").env)
+    c = Curriculum(config(two, "env.navigation.map_levels=[0,2,4]").env)
     before = c.build_env(0, device="cpu", seed=0)
     before.level = torch.tensor([0, 1, 2, 2, 1, 0, 2, 1])  # type: ignore[attr-defined]
     after = c.build_env(1, device="cpu", seed=0, previous=before)
@@ -221,7 +222,7 @@ def test_a_stage_with_a_higher_min_level_moves_the_envs_below_it_up() -> None:
     """A stage's min_level is a floor for the levels kept from the stage before: envs
     below it move up to it, the others keep theirs."""
     two = 'env.curriculum=[{name = "levels", promote = {reach_goal = 0.5}}, {min_level = 1}]'
-    c = Curriculum(config(two, "env.map_levels=[0,2,4]").env)
+    c = Curriculum(config(two, "env.navigation.map_levels=[0,2,4]").env)
     before = c.build_env(0, device="cpu", seed=0)
     before.level = torch.tensor([0, 1, 2, 2, 1, 0, 2, 1])  # type: ignore[attr-defined]
     after = c.build_env(1, device="cpu", seed=0, previous=before)
@@ -299,7 +300,7 @@ HOPS_THEN_CROSSINGS = (
         (
             (
                 'env.curriculum=[{name = "a", promote = {reach_goal = 0.5}}, {min_level = 1}]',
-                "env.map_levels=[0,2,4]",
+                "env.navigation.map_levels=[0,2,4]",
                 "env.stage_switch=episodes",
             ),
             False,  # min_level moves envs to denser maps mid-episode
@@ -358,7 +359,7 @@ def test_a_carried_switch_lets_the_episodes_in_flight_finish_then_spawns_the_new
         carried = use_stage(held, c, 1, c.carries_episodes(0, 1))  # type: ignore[arg-type]
         assert carried is (switch == "episodes") and c.applied == 1
         new = held.env
-        assert new is not env and new.cfg.spawn == "crossing"
+        assert new is not env and new.cfg.navigation.spawn == "crossing"
         if not carried:
             assert new.step_count.tolist() == [0] * 8
             continue

@@ -12,6 +12,7 @@ from navrl_daemon.rl.evaluate import Evaluation, evaluate, evaluate_outcomes, ev
 from navrl_daemon.rl.evaluations import make_eval_env
 from navrl_daemon.rl.graphs import traced_capture
 from navrl_daemon.rl.policy import make_policy
+from navrl_daemon.testing import env_overrides
 from navrl_daemon.testing.host_reads import HostData
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
@@ -31,8 +32,13 @@ def eval_config(device: str = "cpu", layout: str = "navrl", **env) -> Config:
     }
     return load_config(
         None,
-        [f"run.device={device}", "eval.num_envs=12", "eval.max_steps=70", f"eval.layout={layout}"]
-        + [f"env.{k}={v!r}".replace("'", '"') for k, v in overrides.items()],
+        [
+            f"run.device={device}",
+            "eval.num_envs=12",
+            "eval.max_steps=70",
+            f"eval.layout={layout}",
+            *env_overrides(overrides),
+        ],
         environ={},
     )
 

@@ -70,9 +70,9 @@ def _graph_standin_on_cpu(monkeypatch, request):
     if "graph-standin-cpu" not in request.node.name:
         return
 
-    def standin(warmup, prepare, step, device):
+    def standin(warmup, prepare, step, device, *, warmup_runs, generators):
         assert device.type == "cpu"
-        for _ in range(fast_update._WARMUP_STEPS):
+        for _ in range(warmup_runs):
             warmup()
         prepare()
         return step
@@ -441,7 +441,7 @@ def test_config_refuses_fast_paths_that_cannot_run(settings, message):
         Config.model_validate(data)
 
 
-def _failing_capture(warmup, prepare, step, device):
+def _failing_capture(warmup, prepare, step, device, *, warmup_runs, generators):
     warmup()  # as a real capture fails after its warm-up (that is where CUDA complains)
     raise RuntimeError("operation not permitted when stream is capturing")
 

@@ -45,7 +45,7 @@ def reflected_boxes(boxes: torch.Tensor) -> torch.Tensor:
 def twin_envs(num_envs: int, dynamic: int, g: torch.Generator):
     """An env in a random scene and one in its reflection in y = 0: pillars, drones, goals
     (and moving obstacles) reflected. Returns (env, twin, first obs, twin's first obs)."""
-    cfg = EnvConfig(
+    cfg = EnvConfig().replaced(
         num_envs=num_envs,
         field_size=20.0,
         num_obstacles=0,

@@ -38,10 +38,11 @@ from tests.conftest import TINY, trainer_for
 DATA = Path(__file__).parent.parent / "data"
 # Written by the code before parts had names (tests/data/README.md says how).
 FORMAT_1 = DATA / "run_state_format_1.nrc"
+RECIPE = Path(__file__).parent.parent.parent / "config" / "navrl.toml"
 FORMAT_1_RUN = (
     *TINY,
     'env.curriculum=[{name = "a", promote = {reach_goal = 0.0}}, {}]',
-    "env.map_levels=[0,2,4]",
+    "env.navigation.map_levels=[0,2,4]",
 )
 
 
@@ -108,15 +109,35 @@ def test_a_part_name_is_taken_once_per_half() -> None:
         parts.add(LEARNER, "odometer", Odometer(2))
 
 
-def test_a_format_1_file_restores_every_part_it_holds(tmp_path: Path) -> None:
+def as_format_2(state: dict[str, Any]) -> dict[str, Any]:
+    """A state of today's layout as format 2 wrote it: the embedded backend's keys in the
+    env section itself, not in env.navigation."""
+    state = copy.deepcopy(state)
+    env = state["config"]["env"]
+    env.update(env.pop("navigation"))
+    return {**state, "snapshot_version": 2}
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_older_file_restores_every_part_it_holds(tmp_path: Path, version: int) -> None:
     """The committed file from before parts had names (curriculum at stage 1, density
-    levels) loads into a run of its config: learner, env, running TensorDict, action
-    generator and curriculum progress are the file's."""
+    levels), and the same state as format 2 held it, load into a run of its config:
+    learner, env, running TensorDict, action generator and curriculum progress are the
+    file's, and its settings are the run's."""
     state_dir = tmp_path / "state"
     (state_dir / "checkpoints").mkdir(parents=True)
-    shutil.copy(FORMAT_1, state_dir / "checkpoints" / "ckpt-000000004.nrc")
-    _, saved = load_checkpoint(FORMAT_1)
+    path = state_dir / "checkpoints" / "ckpt-000000004.nrc"
+    header, saved = load_checkpoint(FORMAT_1)
     assert saved["snapshot_version"] == 1  # what the file is a test of
+    if version == 1:
+        shutil.copy(FORMAT_1, path)
+    else:
+        fields = ("iteration", "frames", "policy_version", "meta")
+        path.write_bytes(
+            encode_checkpoint(
+                as_format_2(migrate(saved, FORMAT_1)), **{f: getattr(header, f) for f in fields}
+            )
+        )
     cfg = load_config(None, list(FORMAT_1_RUN), environ={})
     curriculum = Curriculum(cfg.env)
     training = Training.build(cfg, "cpu")
@@ -127,6 +148,7 @@ def test_a_format_1_file_restores_every_part_it_holds(tmp_path: Path) -> None:
     directory = CheckpointDir(state_dir / "checkpoints", accept=resume.CheckpointFit(cfg))
     found = resume.newest_checkpoint(directory)
     assert found is not None and found[2]["snapshot_version"] == SNAPSHOT_VERSION
+    assert resume.changed_settings(cfg, found[2]) == []
     resumed = resume.restore(cfg, *found, parts, training.learner, collector, curriculum)
     assert (resumed.iteration, resumed.env_restored, resumed.curriculum_restored) == (4, True, True)
     assert curriculum.state_dict() == saved["collector"]["curriculum"]
@@ -163,12 +185,36 @@ def test_format_1_is_migrated_in_one_place_and_the_file_left_alone() -> None:
     before = copy.deepcopy(old)
     state = migrate(old, "old.nrc")
     assert state["snapshot_version"] == SNAPSHOT_VERSION
-    env = state["config"]["env"]
+    env = state["config"]["env"]["navigation"]  # format 1 held them in the env section
     assert (env["reach_hold"], env["min_level"], env["safety_weight"]) == (0, 0, 1.0)
     assert env["map_levels"] == [0, 2, 4]  # what the file says stays
     assert torch.equal(state["collector"]["sampler"], old["collector"]["rng"]["torch"])
     assert "episodes" not in state["collector"]
     same(old, before)  # the loaded state is not changed in place
+
+
+def test_a_format_2_checkpoint_of_the_navrl_recipe_resumes_with_its_settings() -> None:
+    """A run on config/navrl.toml with a CPU run's overrides, its checkpoint written in
+    format 2 (every env key in the env section), resumes under the same config and
+    overrides with no setting changed and the env's own config the same (its episodes go
+    on), whether the config names the keys in [env.navigation] or the old way."""
+    run = [
+        "env.num_envs=256",
+        "ppo.rollout_length=128",
+        "run.torch_threads=1",
+        "ppo.update_path=fused",
+        "ppo.compile=true",
+        "run.seed=3",
+        "metrics.enabled=false",
+    ]
+    cfg = load_config(RECIPE, run, environ={})
+    assert cfg.env.navigation.map_levels and cfg.env.navigation.num_maps == 16
+    written = as_format_2({"config": cfg.model_dump(), "snapshot_version": SNAPSHOT_VERSION})
+    state = migrate(written, "ckpt.nrc")
+    assert resume.changed_settings(cfg, state) == []
+    assert state["config"]["env"] == cfg.env.model_dump()  # restore's test of the env
+    old_names = load_config(RECIPE, [*run, "env.num_maps=16"], environ={})
+    assert old_names == cfg and resume.changed_settings(old_names, state) == []
 
 
 def test_a_file_of_a_newer_format_is_refused_not_guessed() -> None:

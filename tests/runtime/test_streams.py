@@ -61,7 +61,7 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def test_without_a_stream_of_its_own_every_hand_off_is_nothing(calls: list[str]) -> None:
-    shared = TrainerStream.for_device(torch.device("cpu"), enabled=True)
+    shared = TrainerStream.for_device(torch.device("cpu"), own=False)
     assert not shared.active
     assert shared.mark_end() is None
     shared.wait_for(None)

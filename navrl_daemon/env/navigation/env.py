@@ -23,8 +23,8 @@ device. Step-time randomness (spawns, obstacle goals and speeds) comes from a ge
 the env's device that `set_seed` reseeds; `state_dict_env` / `load_state_dict_env` capture
 all mutable state for exact resume.
 
-Auto-reset (`step_and_maybe_reset`), two ways (`env.reset_mode`; `auto` picks masked when the
-steps are captured as a CUDA graph, `collect_path`, and indexed otherwise):
+Auto-reset (`step_and_maybe_reset`), two ways (`env.navigation.reset_mode`; `auto` picks
+masked when the steps are captured as a CUDA graph, `collect_path`, and indexed otherwise):
 - indexed: torchrl's loop. The host reads the done flags every step and, when an episode
   ended, the reset envs' indices (`nonzero`), so spawns and LiDAR are computed for those
   envs only: the least compute, about two host syncs per step and five more per reset.
@@ -38,19 +38,19 @@ In place: a step, a reset, a reseed and `load_state_dict_env` update the state t
 (`state_tensors`) in place, and nothing in a step branches on its number, so a CUDA graph of
 the step (rl/captured_rollout.py) replays it on the same tensors.
 
-Density levels (`env.map_levels`, ours): each env flies the first k pillars of its map,
+Density levels (`env.navigation.map_levels`, ours): each env flies the first k pillars of its map,
 k = map_levels[level]; the LiDAR grid holds one slot per (map, level). An env's level
 changes only when a new episode starts there: up one after an episode that reached its
 goal, down one after a collision, unchanged after a time-out (per env, as legged robots'
 terrain curricula do), so the share of envs at the denser levels rises with success and
-nothing jumps at once. `env.min_level` is a floor: an env below it (a fresh one, one kept
+nothing jumps at once. `env.navigation.min_level` is a floor: an env below it (a fresh one, one kept
 from a stage or a checkpoint with a lower floor) is moved up to it, and a collision there
 keeps it there. Without levels every env flies its whole map (NavRL). The move
 is arithmetic on the ended episode's stats written in place (no host read, no branch on a
 value), so a captured step moves levels as the eager one does.
 
-Ending hops at the goal (`env.reach_hold`, ours): NavRL's reach is not terminal, so a drone
-that reached its goal hovers there until the time-out. With reach_hold = k, an episode is
+Ending hops at the goal (`env.navigation.reach_hold`, ours): NavRL's reach is not terminal,
+so a drone that reached its goal hovers there until the time-out. With reach_hold = k, an episode is
 truncated (a time-out: the value bootstraps, reaching is not punished) once the drone has
 been within REACH_RADIUS for k steps in a row (`held`, a state tensor updated in place), so
 the frames go to new flights and levels move sooner. Evaluations keep NavRL's rule.
@@ -145,13 +145,13 @@ class NavigationEnv(EnvBase):
         self.cfg = cfg
         self.layout = layout
         self.num_envs = n
-        self.num_maps = cfg.num_maps
-        self.ground_half_extent = cfg.field_size / 2 + cfg.border_width
+        self.num_maps = cfg.navigation.num_maps
+        self.ground_half_extent = cfg.field_size / 2 + cfg.navigation.border_width
         self.map_id = torch.arange(n, device=self.device) % self.num_maps
         # Pillar counts of the density levels; one level (the whole map) without map_levels.
-        self.level_counts = list(cfg.map_levels) or [cfg.num_obstacles]
-        self.min_level = cfg.min_level
-        self.safety_weight = cfg.safety_weight  # ours; NavRL: 1.0
+        self.level_counts = list(cfg.navigation.map_levels) or [cfg.num_obstacles]
+        self.min_level = cfg.navigation.min_level
+        self.safety_weight = cfg.navigation.safety_weight  # ours; NavRL: 1.0
 
         map_gen = torch.Generator().manual_seed(seed)
         self.pillars = generate_pillars(cfg.num_obstacles, cfg.field_size, map_gen, self.num_maps)
@@ -167,15 +167,17 @@ class NavigationEnv(EnvBase):
             cfg.num_dynamic_obstacles,
             cfg.field_size,
             cfg.dt,
-            tuple(cfg.dynamic_speed_range),
+            tuple(cfg.navigation.dynamic_speed_range),
             map_gen,
             self.device,
         )
         # Reseeding restores this: the same seed then replays the same obstacle motion.
         self._dynamic_start = self.dynamic.state_dict()
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
-        self.masked_reset = execution_plan.reset_mode(cfg, self.device).value == "masked"
-        self.collect_path = execution_plan.collect_path(cfg, self.device).value
+        # This env's steps are the ones a CUDA graph holds (its registry entry says so).
+        mode = execution_plan.reset_mode(cfg, self.device, captured=True)
+        self.masked_reset = mode.value == "masked"
+        self.collect_path = execution_plan.collect_path(cfg, self.device, captured=True).value
         self.collect_fallback = cfg.collect_path == "auto"
         self._allocate_state()
         self._make_specs()
@@ -220,8 +222,8 @@ class NavigationEnv(EnvBase):
         values = {}
         for name in _STATE_TENSORS:
             current = getattr(self, name)
-            # States saved before env.map_levels / env.reach_hold existed hold no levels
-            # (all were at 0) and no hold counts (nothing counted them).
+            # States saved before map_levels / reach_hold existed hold no levels (all were
+            # at 0) and no hold counts (nothing counted them).
             optional = name in ("level", "held")
             value = state.get(name, torch.zeros_like(current)) if optional else state[name]
             if value.shape != current.shape:
@@ -342,7 +344,7 @@ class NavigationEnv(EnvBase):
             v_cmd,
             dt=cfg.dt,
             tau=cfg.velocity_time_constant,
-            thrust_to_weight=cfg.thrust_to_weight,
+            thrust_to_weight=cfg.navigation.thrust_to_weight,
         )
         self.pos.copy_(pos)
         self.vel.copy_(vel)
@@ -360,10 +362,10 @@ class NavigationEnv(EnvBase):
         z = self.pos[:, 2]
         terminated = collision | (z < Z_MIN) | (z > Z_MAX)
         truncated = self.step_count >= cfg.max_episode_length
-        if cfg.reach_hold:  # a config constant: the same branch at every step
+        if cfg.navigation.reach_hold:  # a config constant: the same branch at every step
             near = dist < REACH_RADIUS
             torch.where(near, self.held + 1, torch.zeros_like(self.held), out=self.held)
-            truncated = truncated | (self.held >= cfg.reach_hold)
+            truncated = truncated | (self.held >= cfg.navigation.reach_hold)
         stats = torch.stack(  # in STAT_KEYS order
             (
                 self.episode_stats[:, 0] + reward,
@@ -386,13 +388,13 @@ class NavigationEnv(EnvBase):
         if self.layout == "navrl":
             return self._navrl_layout(ids)
         k = ids.shape[0]
-        if self.cfg.spawn == "border" and self.cfg.crossing_share > 0:
+        if self.cfg.navigation.spawn == "border" and self.cfg.navigation.crossing_share > 0:
             return self._mixed_spawns(k)
-        if self.cfg.spawn == "border":
+        if self.cfg.navigation.spawn == "border":
             return self._border_point(k), self._border_point(k)
-        if self.cfg.spawn == "crossing":
+        if self.cfg.navigation.spawn == "crossing":
             return self._crossings(k)
-        if self.cfg.crossing_share > 0:  # a config constant: the same branch every time
+        if self.cfg.navigation.crossing_share > 0:  # a config constant: the same branch every time
             return self._local_spawns_and_crossings(ids)
         return self._local_spawns(ids)
 
@@ -406,7 +408,7 @@ class NavigationEnv(EnvBase):
         instead (both are drawn for every env, so the draws do not depend on the mix)."""
         start, goal = self._local_spawns(ids)
         cross_start, cross_goal = self._crossings(ids.shape[0])
-        crossing = (self._rand(ids.shape[0]) < self.cfg.crossing_share)[:, None]
+        crossing = (self._rand(ids.shape[0]) < self.cfg.navigation.crossing_share)[:, None]
         return torch.where(crossing, cross_start, start), torch.where(crossing, cross_goal, goal)
 
     def _navrl_layout(self, ids: Tensor) -> tuple[Tensor, Tensor]:
@@ -424,7 +426,7 @@ class NavigationEnv(EnvBase):
         """NavRL's border rule, except that a `crossing_share` of the episodes put the goal
         on the side opposite the start."""
         side, other = self._random_side(k), self._random_side(k)
-        crossing = self._rand(k) < self.cfg.crossing_share
+        crossing = self._rand(k) < self.cfg.navigation.crossing_share
         goal_side = torch.where(crossing, side ^ 1, other)
         return self._border_point(k, side), self._border_point(k, goal_side)
 
@@ -478,7 +480,7 @@ class NavigationEnv(EnvBase):
         return dist.clamp_max(LIDAR_RANGE)
 
     def _spawn_z(self, *shape: int) -> Tensor:
-        lo, hi = self.cfg.spawn_height
+        lo, hi = self.cfg.navigation.spawn_height
         return lo + (hi - lo) * self._rand(*shape)
 
     def _rand(self, *shape: int) -> Tensor:
@@ -574,7 +576,7 @@ class NavigationEnv(EnvBase):
         if dyn_clearance is not None:
             clearance = torch.log(dyn_clearance.clamp(LOG_CLAMP_MIN, LIDAR_RANGE)).mean(-1)
             reward = reward.add(clearance, alpha=w)
-        if self.cfg.smoothness_penalty:
+        if self.cfg.navigation.smoothness_penalty:
             reward = reward - SMOOTHNESS_WEIGHT * (self.vel - self.prev_vel).norm(dim=-1)
         z = self.pos[:, 2]
         above = (z - (self.height_range[:, 1] + HEIGHT_MARGIN)).clamp_min(0)
@@ -686,7 +688,7 @@ class NavigationEnv(EnvBase):
         self.height_range = torch.zeros(n, 2, device=dev)
         self.step_count = torch.zeros(n, dtype=torch.long, device=dev)
         self.level = torch.full((n,), self.min_level, dtype=torch.long, device=dev)
-        # Steps in a row within REACH_RADIUS of the goal (env.reach_hold).
+        # Steps in a row within REACH_RADIUS of the goal (env.navigation.reach_hold).
         self.held = torch.zeros(n, dtype=torch.long, device=dev)
         # Per level: episodes ended there, reached, collided, since level_outcomes() read
         # them (telemetry, not state: a checkpoint does not hold it).

@@ -81,7 +81,7 @@ class PillarDraws:
 
         `count` keeps only the first `count` pillars. Each pillar was placed against the
         earlier ones only, so that prefix is itself a map the generator could have drawn
-        with `count` pillars: the density levels of `env.map_levels`.
+        with `count` pillars: the density levels of `env.navigation.map_levels`.
         """
         k = self.corner_px.shape[1] if count is None else count
         corner, size = self.corner_px[map_index, :k], self.size_px[map_index, :k]
