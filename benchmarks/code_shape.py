@@ -89,8 +89,12 @@ def traced(root: Path) -> dict[str, Any]:
     of a tiny learner, by the shared script run against that package."""
     from navrl_daemon.testing import TINY
 
+    overrides = TINY
+    if "[env.navigation]" not in (root / "config" / "default.toml").read_text():
+        # A tree from before the embedded backend's keys had their own section.
+        overrides = [x.replace("env.navigation.", "env.", 1) for x in TINY]
     out = subprocess.run(
-        [sys.executable, "-P", str(TRACED), *TINY],
+        [sys.executable, "-P", str(TRACED), *overrides],
         capture_output=True,
         text=True,
         check=True,
